@@ -1,0 +1,42 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+)
+
+// newFlagSet returns a FlagSet that reports errors instead of exiting, so
+// every command honours --help and exit code 2 on bad usage.
+func newFlagSet(name, synopsis string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "usage: %s\n\nflags:\n", synopsis)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+// parseFlags parses args. done is true when the caller must return code:
+// after --help (printed to stdout, exit 0) or a usage error (exit 2).
+func parseFlags(fs *flag.FlagSet, args []string, stdout io.Writer) (code int, done bool) {
+	err := fs.Parse(args)
+	if errors.Is(err, flag.ErrHelp) {
+		fs.SetOutput(stdout)
+		fs.Usage()
+		return exitOK, true
+	}
+	if err != nil {
+		return exitUsage, true
+	}
+	return exitOK, false
+}
+
+// stringList is a repeatable string flag (--filter a --filter b).
+type stringList []string
+
+func (s *stringList) String() string     { return strings.Join(*s, ",") }
+func (s *stringList) Set(v string) error { *s = append(*s, v); return nil }

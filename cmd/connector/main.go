@@ -1,0 +1,85 @@
+// Command connector bridges MQTT 5, NATS and AMQP 0-9-1 topics onto weida
+// Pub/Sub endpoints, refusing at configuration time every filter it cannot
+// translate exactly. main only wires the process to run; every subcommand
+// takes its arguments and streams so that tests can drive it in-process.
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+// Exit codes shared by every subcommand.
+const (
+	exitOK      = 0
+	exitFailure = 1
+	exitUsage   = 2
+)
+
+// version is set at link time (-ldflags "-X main.version=...").
+var version = "dev"
+
+type command struct {
+	name    string
+	summary string
+	run     func(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int
+}
+
+func commands() []command {
+	return []command{
+		{"run", "run connectors from resource files", cmdRun},
+		{"check", "validate resource files without connecting anywhere", cmdCheck},
+		{"explain", "show how a filter or topic converts under a policy", cmdExplain},
+		{"demo", "run an embedded demonstration; needs no broker", cmdDemo},
+		{"weida", "talk to weida endpoints directly (sub, pub, bench)", cmdWeida},
+		{"version", "print the version", cmdVersion},
+	}
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		out := stdout
+		code := exitOK
+		if len(args) == 0 {
+			out, code = stderr, exitUsage
+		}
+		usage(out)
+		return code
+	}
+	for _, c := range commands() {
+		if c.name == args[0] {
+			return c.run(ctx, args[1:], stdin, stdout, stderr)
+		}
+	}
+	fmt.Fprintf(stderr, "connector: unknown command %q\n", args[0])
+	usage(stderr)
+	return exitUsage
+}
+
+func usage(w io.Writer) {
+	fmt.Fprintln(w, "usage: connector <command> [flags]\n\ncommands:")
+	for _, c := range commands() {
+		fmt.Fprintf(w, "  %-8s %s\n", c.name, c.summary)
+	}
+	fmt.Fprintln(w, "\nRun 'connector <command> --help' for a command's flags.")
+}
+
+func cmdVersion(_ context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) int {
+	fs := newFlagSet("version", "connector version", stderr)
+	if code, done := parseFlags(fs, args, stdout); done {
+		return code
+	}
+	fmt.Fprintf(stdout, "connector %s\n", version)
+	return exitOK
+}
