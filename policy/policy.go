@@ -1,0 +1,110 @@
+// Package policy converts topic filters and topic names between the grammars
+// of MQTT 5, NATS and RabbitMQ AMQP 0-9-1 topic exchanges and weida's
+// segmented grammar, exactly or not at all.
+//
+// A [Policy] is a named, versioned rule set. For a foreign filter it returns
+// the weida filter that selects exactly the same converted topics, or a
+// [*Refusal] that says which rule the input broke and what to do instead.
+// It converts topic names in both directions, and it states, through
+// [Policy.Losses], what a bridge using it cannot carry.
+//
+// The package is pure: no I/O, no goroutines, no clock, no mutable globals.
+package policy
+
+import "fmt"
+
+// Protocol names a foreign broker protocol.
+type Protocol string
+
+const (
+	MQTT Protocol = "mqtt" // MQTT 5 topic names and filters
+	NATS Protocol = "nats" // NATS core subjects
+	AMQP Protocol = "amqp" // AMQP 0-9-1 topic exchange routing and binding keys
+)
+
+// Direction says which way messages cross a bridge.
+type Direction string
+
+const (
+	Inbound  Direction = "inbound"  // foreign broker → weida
+	Outbound Direction = "outbound" // weida → foreign broker
+)
+
+// Loss names one thing a bridge cannot carry. The set is closed and every
+// value is stable: resource files and metrics name them.
+type Loss string
+
+// Options are the broker settings that change what a conversion loses. The
+// zero value is the most common setting of each protocol.
+type Options struct {
+	// QoS is the MQTT quality of service (0 or 1).
+	QoS int
+	// JetStream is true when a NATS bridge consumes from or publishes to a
+	// JetStream stream instead of core NATS.
+	JetStream bool
+}
+
+// Grammar is one foreign protocol's topic grammar, modelled on what the real
+// broker does.
+type Grammar interface {
+	Protocol() Protocol
+	// ValidateFilter reports whether f may be subscribed (or bound) on the
+	// broker. The error is a *Refusal.
+	ValidateFilter(f string) error
+	// ValidateTopic reports whether t may be published on the broker. The
+	// error is a *Refusal.
+	ValidateTopic(t string) error
+	// Match reports whether the valid filter selects the valid topic, as
+	// the broker routes it.
+	Match(filter, topic string) bool
+}
+
+// Policy is one named, versioned conversion between a foreign grammar and
+// weida's. Implementations are immutable and safe for concurrent use.
+type Policy interface {
+	// Name is the policy's stable name, e.g. "mqtt-levels/v1".
+	Name() string
+	Protocol() Protocol
+	Grammar() Grammar
+	// ConvertFilter converts a foreign filter into the weida filter that
+	// selects exactly the converted topics the foreign filter selects (up
+	// to Admit). The error is a *Refusal.
+	ConvertFilter(foreign string) (string, error)
+	// TopicToWeida converts a foreign topic name for inbound bridging. The
+	// error is a *Refusal whose Rule is a stable reason code for metrics.
+	TopicToWeida(foreign string) (string, error)
+	// TopicFromWeida converts a weida topic into a foreign topic name for
+	// outbound bridging. The error is a *Refusal whose Rule is a stable
+	// reason code for metrics.
+	TopicFromWeida(weida string) (string, error)
+	// Admit is false only where the foreign protocol itself keeps a topic
+	// from a filter that the grammar alone would match (MQTT: a filter
+	// starting with a wildcard never matches a topic starting with '$').
+	// Both arguments are in the foreign grammar.
+	Admit(foreignFilter, foreignTopic string) bool
+	// Losses returns, sorted and without duplicates, what a bridge using
+	// this policy in dir with opts cannot carry.
+	Losses(dir Direction, opts Options) []Loss
+}
+
+// Refusal explains why an input cannot be converted exactly.
+type Refusal struct {
+	Policy string // the policy (or grammar) that refused
+	Input  string // the whole input
+	Part   string // the offending part of the input (a level, word, token...)
+	Rule   string // stable rule code, e.g. "nats-one-or-more"
+	Reason string // one sentence for an operator
+	Hint   string // what to do instead; may be empty
+}
+
+func (r *Refusal) Error() string {
+	msg := fmt.Sprintf("%s refuses %q", r.Policy, r.Input)
+	if r.Part != "" && r.Part != r.Input {
+		msg += fmt.Sprintf(" at %q", r.Part)
+	}
+	msg += fmt.Sprintf(": %s (%s)", r.Reason, r.Rule)
+	if r.Hint != "" {
+		msg += "; " + r.Hint
+	}
+	return msg
+}
