@@ -88,37 +88,62 @@ func ValidateTopic(t string) error {
 	return nil
 }
 
-// Match reports whether filter selects topic. The filter must be valid (see
-// [ValidateFilter]); an invalid filter gives an unspecified answer. Match
-// walks both strings once, left to right, and allocates nothing.
+// Match reports whether filter selects topic.
+//
+// The filter must be valid (see [ValidateFilter]); for an invalid filter the
+// answer is unspecified, but Match never panics. The topic is any byte
+// string: '*' and '#' in it are ordinary bytes. The empty filter and the
+// filter "#" match every topic, including the empty one.
+//
+// Match is a single left-to-right pass over both strings with no backtracking
+// and no allocation. Literal runs of the filter (everything between
+// wildcards, separators included) are compared against the topic as whole
+// byte strings, so a filter without wildcards costs one string comparison.
 func Match(filter, topic string) bool {
 	if filter == "" {
 		return true
 	}
-	fi, ti := 0, 0
+	// By validity a '#' can only be the whole last segment, so a filter that
+	// contains one ends with it. Strip ".#" and remember that the topic may
+	// continue after what the rest of the filter matched.
+	rest := false
+	if filter[len(filter)-1] == '#' {
+		if len(filter) == 1 {
+			return true
+		}
+		filter = filter[:len(filter)-2]
+		rest = true
+	}
+	// ti is the topic offset the filter has matched up to. It always sits at
+	// a segment boundary: 0, a '.', or len(topic).
+	ti := 0
 	for {
-		// The filter has a segment at fi; find its end.
-		fe := fi
-		for fe < len(filter) && filter[fe] != '.' {
-			fe++
+		s := strings.IndexByte(filter, '*')
+		if s < 0 {
+			// The tail is literal: the topic must spell it out byte for byte.
+			if len(topic)-ti < len(filter) || topic[ti:ti+len(filter)] != filter {
+				return false
+			}
+			ti += len(filter)
+			break
 		}
-		pat := filter[fi:fe]
-		if pat == "#" {
-			return true // '#' is final by validity
-		}
-		if ti > len(topic) {
-			return false // the topic has no segment left
-		}
-		te := ti
-		for te < len(topic) && topic[te] != '.' {
-			te++
-		}
-		if pat != "*" && pat != topic[ti:te] {
+		// filter[:s] is literal and is empty or ends with '.'; filter[s] is
+		// a whole '*' segment, matching one topic segment, possibly empty.
+		if len(topic)-ti < s || topic[ti:ti+s] != filter[:s] {
 			return false
 		}
-		if fe == len(filter) {
-			return te == len(topic)
+		ti += s
+		if e := strings.IndexByte(topic[ti:], '.'); e < 0 {
+			ti = len(topic)
+		} else {
+			ti += e
 		}
-		fi, ti = fe+1, te+1
+		// What follows the '*' is empty or starts with '.', which the next
+		// literal run compares against the topic's separator at ti.
+		filter = filter[s+1:]
+		if filter == "" {
+			break
+		}
 	}
+	return ti == len(topic) || rest && topic[ti] == '.'
 }
