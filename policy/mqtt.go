@@ -1,0 +1,360 @@
+package policy
+
+import (
+	"strconv"
+	"strings"
+	"unicode/utf8"
+)
+
+// MQTT limits.
+const (
+	// MQTTMaxLen is the longest MQTT topic name or filter in bytes (MQTT 5
+	// §1.5.4: a UTF-8 string has a two-byte length).
+	MQTTMaxLen = 65535
+	// MQTTMaxLevels is the most levels Mosquitto 2.0.11 accepts in a name
+	// or filter (200 separators). The MQTT 5 specification sets no limit,
+	// but a longer PUBLISH or SUBSCRIBE makes Mosquitto close the whole
+	// connection, so the grammar refuses it.
+	MQTTMaxLevels = 201
+)
+
+// MQTTGrammar returns the MQTT 5 topic grammar: '/' separates levels, which
+// may be empty; '+' matches exactly one level; '#' matches the parent level
+// and every level below it and must be last; wildcards must fill their
+// level; a filter that starts with '+' or '#' never matches a topic that
+// starts with '$'. Names and filters are 1 to 65,535 bytes of UTF-8 without
+// U+0000, with at most [MQTTMaxLevels] levels. A shared subscription
+// ($share/group/filter) is refused: the group is a subscription option, and
+// only the inner filter is a filter.
+//
+// The grammar is stateless and safe for concurrent use.
+func MQTTGrammar() Grammar { return mqttGrammar{} }
+
+type mqttGrammar struct{}
+
+func (mqttGrammar) Protocol() Protocol { return MQTT }
+
+func (mqttGrammar) ValidateFilter(f string) error {
+	if r := validateMQTT(f, true); r != nil {
+		return r
+	}
+	return nil
+}
+
+func (mqttGrammar) ValidateTopic(t string) error {
+	if r := validateMQTT(t, false); r != nil {
+		return r
+	}
+	return nil
+}
+
+// Match follows MQTT 5 §4.7, including §4.7.2: a filter that starts with a
+// wildcard does not match a topic that starts with '$'. That exclusion is
+// the only difference between this Match and the level-by-level grammar;
+// [Policy.Admit] states it on its own.
+func (mqttGrammar) Match(filter, topic string) bool {
+	return mqttAdmit(filter, topic) && mqttLevelMatch(filter, topic)
+}
+
+// mqttAdmit is MQTT 5 §4.7.2.
+func mqttAdmit(filter, topic string) bool {
+	if filter != "" && (filter[0] == '+' || filter[0] == '#') {
+		return topic == "" || topic[0] != '$'
+	}
+	return true
+}
+
+// mqttLevelMatch walks filter and topic level by level, once, without
+// allocating. The filter must be valid.
+func mqttLevelMatch(filter, topic string) bool {
+	fi, ti := 0, 0
+	for {
+		fe := nextSep(filter, fi, '/')
+		pat := filter[fi:fe]
+		if pat == "#" {
+			return true // '#' is last by validity and includes the parent
+		}
+		if ti > len(topic) {
+			return false // no level left
+		}
+		te := nextSep(topic, ti, '/')
+		if pat != "+" && pat != topic[ti:te] {
+			return false
+		}
+		if fe == len(filter) {
+			return te == len(topic)
+		}
+		fi, ti = fe+1, te+1
+	}
+}
+
+// validateMQTT checks a name (filter false) or a filter against the MQTT 5
+// rules and Mosquitto's level limit. The refusal names the grammar "mqtt";
+// policies rename it.
+func validateMQTT(s string, filter bool) *Refusal {
+	const who = string(MQTT)
+	kind := "topic name"
+	if filter {
+		kind = "filter"
+	}
+	switch {
+	case s == "":
+		return refuse(who, s, "", RuleMQTTEmpty, "an MQTT "+kind+" is at least one character long", "")
+	case len(s) > MQTTMaxLen:
+		return refuse(who, s, s, RuleMQTTTooLong,
+			"an MQTT "+kind+" is at most 65535 bytes, this one is "+strconv.Itoa(len(s)), "")
+	case !utf8.ValidString(s):
+		return refuse(who, s, s, RuleMQTTInvalidUTF8, "an MQTT "+kind+" is UTF-8 text", "")
+	case strings.IndexByte(s, 0) >= 0:
+		return refuse(who, s, s, RuleMQTTNul, "an MQTT "+kind+" must not contain U+0000", "")
+	case filter && strings.HasPrefix(s, "$share/"):
+		return refuse(who, s, "$share/", RuleMQTTShared,
+			"a shared subscription ($share/group/filter) is not a filter: the group decides who receives a message, not which messages match",
+			"write only the inner filter and set the share group as an option of the resource")
+	}
+	levels := 0
+	for i := 0; ; {
+		e := nextSep(s, i, '/')
+		lv := s[i:e]
+		levels++
+		last := e == len(s)
+		if filter {
+			if lv != "+" && strings.IndexByte(lv, '+') >= 0 {
+				return refuse(who, s, lv, RuleMQTTPlusNotAlone, "'+' must fill its whole level", "")
+			}
+			if strings.IndexByte(lv, '#') >= 0 {
+				if lv != "#" {
+					return refuse(who, s, lv, RuleMQTTHashNotAlone, "'#' must fill its whole level", "")
+				}
+				if !last {
+					return refuse(who, s, lv, RuleMQTTHashNotFinal, "'#' must be the last level", "")
+				}
+			}
+		} else if strings.IndexAny(lv, "+#") >= 0 {
+			return refuse(who, s, lv, RuleMQTTWildcardInName,
+				"an MQTT topic name must not contain '+' or '#'", "")
+		}
+		if last {
+			break
+		}
+		i = e + 1
+	}
+	if levels > MQTTMaxLevels {
+		return refuse(who, s, s, RuleMQTTTooManyLevels,
+			"the "+kind+" has "+strconv.Itoa(levels)+" levels; Mosquitto closes the connection beyond 201", "")
+	}
+	return nil
+}
+
+// Policy names.
+const (
+	MQTTLevels        = "mqtt-levels/v1"
+	MQTTLevelsEscaped = "mqtt-levels-escaped/v1"
+	NATSTokens        = "nats-tokens/v1"
+	AMQPWords         = "amqp-words/v1"
+)
+
+// mqttLevels implements mqtt-levels/v1 and, with escaped set,
+// mqtt-levels-escaped/v1. Levels are segments: '/'↔'.', '+'↔'*', '#'↔'#'.
+type mqttLevels struct{ escaped bool }
+
+func (p mqttLevels) Name() string {
+	if p.escaped {
+		return MQTTLevelsEscaped
+	}
+	return MQTTLevels
+}
+
+func (mqttLevels) Protocol() Protocol { return MQTT }
+func (mqttLevels) Grammar() Grammar   { return mqttGrammar{} }
+
+const hintEscaped = "use policy " + MQTTLevelsEscaped + ", which escapes '%' as %25, '.' as %2E and '*' as %2A inside levels"
+
+func (p mqttLevels) ConvertFilter(f string) (string, error) {
+	name := p.Name()
+	if r := validateMQTT(f, true); r != nil {
+		return "", withPolicy(r, name)
+	}
+	extra, change := 0, false
+	for i := 0; ; {
+		e := nextSep(f, i, '/')
+		lv := f[i:e]
+		switch lv {
+		case "+":
+			change = true
+		case "#":
+		default:
+			if p.escaped {
+				extra += 2 * escapeCount(lv)
+			} else if strings.IndexByte(lv, '.') >= 0 {
+				return "", refuse(name, f, lv, RuleMQTTDottedLevel,
+					"the level holds '.', which weida reads as a separator: it would become two segments", hintEscaped)
+			} else if strings.IndexByte(lv, '*') >= 0 {
+				return "", refuse(name, f, lv, RuleMQTTStarLevel,
+					"the level holds '*', which is literal in MQTT but a wildcard (or invalid) in weida", hintEscaped)
+			}
+		}
+		if e == len(f) {
+			break
+		}
+		change = true // the '/' becomes '.'
+		i = e + 1
+	}
+	if len(f)+extra > 256 {
+		return "", refuse(name, f, f, RuleFilterTooLong,
+			"the weida filter would be "+strconv.Itoa(len(f)+extra)+" bytes; weida carries at most 256",
+			"shorten the filter or split the route")
+	}
+	out := f
+	if change || extra > 0 {
+		var b strings.Builder
+		b.Grow(len(f) + extra)
+		for i := 0; ; {
+			e := nextSep(f, i, '/')
+			switch lv := f[i:e]; {
+			case lv == "+":
+				b.WriteByte('*')
+			case p.escaped:
+				writeEscaped(&b, lv)
+			default:
+				b.WriteString(lv)
+			}
+			if e == len(f) {
+				break
+			}
+			b.WriteByte('.')
+			i = e + 1
+		}
+		out = b.String()
+	}
+	if err := checkWeidaFilter(name, f, out); err != nil {
+		return "", err
+	}
+	return out, nil
+}
+
+func (p mqttLevels) TopicToWeida(t string) (string, error) {
+	name := p.Name()
+	if r := validateMQTT(t, false); r != nil {
+		return "", withPolicy(r, name)
+	}
+	extra := 0
+	if p.escaped {
+		extra = 2 * escapeCount(t)
+	} else if strings.IndexByte(t, '.') >= 0 {
+		for i := 0; ; {
+			e := nextSep(t, i, '/')
+			if lv := t[i:e]; strings.IndexByte(lv, '.') >= 0 {
+				return "", refuse(name, t, lv, RuleMQTTDottedLevel,
+					"the level holds '.', which weida reads as a separator: the topic would collide with one that has more levels", hintEscaped)
+			}
+			if e == len(t) {
+				break
+			}
+			i = e + 1
+		}
+	}
+	if n := len(t) + extra; n > 256 {
+		return "", refuse(name, t, t, RuleTopicTooLong,
+			"the weida topic would be "+strconv.Itoa(n)+" bytes; weida carries at most 256", "")
+	}
+	if extra == 0 && strings.IndexByte(t, '/') < 0 {
+		return t, nil // nothing to change
+	}
+	var b strings.Builder
+	b.Grow(len(t) + extra)
+	for i := 0; ; {
+		e := nextSep(t, i, '/')
+		if p.escaped {
+			writeEscaped(&b, t[i:e])
+		} else {
+			b.WriteString(t[i:e])
+		}
+		if e == len(t) {
+			break
+		}
+		b.WriteByte('.')
+		i = e + 1
+	}
+	return b.String(), nil
+}
+
+func (p mqttLevels) TopicFromWeida(w string) (string, error) {
+	name := p.Name()
+	if r := checkWeidaTopic(name, w, w); r != nil {
+		return "", r
+	}
+	change, shrink := false, 0
+	for i := 0; ; {
+		e := nextSep(w, i, '.')
+		seg := w[i:e]
+		if strings.IndexByte(seg, '/') >= 0 {
+			return "", refuse(name, w, seg, RuleMQTTSlashSegment,
+				"the segment holds '/', which MQTT reads as a level separator", "")
+		}
+		if p.escaped {
+			n, why := checkEscaped(seg)
+			if why != "" {
+				return "", refuse(name, w, seg, RuleMQTTEscape, why,
+					"publish the escaped form: '%' as %25, '.' inside a level as %2E, '*' as %2A")
+			}
+			shrink += 2 * n
+		}
+		if e == len(w) {
+			break
+		}
+		change = true
+		i = e + 1
+	}
+	out := w
+	if change || shrink > 0 {
+		var b strings.Builder
+		b.Grow(len(w) - shrink)
+		for i := 0; ; {
+			e := nextSep(w, i, '.')
+			if p.escaped {
+				writeUnescaped(&b, w[i:e])
+			} else {
+				b.WriteString(w[i:e])
+			}
+			if e == len(w) {
+				break
+			}
+			b.WriteByte('/')
+			i = e + 1
+		}
+		out = b.String()
+	}
+	if r := validateMQTT(out, false); r != nil {
+		r.Input = w
+		return "", withPolicy(r, name)
+	}
+	return out, nil
+}
+
+func (mqttLevels) Admit(foreignFilter, foreignTopic string) bool {
+	return mqttAdmit(foreignFilter, foreignTopic)
+}
+
+func (p mqttLevels) Losses(dir Direction, opts Options) []Loss {
+	ls := []Loss{LossOrdering, LossDeliveryBestEffort}
+	if opts.QoS == 0 {
+		ls = append(ls, LossAtMostOnce)
+	}
+	switch dir {
+	case Inbound:
+		ls = append(ls, LossRetain, LossProperties, LossExpiry, LossReplyTo, LossTopicLength)
+		if !p.escaped {
+			ls = append(ls, LossDottedLevels)
+		}
+	case Outbound:
+		ls = append(ls, LossSlashedSegments, LossWildcardNames, LossForbiddenChars,
+			LossEmptySegments, LossTopicLength, LossDollarTopics)
+		if p.escaped {
+			ls = append(ls, LossUnescapedNames)
+		}
+	default:
+		return nil
+	}
+	return lossSet(ls...)
+}
