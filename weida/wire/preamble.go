@@ -23,6 +23,9 @@ const MaxListItems = 64
 // empty container adds no depth.
 const MaxSkipDepth = 8
 
+// preambleMax is the longest preamble: magic, kind, an eight-byte varint.
+const preambleMax = 10
+
 // MaxVarint is the largest value a QUIC varint can carry (2^62-1).
 const MaxVarint = 1<<62 - 1
 
@@ -75,15 +78,15 @@ func (k Kind) Defined() bool { return int(k) < len(kindNames) }
 //   - any other error of r wrapped with context (never an *Error).
 //
 // The fixed part takes at most two io.ReadFull calls (three bytes, then the
-// rest of a longer varint) and the header one more: never a read per byte. With a buf of capacity at least 8 that
+// rest of a longer varint) and the header one more: never a read per byte. With a buf of capacity at least 10 that
 // also fits the header, ReadPreamble does not allocate.
 func ReadPreamble(r io.Reader, maxHeader uint64, buf []byte) (Kind, []byte, error) {
 	// The fixed part is read into buf's spare capacity when there is room, so
 	// that a reused buffer makes the call allocation-free (a stack array
 	// would escape through the io.Reader interface).
 	scratch := buf[:cap(buf)]
-	if len(scratch) < 8 {
-		scratch = make([]byte, 8)
+	if len(scratch) < preambleMax {
+		scratch = make([]byte, preambleMax)
 	}
 	// Magic, kind and the varint's first byte: three bytes every preamble has.
 	n, err := io.ReadFull(r, scratch[:3])
