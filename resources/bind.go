@@ -1,0 +1,573 @@
+package resources
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"weida.dev/connector/policy"
+	"weida.dev/connector/weida/address"
+	"weida.dev/connector/weida/topic"
+)
+
+// binder turns one structurally checked raw resource into a Connector:
+// it applies the rules that span fields, applies defaults, binds the
+// conversion policy, converts every route and checks the declared losses.
+// It works on a resource that already has errors too, skipping each check
+// whose inputs are wrong, so that one run reports as much as it can.
+type binder struct {
+	*decoder
+	raw     *rawResource
+	relTo   func(string) string // resolves a path written in the file
+	c       *Connector          // filled as far as the resource allows
+	protoOK bool
+	dirOK   bool
+	optsOK  bool // PolicyOptions reflect valid broker options
+}
+
+func (b *binder) ok(path string) bool {
+	for _, e := range b.errs {
+		if e.Field == path || strings.HasPrefix(e.Field, path+".") || strings.HasPrefix(e.Field, path+"[") {
+			return false
+		}
+	}
+	return true
+}
+
+// at returns where path is written, or its nearest written ancestor.
+func (b *binder) at(path string) Position { return b.lookupPos(path, false) }
+
+func (b *binder) bind() {
+	raw := b.raw
+	c := &Connector{Source: b.docPos()}
+	b.c = c
+	if raw.Metadata != nil {
+		c.Name = raw.Metadata.Name
+		c.Labels = raw.Metadata.Labels
+	}
+	s := raw.Spec
+	if s == nil {
+		return
+	}
+	if b.ok("spec.protocol") {
+		c.Protocol, b.protoOK = policy.Protocol(s.Protocol), s.Protocol != ""
+	}
+	if b.ok("spec.direction") {
+		c.Direction, b.dirOK = policy.Direction(s.Direction), s.Direction != ""
+	}
+	if s.Broker != nil {
+		b.bindBroker(s.Broker)
+	}
+	if s.Weida != nil && b.dirOK {
+		b.bindWeida(s.Weida)
+	}
+	b.bindLimits(s.Limits)
+	if b.protoOK {
+		b.bindPolicy(s)
+	}
+}
+
+func (b *binder) bindBroker(rb *rawBroker) {
+	c, s := b.c, b.raw.Spec
+	br := &c.Broker
+	br.ClientID = rb.ClientID
+	if br.ClientID == "" {
+		br.ClientID = c.Name
+	}
+	if b.protoOK && b.ok("spec.broker.url") && rb.URL != "" {
+		u, _ := url.Parse(rb.URL) // brokerURLProblem accepted it
+		plain, _, port, securePort := brokerSchemes(s.Protocol)
+		br.URL, br.Scheme, br.Host = rb.URL, u.Scheme, u.Hostname()
+		br.TLS.Enabled = u.Scheme != plain
+		br.Port = port
+		if br.TLS.Enabled {
+			br.Port = securePort
+		}
+		if p := u.Port(); p != "" {
+			br.Port, _ = strconv.Atoi(p)
+		}
+		if s.Protocol == "amqp" {
+			br.VHost = strings.TrimPrefix(u.Path, "/")
+			if br.VHost == "" {
+				br.VHost = "/"
+			}
+		}
+	}
+
+	// Only the section of the resource's protocol may be present.
+	if b.protoOK {
+		for _, sec := range []struct {
+			name string
+			set  bool
+		}{{"mqtt", rb.MQTT != nil}, {"nats", rb.NATS != nil}, {"amqp", rb.AMQP != nil}} {
+			if sec.set && sec.name != s.Protocol {
+				path := "spec.broker." + sec.name
+				b.fail(path, b.lookupPos(path, true), "", "protocol-section",
+					fmt.Sprintf("is a %s section, but spec.protocol is %s", sec.name, s.Protocol),
+					fmt.Sprintf("remove it, or write spec.broker.%s for %s options", s.Protocol, s.Protocol))
+			}
+		}
+	}
+
+	if rb.TLS != nil {
+		path := "spec.broker.tls"
+		if b.protoOK && b.ok("spec.broker.url") && br.URL != "" && !br.TLS.Enabled {
+			_, secure, _, _ := brokerSchemes(s.Protocol)
+			b.fail(path, b.lookupPos(path, true), "", "tls-scheme",
+				fmt.Sprintf("configures TLS, but the URL's scheme %s:// is plaintext", br.Scheme),
+				fmt.Sprintf("write %s:// in spec.broker.url, or remove tls", secure))
+		} else {
+			br.TLS.CAFile = b.relTo(rb.TLS.CAFile)
+			br.TLS.CertFile = b.relTo(rb.TLS.CertFile)
+			br.TLS.KeyFile = b.relTo(rb.TLS.KeyFile)
+			br.TLS.ServerName = rb.TLS.ServerName
+		}
+	}
+
+	if rb.Credentials != nil {
+		b.bindCredentials(rb.Credentials)
+	}
+	if !b.protoOK {
+		return
+	}
+	switch s.Protocol {
+	case "mqtt":
+		b.bindMQTT(rb.MQTT)
+	case "nats":
+		b.bindNATS(rb.NATS)
+	case "amqp":
+		b.bindAMQP(rb.AMQP)
+	}
+}
+
+func (b *binder) bindCredentials(rc *rawCredentials) {
+	const base = "spec.broker.credentials"
+	cr := &b.c.Broker.Credentials
+	cr.Username = rc.Username
+	rel := func(r SecretRef) SecretRef {
+		if r.File != "" {
+			r.File = b.relTo(r.File)
+		}
+		return r
+	}
+	cr.Password, cr.Token, cr.NKeySeed, cr.Creds = rel(rc.Password), rel(rc.Token), rel(rc.NKeySeed), rel(rc.Creds)
+	proto := b.raw.Spec.Protocol
+	if b.protoOK && proto != "nats" {
+		for _, f := range []struct {
+			name string
+			ref  SecretRef
+		}{{"token", rc.Token}, {"nkeySeed", rc.NKeySeed}, {"creds", rc.Creds}} {
+			if !f.ref.IsZero() {
+				path := base + "." + f.name
+				b.fail(path, b.lookupPos(path, true), "", "credentials-protocol",
+					fmt.Sprintf("is a NATS credential, but spec.protocol is %s", proto),
+					"use username and password")
+			}
+		}
+	}
+	userPass := rc.Username != "" || !rc.Password.IsZero()
+	if !rc.Password.IsZero() && rc.Username == "" {
+		b.fail(base+".password", b.lookupPos(base+".password", true), "", "credentials-incomplete",
+			"is set without a username", "add username: NAME")
+	}
+	if rc.Username != "" && rc.Password.IsZero() && b.protoOK && proto != "mqtt" {
+		b.fail(base+".username", b.lookupPos(base+".username", true), rc.Username, "credentials-incomplete",
+			fmt.Sprintf("is set without a password, which %s requires", proto), "add password: {env: NAME}")
+	}
+	if b.protoOK && proto == "nats" {
+		var methods []string
+		if userPass {
+			methods = append(methods, "username/password")
+		}
+		for _, f := range []struct {
+			name string
+			ref  SecretRef
+		}{{"token", rc.Token}, {"nkeySeed", rc.NKeySeed}, {"creds", rc.Creds}} {
+			if !f.ref.IsZero() {
+				methods = append(methods, f.name)
+			}
+		}
+		if len(methods) > 1 {
+			b.fail(base, b.lookupPos(base, true), "", "credentials-conflict",
+				"names more than one way to authenticate: "+strings.Join(methods, ", "),
+				"keep one: username and password, token, nkeySeed, or creds")
+		}
+	}
+}
+
+func (b *binder) directionOnly(path string, set bool, dir, why string) {
+	if set && b.dirOK && b.raw.Spec.Direction != dir {
+		b.fail(path, b.lookupPos(path, true), "", "direction-field",
+			fmt.Sprintf("applies only to %s resources; this one is %s", dir, b.raw.Spec.Direction), why)
+	}
+}
+
+func (b *binder) bindMQTT(rm *rawMQTT) {
+	m := &MQTT{QoS: DefaultMQTTQoS, SessionExpiry: DefaultMQTTSessionExpiry}
+	b.c.Broker.MQTT = m
+	b.optsOK = true
+	if rm == nil {
+		b.c.PolicyOptions = policy.Options{QoS: int(m.QoS)}
+		return
+	}
+	if rm.QoS != nil {
+		if b.ok("spec.broker.mqtt.qos") {
+			m.QoS = byte(*rm.QoS)
+		} else {
+			b.optsOK = false
+		}
+	}
+	if rm.CleanStart != nil {
+		m.CleanStart = *rm.CleanStart
+	}
+	if rm.SessionExpiry != nil {
+		m.SessionExpiry = time.Duration(*rm.SessionExpiry)
+	}
+	m.SharedGroup = rm.SharedGroup
+	b.directionOnly("spec.broker.mqtt.sharedGroup", rm.SharedGroup != "", "inbound",
+		"a shared subscription splits what the broker delivers among subscribers; an outbound resource only publishes")
+	b.c.PolicyOptions = policy.Options{QoS: int(m.QoS)}
+}
+
+func (b *binder) bindNATS(rn *rawNATS) {
+	n := &NATS{}
+	b.c.Broker.NATS = n
+	b.optsOK = true
+	if rn == nil {
+		return
+	}
+	const base = "spec.broker.nats"
+	n.QueueGroup = rn.QueueGroup
+	b.directionOnly(base+".queueGroup", rn.QueueGroup != "", "inbound",
+		"a queue group splits what the server delivers among subscribers; an outbound resource only publishes")
+	if rn.JetStream != nil {
+		n.JetStream = &JetStream{Stream: rn.JetStream.Stream, Durable: rn.JetStream.Durable}
+		b.c.PolicyOptions.JetStream = true
+		js := base + ".jetstream"
+		if rn.QueueGroup != "" {
+			b.fail(base+".queueGroup", b.lookupPos(base+".queueGroup", true), rn.QueueGroup, "jetstream-queue-group",
+				"applies to core NATS only; with jetstream, replicas share the durable consumer",
+				"remove queueGroup; replicas that name the same durable split the messages")
+		}
+		if b.dirOK {
+			switch b.raw.Spec.Direction {
+			case "inbound":
+				if rn.JetStream.Durable == "" {
+					b.fail(js+".durable", b.lookupPos(js+".durable", true), "", "required",
+						"is required for an inbound resource: the durable consumer remembers what was acknowledged across restarts",
+						"durable: weida-connector")
+				}
+			case "outbound":
+				b.directionOnly(js+".durable", rn.JetStream.Durable != "", "inbound",
+					"an outbound resource publishes to the stream and waits for its acks; it consumes nothing")
+			}
+		}
+	}
+}
+
+func (b *binder) bindAMQP(ra *rawAMQP) {
+	a := &AMQP{Exchange: DefaultAMQPExchange}
+	b.c.Broker.AMQP = a
+	b.optsOK = true
+	inbound := b.dirOK && b.raw.Spec.Direction == "inbound"
+	if inbound {
+		a.Queue = AMQPQueue{Exclusive: true}
+		a.Prefetch = -1 // set from limits.inFlight in bindLimits
+	}
+	if ra == nil {
+		return
+	}
+	const base = "spec.broker.amqp"
+	if ra.Exchange != "" {
+		a.Exchange = ra.Exchange
+	}
+	b.directionOnly(base+".queue", ra.Queue != nil, "inbound", "an outbound resource publishes to the exchange and reads no queue")
+	b.directionOnly(base+".prefetch", ra.Prefetch != nil, "inbound", "prefetch bounds deliveries from a queue; an outbound resource reads none (limits.inFlight bounds its confirms)")
+	if ra.Prefetch != nil && inbound && b.ok(base+".prefetch") {
+		a.Prefetch = *ra.Prefetch
+	}
+	if ra.Queue == nil || !inbound {
+		return
+	}
+	q := ra.Queue
+	qp := base + ".queue"
+	a.Queue = AMQPQueue{Name: q.Name, Durable: q.Durable, Exclusive: q.Name == ""}
+	if q.Exclusive != nil {
+		a.Queue.Exclusive = *q.Exclusive
+	}
+	switch {
+	case strings.HasPrefix(q.Name, "amq."):
+		b.fail(qp+".name", b.at(qp+".name"), q.Name, "amqp-reserved-name",
+			`starts with "amq.", which the broker reserves for its own queues`, "choose another name")
+	case q.Name == "" && q.Durable:
+		b.fail(qp+".durable", b.at(qp+".durable"), "true", "amqp-queue",
+			"needs a queue name: a queue the broker names is gone once the connection closes",
+			"name the queue: queue: {name: weida-orders, durable: true}")
+	case q.Name == "" && !a.Queue.Exclusive:
+		b.fail(qp+".exclusive", b.at(qp+".exclusive"), "false", "amqp-queue",
+			"needs a queue name: only the connection that declared a broker-named queue can use it",
+			"name the queue, or remove exclusive")
+	case q.Durable && a.Queue.Exclusive:
+		b.fail(qp+".exclusive", b.at(qp+".exclusive"), "true", "amqp-queue",
+			"contradicts durable: an exclusive queue is deleted when its connection closes, so what it held is lost on a restart",
+			"write exclusive: false to keep the queue across restarts")
+	}
+}
+
+func (b *binder) bindWeida(rw *rawWeida) {
+	const base = "spec.weida"
+	w := &b.c.Weida
+	w.CertFile, w.KeyFile = b.relTo(rw.CertFile), b.relTo(rw.KeyFile)
+	switch b.raw.Spec.Direction {
+	case "inbound":
+		b.directionOnly(base+".dial", rw.Dial != "", "outbound", "an inbound resource hosts its endpoint: write listen: weida://host:port/path")
+		b.directionOnly(base+".caFile", rw.CAFile != "", "outbound", "an inbound endpoint admits clients by fingerprint: use allowedClients")
+		if rw.Listen == "" {
+			if rw.Dial == "" {
+				b.fail(base+".listen", b.lookupPos(base+".listen", true), "", "required",
+					"is required: an inbound resource hosts the weida endpoint its subscribers dial",
+					"listen: weida://127.0.0.1:7001/sensors")
+			}
+			return
+		}
+		if !b.ok(base + ".listen") {
+			return
+		}
+		a, _ := address.Parse(rw.Listen)
+		if a.Fingerprint != "" {
+			b.fail(base+".listen", b.at(base+".listen"), rw.Listen, "weida-listen-pin",
+				"pins a fingerprint, but a listen address has none to pin: the endpoint presents its own certificate",
+				"remove the sha256:...@ part; set certFile and keyFile, or leave them out to generate a certificate")
+			return
+		}
+		w.Endpoint = a
+		w.AllowedClients = rw.AllowedClients
+	case "outbound":
+		b.directionOnly(base+".listen", rw.Listen != "", "inbound", "an outbound resource dials a publisher: write dial: weida://sha256:<fingerprint>@host:port/path")
+		b.directionOnly(base+".allowedClients", len(rw.AllowedClients) > 0, "inbound", "an outbound resource is the client; it presents certFile/keyFile if the endpoint asks")
+		if rw.Dial == "" {
+			if rw.Listen == "" {
+				b.fail(base+".dial", b.lookupPos(base+".dial", true), "", "required",
+					"is required: an outbound resource dials the weida publisher endpoint it bridges from",
+					"dial: weida://sha256:<fingerprint>@127.0.0.1:7001/orders")
+			}
+			return
+		}
+		if !b.ok(base + ".dial") {
+			return
+		}
+		a, _ := address.Parse(rw.Dial)
+		w.Endpoint = a
+		w.CAFile = b.relTo(rw.CAFile)
+		switch {
+		case a.Fingerprint == "" && rw.CAFile == "":
+			b.fail(base+".dial", b.at(base+".dial"), rw.Dial, "weida-trust",
+				"gives no way to verify the endpoint's certificate",
+				"pin it in the URL, weida://sha256:<fingerprint>@host:port/path (the endpoint logs its fingerprint), or set caFile")
+		case a.Fingerprint != "" && rw.CAFile != "":
+			b.fail(base+".caFile", b.at(base+".caFile"), rw.CAFile, "weida-trust",
+				"is set, but the URL pins a fingerprint, which takes precedence: caFile would be ignored",
+				"remove caFile, or the sha256:...@ part of the URL")
+		}
+	}
+}
+
+func (b *binder) bindLimits(rl *rawLimits) {
+	l := Limits{MaxMessageBytes: DefaultMaxMessageBytes, BufferBytes: DefaultBufferBytes, InFlight: DefaultInFlight}
+	const base = "spec.limits"
+	if rl != nil {
+		if rl.MaxMessageBytes != nil && b.ok(base+".maxMessageBytes") {
+			l.MaxMessageBytes = int64(*rl.MaxMessageBytes)
+		}
+		if rl.BufferBytes != nil && b.ok(base+".bufferBytes") {
+			l.BufferBytes = int64(*rl.BufferBytes)
+		}
+		if rl.InFlight != nil && b.ok(base+".inFlight") {
+			l.InFlight = *rl.InFlight
+		}
+		if l.BufferBytes < l.MaxMessageBytes && b.ok(base+".bufferBytes") && b.ok(base+".maxMessageBytes") {
+			path, value := base+".bufferBytes", l.BufferBytes
+			if rl.BufferBytes == nil {
+				path, value = base+".maxMessageBytes", l.MaxMessageBytes
+			}
+			b.fail(path, b.lookupPos(path, true), strconv.FormatInt(value, 10), "limits-buffer",
+				fmt.Sprintf("bufferBytes (%d) is smaller than maxMessageBytes (%d): a message of the largest allowed size could never be buffered", l.BufferBytes, l.MaxMessageBytes),
+				"raise bufferBytes or lower maxMessageBytes")
+		}
+	}
+	b.c.Limits = l
+	if a := b.c.Broker.AMQP; a != nil && a.Prefetch == -1 {
+		a.Prefetch = l.InFlight
+	}
+}
+
+func (b *binder) bindPolicy(s *rawSpec) {
+	const base = "spec.conversion"
+	c := b.c
+	var declared []string
+	name := ""
+	if s.Conversion != nil {
+		name, declared = s.Conversion.Policy, s.Conversion.Losses
+	}
+	if name == "" {
+		c.Policy = policy.Default(c.Protocol)
+	} else {
+		p, err := policy.Lookup(name)
+		if err != nil {
+			var r *policy.Refusal
+			hint := ""
+			if errors.As(err, &r) {
+				hint = r.Hint
+			}
+			b.fail(base+".policy", b.at(base+".policy"), name, "unknown-policy", "is not a conversion policy", hint, err)
+			return
+		}
+		if p.Protocol() != c.Protocol {
+			b.fail(base+".policy", b.at(base+".policy"), name, "policy-protocol",
+				fmt.Sprintf("converts %s topics, but spec.protocol is %s", p.Protocol(), c.Protocol),
+				fmt.Sprintf("use a %s policy (%s is the default), or leave policy out", c.Protocol, policy.Default(c.Protocol).Name()))
+			return
+		}
+		c.Policy = p
+	}
+	b.bindRoutes(s.Routes)
+	if b.dirOK && b.optsOK {
+		b.checkLosses(declared)
+	}
+}
+
+func (b *binder) bindRoutes(routes []rawRoute) {
+	c := b.c
+	names := map[string]int{}
+	filters := map[string]int{}
+	for i, r := range routes {
+		path := fmt.Sprintf("spec.routes[%d]", i)
+		if r.Filter == nil || !b.ok(path+".filter") {
+			continue
+		}
+		fpath := path + ".filter"
+		f := *r.Filter
+		at := b.at(fpath)
+		if j, dup := filters[f]; dup {
+			b.fail(fpath, at, f, "route-duplicate", fmt.Sprintf("repeats the filter of spec.routes[%d]", j), "remove one of the two routes")
+			continue
+		}
+		filters[f] = i
+		w, err := c.Policy.ConvertFilter(f)
+		if err != nil {
+			var ref *policy.Refusal
+			if errors.As(err, &ref) {
+				msg := ref.Reason
+				if ref.Part != "" && ref.Part != ref.Input {
+					msg = fmt.Sprintf("at %q: %s", ref.Part, ref.Reason)
+				}
+				b.fail(fpath, at, f, ref.Rule, fmt.Sprintf("%s refuses this filter %s", ref.Policy, msg), ref.Hint, err)
+			} else {
+				b.fail(fpath, at, f, "policy", fmt.Sprintf("%s cannot convert this filter: %v", c.Policy.Name(), err), "", err)
+			}
+			continue
+		}
+		if err := topic.ValidateFilter(w); err != nil { // a policy bug; never send it
+			b.fail(fpath, at, f, policy.RuleWeidaInvalid, fmt.Sprintf("converts to %q, which weida refuses: %v", w, err), "report this as a bug in the policy", err)
+			continue
+		}
+		name := r.Name
+		if name == "" {
+			name = f
+		}
+		if j, dup := names[name]; dup {
+			npath := path + ".name"
+			b.fail(npath, b.lookupPos(npath, true), name, "route-name-duplicate",
+				fmt.Sprintf("is also the name of spec.routes[%d]", j), "give each route its own name")
+			continue
+		}
+		names[name] = i
+		c.Routes = append(c.Routes, Route{Name: name, Foreign: f, Weida: w, Source: at})
+	}
+}
+
+// checkLosses compares the declared losses with what the policy computes
+// for this direction and these options: each one missing and each one
+// stated but not incurred is an error.
+func (b *binder) checkLosses(declared []string) {
+	const base = "spec.conversion.losses"
+	c := b.c
+	want := c.Policy.Losses(c.Direction, c.PolicyOptions)
+	c.Losses = slices.Clone(want)
+	if !b.ok(base) {
+		return
+	}
+	context := fmt.Sprintf("%s %s with %s", c.Protocol, c.Direction, c.Policy.Name())
+	switch c.Protocol {
+	case policy.MQTT:
+		context += fmt.Sprintf(", qos %d", c.PolicyOptions.QoS)
+	case policy.NATS:
+		if c.PolicyOptions.JetStream {
+			context += ", JetStream"
+		} else {
+			context += ", core NATS"
+		}
+	}
+	stated := map[policy.Loss]bool{}
+	for i, s := range declared {
+		path := fmt.Sprintf("%s[%d]", base, i)
+		l := policy.Loss(s)
+		stated[l] = true
+		switch {
+		case !l.Valid():
+			names := make([]string, 0, 20)
+			for _, info := range policy.AllLosses() {
+				names = append(names, string(info.Loss))
+			}
+			hint := "known losses: " + strings.Join(names, ", ")
+			if s := closest(s, names); s != "" {
+				hint = fmt.Sprintf("did you mean %s? (%s)", s, hint)
+			}
+			b.fail(path, b.at(path), s, "loss-unknown", "is not a loss this project names", hint)
+		case !slices.Contains(want, l):
+			b.fail(path, b.at(path), s, "loss-not-incurred",
+				fmt.Sprintf("is stated, but this conversion (%s) does not lose %s", context, s),
+				"remove it from spec.conversion.losses")
+		}
+	}
+	for _, l := range want {
+		if stated[l] {
+			continue
+		}
+		b.fail(base, b.lookupPos(base, true), string(l), "loss-undeclared",
+			fmt.Sprintf("this conversion (%s) loses %s, which spec.conversion.losses does not state: %s", context, l, l.Description()),
+			fmt.Sprintf("if the bridge may lose it, state every loss of this conversion: losses: [%s]", joinLosses(want)))
+	}
+}
+
+// fail with a cause.
+func (b *binder) fail(path string, at Position, value, rule, msg, hint string, cause ...error) {
+	b.decoder.fail(path, at, value, rule, msg, hint)
+	if len(cause) > 0 && len(b.errs) > 0 {
+		if e := b.errs[len(b.errs)-1]; e.Field == path && e.Rule == rule {
+			e.Err = cause[0]
+		}
+	}
+}
+
+// isLoopback reports whether host is a loopback address or "localhost".
+func isLoopback(host string) bool {
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+func joinLosses(ls []policy.Loss) string {
+	s := make([]string, len(ls))
+	for i, l := range ls {
+		s[i] = string(l)
+	}
+	return strings.Join(s, ", ")
+}

@@ -1,0 +1,233 @@
+package resources
+
+import (
+	"net"
+	"reflect"
+	"strconv"
+	"time"
+
+	"weida.dev/connector/policy"
+	"weida.dev/connector/weida/address"
+)
+
+// Defaults applied when a resource leaves a field out. docs/RESOURCES.md
+// documents each one.
+const (
+	DefaultMaxMessageBytes = 1 << 20 // limits.maxMessageBytes: 1 MiB
+	DefaultBufferBytes     = 8 << 20 // limits.bufferBytes: 8 MiB, weida's subscriber_buffer_bytes
+	DefaultInFlight        = 256     // limits.inFlight
+
+	DefaultMQTTQoS           = 1         // broker.mqtt.qos
+	DefaultMQTTSessionExpiry = time.Hour // broker.mqtt.sessionExpiry
+	DefaultAMQPExchange      = "amq.topic"
+)
+
+// Connector is one validated resource, bound to its conversion policy, with
+// every default applied: what the runtime runs. A Connector is immutable
+// once returned by [Loader.Load]; share it freely, do not modify it.
+type Connector struct {
+	// Name is metadata.name, a DNS label unique among the loaded resources.
+	Name   string
+	Labels map[string]string // metadata.labels; nil when none
+	// Source is where the resource's document starts.
+	Source Position
+
+	Protocol  policy.Protocol
+	Direction policy.Direction
+	Broker    Broker
+	Weida     Weida
+
+	// Policy converts this resource's filters and topics.
+	Policy policy.Policy
+	// PolicyOptions are the broker settings the policy's losses depend on.
+	PolicyOptions policy.Options
+	// Losses are the losses this conversion incurs, sorted: equal to
+	// Policy.Losses(Direction, PolicyOptions) and to what the file states.
+	Losses []policy.Loss
+	// Routes are in file order; there is at least one and at most
+	// [MaxRoutes].
+	Routes []Route
+	Limits Limits
+}
+
+// MaxRoutes is the most routes a resource may have: each outbound route is
+// one weida subscription, and weida allows 256 per connection.
+const MaxRoutes = 256
+
+// Route is one filter, in both grammars.
+type Route struct {
+	// Name is the route's name, or its foreign filter when the file gives
+	// none. Unique within the resource; metrics label with it.
+	Name string
+	// Foreign is the filter in the broker's grammar, as written. Inbound:
+	// what the connector subscribes to on the broker. Outbound: which
+	// broker topics the connector may publish (the guard after TopicFromWeida).
+	Foreign string
+	// Weida is Policy.ConvertFilter(Foreign): inbound, the guard every
+	// converted topic must pass; outbound, what the connector subscribes
+	// to at the dialled endpoint.
+	Weida  string
+	Source Position // where the route's filter is written
+}
+
+// Broker says how to reach the foreign broker.
+type Broker struct {
+	// URL is the broker URL as written. It carries no credentials: the
+	// loader refuses user information in URLs.
+	URL    string
+	Scheme string // "mqtt", "mqtts", "nats", "tls", "amqp" or "amqps"
+	Host   string // without brackets for IPv6
+	Port   int    // the scheme's default port when the URL has none
+	// VHost is the AMQP virtual host ("/" when the URL has no path); "" for
+	// other protocols.
+	VHost string
+	// ClientID is broker.clientID, or the resource name when absent. MQTT:
+	// the client identifier (with cleanStart false it names a session the
+	// broker keeps). NATS: the connection name. AMQP: the
+	// connection_name client property.
+	ClientID    string
+	Credentials Credentials
+	TLS         TLS
+	// Exactly one of MQTT, NATS and AMQP is non-nil: the one for Protocol.
+	MQTT *MQTT
+	NATS *NATS
+	AMQP *AMQP
+}
+
+// Addr returns host:port, bracketing IPv6 hosts.
+func (b Broker) Addr() string { return net.JoinHostPort(b.Host, strconv.Itoa(b.Port)) }
+
+// Credentials refer to secrets; [Resolver.Resolve] reads them when the
+// connector starts. At most one NATS method is set (user/password, Token,
+// NKeySeed or Creds); MQTT and AMQP use only Username and Password.
+type Credentials struct {
+	Username string    // not a secret; "" when none
+	Password SecretRef // zero when none
+	Token    SecretRef // NATS token
+	NKeySeed SecretRef // NATS NKey seed ("SU...")
+	Creds    SecretRef // NATS credentials file (JWT and seed)
+}
+
+// TLS configures the broker connection's TLS. File paths are relative to
+// the working directory or absolute (the loader resolved them against the
+// resource file's directory).
+type TLS struct {
+	// Enabled is true when the URL's scheme is a TLS one (mqtts, tls,
+	// amqps). The other fields are empty when it is false.
+	Enabled    bool
+	CAFile     string // "" : the system's roots
+	CertFile   string // client certificate; "" : none
+	KeyFile    string // set exactly when CertFile is
+	ServerName string // "" : Host
+}
+
+// MQTT holds the MQTT 5 options, defaults applied.
+type MQTT struct {
+	QoS           byte          // 0 or 1
+	CleanStart    bool          // false: resume the session named by ClientID
+	SessionExpiry time.Duration // whole seconds; how long the broker keeps the session after a disconnect
+	// SharedGroup, when set (inbound only), makes every subscription
+	// $share/SharedGroup/filter, so that replicas split the messages.
+	SharedGroup string
+}
+
+// NATS holds the NATS options.
+type NATS struct {
+	// QueueGroup, when set (inbound, core NATS only), makes replicas split
+	// the messages.
+	QueueGroup string
+	// JetStream is nil for core NATS.
+	JetStream *JetStream
+}
+
+// JetStream names the stream (and, inbound, the durable consumer) a NATS
+// resource uses instead of core NATS.
+type JetStream struct {
+	Stream string
+	// Durable is the durable consumer an inbound resource consumes with
+	// explicit acks; "" for outbound resources, which publish with acks.
+	Durable string
+}
+
+// AMQP holds the AMQP 0-9-1 options, defaults applied.
+type AMQP struct {
+	// Exchange is the topic exchange routes bind to (inbound) or publish
+	// to (outbound).
+	Exchange string
+	// Queue is the queue an inbound resource consumes; zero for outbound.
+	Queue AMQPQueue
+	// Prefetch bounds unacknowledged deliveries (inbound); 0 for outbound.
+	Prefetch int
+}
+
+// AMQPQueue is an inbound resource's queue. Name "" asks the broker to name
+// it; such a queue is exclusive and not durable.
+type AMQPQueue struct {
+	Name      string
+	Durable   bool
+	Exclusive bool
+}
+
+// Weida says where the weida side of the bridge is.
+type Weida struct {
+	// Endpoint is, inbound, the address the connector listens on and the
+	// path it publishes on; outbound, the publisher endpoint it dials
+	// (with Endpoint.Fingerprint the pinned certificate, if any).
+	Endpoint address.Address
+	// CertFile and KeyFile: inbound, the endpoint's certificate (both ""
+	// means generate one at start); outbound, an optional client
+	// certificate.
+	CertFile, KeyFile string
+	// CAFile (outbound only) holds the trust anchors for the endpoint's
+	// certificate when the URL pins no fingerprint.
+	CAFile string
+	// AllowedClients (inbound only) are the "sha256:<hex>" fingerprints of
+	// the client certificates that may subscribe. Empty means anyone who
+	// can reach the address may subscribe and receive every bridged message.
+	AllowedClients []string
+}
+
+// Open reports whether an inbound endpoint admits any client.
+func (w Weida) Open() bool { return len(w.AllowedClients) == 0 }
+
+// Generated reports whether an inbound endpoint generates its certificate.
+func (w Weida) Generated() bool { return w.CertFile == "" }
+
+// Limits bound the resources one connector uses, defaults applied.
+type Limits struct {
+	// MaxMessageBytes is the largest payload bridged; larger ones are
+	// dropped and counted.
+	MaxMessageBytes int64
+	// BufferBytes bounds queued payload: inbound, per weida subscriber of
+	// the hosted endpoint (copies beyond it are dropped and counted, as
+	// weida specifies); outbound, between the weida side and the broker
+	// (beyond it the connector stops reading from weida). At least
+	// MaxMessageBytes.
+	BufferBytes int64
+	// InFlight bounds messages handed on but not yet acknowledged (broker
+	// acks outbound, weida hand-off inbound).
+	InFlight int
+}
+
+// Equal reports whether c and o configure the same connector, ignoring
+// where they were written (Source positions). A reload keeps a running
+// connector whose resource is Equal to its new version.
+func (c *Connector) Equal(o *Connector) bool {
+	if c == nil || o == nil {
+		return c == o
+	}
+	a, b := *c, *o
+	a.Source, b.Source = Position{}, Position{}
+	a.Routes = stripRoutePos(a.Routes)
+	b.Routes = stripRoutePos(b.Routes)
+	return reflect.DeepEqual(a, b)
+}
+
+func stripRoutePos(rs []Route) []Route {
+	out := make([]Route, len(rs))
+	for i, r := range rs {
+		r.Source = Position{}
+		out[i] = r
+	}
+	return out
+}

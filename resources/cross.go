@@ -1,0 +1,280 @@
+package resources
+
+import (
+	"fmt"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+
+	"weida.dev/connector/policy"
+)
+
+// crossCheck applies the rules that span resources. Each resource in a
+// conflict gets its own error naming the others, so that the output for any
+// one resource is complete. It uses what binding could fill in even for
+// resources with other errors.
+func crossCheck(set *Set) {
+	var docs []*Document
+	for _, d := range set.Documents {
+		if d.partial != nil {
+			docs = append(docs, d)
+		}
+	}
+	uniqueNames(docs)
+	listenConflicts(docs)
+	identityConflicts(docs)
+}
+
+// conflict adds to each member of group an error naming the other members.
+func conflict(group []*Document, field func(*Document) string, value func(*Document) string, rule string, msg func(others string) string, hint string) {
+	for _, d := range group {
+		var others []string
+		for _, o := range group {
+			if o != d {
+				others = append(others, fmt.Sprintf("%s (%s)", orUnnamed(o.Name), o.Source))
+			}
+		}
+		path := field(d)
+		d.Errors = append(d.Errors, &FieldError{
+			Position: d.pos(path), Field: path, Value: value(d), Rule: rule,
+			Message: msg(strings.Join(others, ", ")), Hint: hint,
+		})
+	}
+}
+
+func orUnnamed(name string) string {
+	if name == "" {
+		return "an unnamed resource"
+	}
+	return "resource " + name
+}
+
+// groupBy returns the groups of two or more documents sharing a key, in
+// the order their first member appears. Documents whose key is "" are left
+// out.
+func groupBy(docs []*Document, key func(*Document) string) [][]*Document {
+	idx := map[string]int{}
+	var groups [][]*Document
+	for _, d := range docs {
+		k := key(d)
+		if k == "" {
+			continue
+		}
+		i, ok := idx[k]
+		if !ok {
+			i = len(groups)
+			idx[k] = i
+			groups = append(groups, nil)
+		}
+		groups[i] = append(groups[i], d)
+	}
+	return slices.DeleteFunc(groups, func(g []*Document) bool { return len(g) < 2 })
+}
+
+func fixed(s string) func(*Document) string { return func(*Document) string { return s } }
+
+func uniqueNames(docs []*Document) {
+	for _, g := range groupBy(docs, func(d *Document) string { return d.Name }) {
+		conflict(g, fixed("metadata.name"), func(d *Document) string { return d.Name }, "name-duplicate",
+			func(others string) string { return "is also the name of " + others },
+			"give every resource its own metadata.name")
+	}
+}
+
+// canonicalHost makes equal hosts compare equal: IP addresses in their
+// standard form, names in lower case.
+func canonicalHost(h string) string {
+	if ip := net.ParseIP(h); ip != nil {
+		return ip.String()
+	}
+	return strings.ToLower(h)
+}
+
+func isWildcardHost(h string) bool {
+	ip := net.ParseIP(h)
+	return ip != nil && ip.IsUnspecified()
+}
+
+func inbound(d *Document) bool {
+	return d.partial.Direction == policy.Inbound && d.partial.Weida.Endpoint.Port != 0
+}
+
+func listenAddr(d *Document) string {
+	if !inbound(d) {
+		return ""
+	}
+	e := d.partial.Weida.Endpoint
+	return net.JoinHostPort(canonicalHost(e.Host), strconv.Itoa(e.Port))
+}
+
+func listenConflicts(docs []*Document) {
+	const listen = "spec.weida.listen"
+	endpoint := func(d *Document) string { return d.partial.Weida.Endpoint.String() }
+
+	// One endpoint (address and path) can publish for one resource only.
+	for _, g := range groupBy(docs, func(d *Document) string {
+		if a := listenAddr(d); a != "" {
+			return a + d.partial.Weida.Endpoint.Path
+		}
+		return ""
+	}) {
+		conflict(g, fixed(listen), endpoint, "weida-endpoint-duplicate",
+			func(others string) string {
+				return "is also the endpoint of " + others + ": subscribers could not tell whose messages they get"
+			},
+			"give each inbound resource its own path (resources may share the address)")
+	}
+
+	// Resources sharing a listen address share one listener, so they must
+	// agree on what belongs to the listener: its certificate, the clients
+	// it admits, and the per-subscriber buffer.
+	for _, g := range groupBy(docs, listenAddr) {
+		if !allSame(g, func(d *Document) string { return d.partial.Weida.CertFile + "\x00" + d.partial.Weida.KeyFile }) {
+			conflict(g, func(d *Document) string {
+				if d.partial.Weida.CertFile == "" {
+					return listen
+				}
+				return "spec.weida.certFile"
+			}, func(d *Document) string {
+				if d.partial.Weida.CertFile == "" {
+					return "generated"
+				}
+				return d.partial.Weida.CertFile
+			}, "weida-listen-certificate",
+				func(others string) string {
+					return "gives this listen address another certificate than " + others + "; one address presents one certificate"
+				},
+				"use the same certFile and keyFile (or leave both out, to share one generated certificate) in every resource on this address")
+		}
+		if !allSame(g, func(d *Document) string {
+			fps := slices.Clone(d.partial.Weida.AllowedClients)
+			slices.Sort(fps)
+			return strings.Join(fps, ",")
+		}) {
+			conflict(g, func(d *Document) string {
+				if len(d.partial.Weida.AllowedClients) == 0 {
+					return listen
+				}
+				return "spec.weida.allowedClients"
+			}, func(d *Document) string {
+				if len(d.partial.Weida.AllowedClients) == 0 {
+					return "anyone"
+				}
+				return fmt.Sprintf("%d fingerprints", len(d.partial.Weida.AllowedClients))
+			}, "weida-listen-clients",
+				func(others string) string {
+					return "admits other clients than " + others + " on the same listen address; a listener admits clients for all its paths, so a client admitted for one path could read the others"
+				},
+				"give every resource on this address the same allowedClients, or put them on different ports")
+		}
+		if !allSame(g, func(d *Document) string { return strconv.FormatInt(d.partial.Limits.BufferBytes, 10) }) {
+			conflict(g, fixed("spec.limits.bufferBytes"), func(d *Document) string { return strconv.FormatInt(d.partial.Limits.BufferBytes, 10) },
+				"weida-listen-limits",
+				func(others string) string {
+					return "differs from " + others + " on the same listen address; weida bounds each subscriber's buffer per listener"
+				},
+				"use the same limits.bufferBytes in every resource on this address")
+		}
+	}
+
+	// A wildcard address (0.0.0.0, ::) and a specific one on the same port
+	// cannot both be bound.
+	byPort := groupBy(docs, func(d *Document) string {
+		if !inbound(d) {
+			return ""
+		}
+		return strconv.Itoa(d.partial.Weida.Endpoint.Port)
+	})
+	for _, g := range byPort {
+		if allSame(g, listenAddr) {
+			continue // one address: checked above
+		}
+		hasWildcard := slices.ContainsFunc(g, func(d *Document) bool { return isWildcardHost(d.partial.Weida.Endpoint.Host) })
+		if !hasWildcard {
+			continue
+		}
+		conflict(g, fixed(listen), endpoint, "weida-listen-overlap",
+			func(others string) string {
+				return "uses the same port as " + others + ", and one of them listens on every address, so the second listener cannot bind"
+			},
+			"listen on the same address in every resource on this port, or use different ports")
+	}
+}
+
+func allSame(g []*Document, f func(*Document) string) bool {
+	for _, d := range g[1:] {
+		if f(d) != f(g[0]) {
+			return false
+		}
+	}
+	return true
+}
+
+// identityConflicts finds resources that would fight over one identity on
+// one broker: an MQTT client id (the broker disconnects one session when
+// the other connects, and they take turns forever), a JetStream durable
+// consumer or an AMQP queue (the broker splits the messages between them).
+func identityConflicts(docs []*Document) {
+	broker := func(c *Connector) string {
+		if c.Broker.Port == 0 {
+			return ""
+		}
+		return string(c.Protocol) + "://" + net.JoinHostPort(canonicalHost(c.Broker.Host), strconv.Itoa(c.Broker.Port))
+	}
+	// MQTT client identifiers.
+	for _, g := range groupBy(docs, func(d *Document) string {
+		c := d.partial
+		if c.Protocol != policy.MQTT || broker(c) == "" || c.Broker.ClientID == "" {
+			return ""
+		}
+		return broker(c) + "\x00" + c.Broker.ClientID
+	}) {
+		conflict(g, clientIDField, func(d *Document) string { return d.partial.Broker.ClientID }, "broker-client-id-duplicate",
+			func(others string) string {
+				return fmt.Sprintf("is also the MQTT client id of %s on %s: each connection would make the broker disconnect the other, over and over",
+					others, g[0].partial.Broker.Addr())
+			},
+			"give each resource its own spec.broker.clientID (it defaults to metadata.name)")
+	}
+	// JetStream durable consumers.
+	for _, g := range groupBy(docs, func(d *Document) string {
+		c := d.partial
+		if c.Broker.NATS == nil || c.Broker.NATS.JetStream == nil || c.Broker.NATS.JetStream.Durable == "" || broker(c) == "" {
+			return ""
+		}
+		js := c.Broker.NATS.JetStream
+		return broker(c) + "\x00" + js.Stream + "\x00" + js.Durable
+	}) {
+		conflict(g, fixed("spec.broker.nats.jetstream.durable"), func(d *Document) string { return d.partial.Broker.NATS.JetStream.Durable },
+			"broker-consumer-duplicate",
+			func(others string) string {
+				return "is also the durable consumer of " + others + " on the same stream: the server would split the messages between the two resources"
+			},
+			"give each resource its own durable name")
+	}
+	// AMQP queues.
+	for _, g := range groupBy(docs, func(d *Document) string {
+		c := d.partial
+		if c.Broker.AMQP == nil || c.Broker.AMQP.Queue.Name == "" || broker(c) == "" {
+			return ""
+		}
+		return broker(c) + "\x00" + c.Broker.VHost + "\x00" + c.Broker.AMQP.Queue.Name
+	}) {
+		conflict(g, fixed("spec.broker.amqp.queue.name"), func(d *Document) string { return d.partial.Broker.AMQP.Queue.Name },
+			"broker-queue-duplicate",
+			func(others string) string {
+				return "is also the queue of " + others + ": RabbitMQ would deliver each message to only one of the two resources"
+			},
+			"give each resource its own queue name")
+	}
+}
+
+// clientIDField points at broker.clientID, or at metadata.name when the
+// client id defaulted to it.
+func clientIDField(d *Document) string {
+	if d.hasField("spec.broker.clientID") {
+		return "spec.broker.clientID"
+	}
+	return "metadata.name"
+}

@@ -1,0 +1,387 @@
+package resources
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strings"
+
+	"github.com/go-playground/validator/v10"
+	"github.com/goccy/go-yaml"
+	"github.com/goccy/go-yaml/ast"
+	"github.com/goccy/go-yaml/parser"
+
+	"weida.dev/connector/policy"
+)
+
+// MaxFileBytes is the largest resource file the loader reads.
+const MaxFileBytes = 4 << 20
+
+// Loader reads Connector resources from files and directories. The zero
+// value reads the operating system's files. A Loader holds no state between
+// calls; it is safe for concurrent use when its FS is.
+type Loader struct {
+	// FS is where paths are read. nil means the operating system's files,
+	// with paths as given on the command line (relative to the working
+	// directory, or absolute). With a non-nil FS, paths follow io/fs
+	// rules (slash-separated, unrooted), as in fstest.MapFS.
+	FS fs.FS
+}
+
+// Load reads every resource in paths, each a file or a directory. A
+// directory contributes its *.yaml and *.yml files, sorted by name, and
+// nothing from its subdirectories: loading is not recursive, and files
+// whose names start with '.' are skipped. A file may hold several
+// resources separated by "---". A path named twice is read once.
+//
+// Load always returns a non-nil Set listing every document it found, valid
+// or not. The error is nil when every resource is valid; otherwise it is
+// [errors.Join] of every [*FieldError] of every file, in file order, and no
+// resource should be run. Load reads no secret and opens no connection.
+//
+// Relative paths written inside a resource (certificates, secret files)
+// are resolved against the directory of the file that holds the resource.
+func (l Loader) Load(paths ...string) (*Set, error) {
+	set := &Set{}
+	ld := &load{Loader: l, set: set, seen: map[string]bool{}, v: newValidator()}
+	for _, p := range paths {
+		ld.path(p)
+	}
+	crossCheck(set)
+	for _, d := range set.Documents {
+		d.finish()
+	}
+	return set, set.Err()
+}
+
+// Load reads resources from the operating system's files; see [Loader.Load].
+func Load(paths ...string) (*Set, error) { return Loader{}.Load(paths...) }
+
+// Set is the result of one [Loader.Load].
+type Set struct {
+	// Documents lists every resource document, and every path that could
+	// not be read, in the order read.
+	Documents []*Document
+}
+
+// Document is one resource document as loaded.
+type Document struct {
+	// Source is where the document starts (Line 0 for a path that could
+	// not be read at all).
+	Source Position
+	// Name is metadata.name as written; "" when missing.
+	Name string
+	// Connector is the bound resource; nil exactly when Errors is not
+	// empty.
+	Connector *Connector
+	// Errors are sorted by position.
+	Errors []*FieldError
+	// Warnings do not stop the resource from running: they point out a
+	// risk, such as an endpoint open to anyone on a non-loopback address.
+	Warnings []*FieldError
+
+	partial *Connector // what binding could fill in, for cross-resource checks
+	dec     *decoder   // positions of the fields, for cross-resource errors
+}
+
+func (d *Document) pos(path string) Position { return d.dec.lookupPos(path, false) }
+
+func (d *Document) hasField(path string) bool { _, ok := d.dec.pos[path]; return ok }
+
+func (d *Document) finish() {
+	sortErrors(d.Errors)
+	sortErrors(d.Warnings)
+	for _, e := range slices.Concat(d.Errors, d.Warnings) {
+		if e.Resource == "" {
+			e.Resource = d.Name
+		}
+	}
+	if len(d.Errors) == 0 && d.partial != nil {
+		d.Connector = d.partial
+	}
+}
+
+// Connectors returns the valid resources, in load order.
+func (s *Set) Connectors() []*Connector {
+	var out []*Connector
+	for _, d := range s.Documents {
+		if d.Connector != nil {
+			out = append(out, d.Connector)
+		}
+	}
+	return out
+}
+
+// Err returns every error of every document joined (nil when all are
+// valid). [Errors] takes it apart.
+func (s *Set) Err() error {
+	var all []*FieldError
+	for _, d := range s.Documents {
+		all = append(all, d.Errors...)
+	}
+	return joinErrors(all)
+}
+
+type load struct {
+	Loader
+	set  *Set
+	seen map[string]bool
+	v    *validator.Validate
+}
+
+func (ld *load) fsys() fs.FS {
+	if ld.FS == nil {
+		return osFS{}
+	}
+	return ld.FS
+}
+
+func (ld *load) join(dir, name string) string {
+	if ld.FS == nil {
+		return filepath.Join(dir, name)
+	}
+	return path.Join(dir, name)
+}
+
+// relTo returns a function resolving paths written in file.
+func (ld *load) relTo(file string) func(string) string {
+	return func(p string) string {
+		if p == "" {
+			return ""
+		}
+		if ld.FS == nil {
+			if filepath.IsAbs(p) {
+				return p
+			}
+			return filepath.Join(filepath.Dir(file), p)
+		}
+		if strings.HasPrefix(p, "/") {
+			return p
+		}
+		return path.Join(path.Dir(file), p)
+	}
+}
+
+func (ld *load) pathError(p, rule, msg, hint string) {
+	ld.set.Documents = append(ld.set.Documents, &Document{
+		Source: Position{File: p},
+		Errors: []*FieldError{{Position: Position{File: p}, Rule: rule, Message: msg, Hint: hint}},
+	})
+}
+
+func (ld *load) path(p string) {
+	fsys := ld.fsys()
+	info, err := fs.Stat(fsys, p)
+	if err != nil {
+		ld.pathError(p, "path", "cannot be read: "+osReason(err), "check the path given to -f")
+		return
+	}
+	if !info.IsDir() {
+		if ld.file(p) == 0 {
+			ld.pathError(p, "no-resources", "holds no resource", "write a Connector resource in it, or leave it out")
+		}
+		return
+	}
+	entries, err := fs.ReadDir(fsys, p)
+	if err != nil {
+		ld.pathError(p, "path", "cannot be listed: "+osReason(err), "")
+		return
+	}
+	found := 0
+	for _, e := range entries { // fs.ReadDir sorts by name
+		name := e.Name()
+		ext := strings.ToLower(path.Ext(name))
+		if e.IsDir() || strings.HasPrefix(name, ".") || (ext != ".yaml" && ext != ".yml") {
+			continue
+		}
+		found += ld.file(ld.join(p, name))
+	}
+	if found == 0 {
+		ld.pathError(p, "no-resources", "is a directory without resources: no *.yaml or *.yml file in it holds one (subdirectories are not read)",
+			"name the files to load with -f, or put resource files directly in this directory")
+	}
+}
+
+func osReason(err error) string {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		err = pe.Err
+	}
+	return err.Error()
+}
+
+// file loads every document of one file and returns how many there were.
+func (ld *load) file(name string) int {
+	key := name
+	if ld.FS == nil {
+		if abs, err := filepath.Abs(name); err == nil {
+			key = abs
+		}
+	}
+	if ld.seen[key] {
+		return 1 // already loaded through another path; not "empty"
+	}
+	ld.seen[key] = true
+	f, err := ld.fsys().Open(name)
+	if err != nil {
+		ld.pathError(name, "path", "cannot be read: "+osReason(err), "")
+		return 1
+	}
+	data, err := io.ReadAll(io.LimitReader(f, MaxFileBytes+1))
+	_ = f.Close()
+	if err != nil {
+		ld.pathError(name, "path", "cannot be read: "+osReason(err), "")
+		return 1
+	}
+	if len(data) > MaxFileBytes {
+		ld.pathError(name, "file-too-large", fmt.Sprintf("is larger than %d bytes", MaxFileBytes), "split it into several files")
+		return 1
+	}
+	docs := ld.parse(name, data)
+	ld.set.Documents = append(ld.set.Documents, docs...)
+	return len(docs)
+}
+
+// chunk is one document's text and the number of lines before it.
+type chunk struct {
+	text     []byte
+	lineBase int
+}
+
+// splitDocuments cuts a YAML stream at its "---" markers. A line that
+// starts with "---" followed by a space, a tab or the line's end begins a
+// new document wherever it appears, even inside a block scalar (YAML 1.2
+// §9.1.2), so cutting there is exact. Each document is then parsed on its
+// own: goccy/go-yaml v1.19.2 silently drops the document after an empty one
+// ("a: 1\n---\n---\nb: 2" yields one mapping), and a syntax error in one
+// document then costs only that document.
+func splitDocuments(data []byte) []chunk {
+	data = bytes.TrimPrefix(data, []byte("\xef\xbb\xbf")) // a UTF-8 byte order mark
+	var out []chunk
+	start, startLine, line := 0, 0, 0
+	for i := 0; i <= len(data); {
+		end := bytes.IndexByte(data[i:], '\n')
+		next := len(data) + 1
+		if end >= 0 {
+			next = i + end + 1
+		} else {
+			end = len(data) - i
+		}
+		ln := data[i : i+end]
+		if i > start && isDocMarker(ln) {
+			out = append(out, chunk{data[start:i], startLine})
+			start, startLine = i, line
+		}
+		line++
+		i = next
+	}
+	return append(out, chunk{data[start:], startLine})
+}
+
+func isDocMarker(ln []byte) bool {
+	rest, ok := bytes.CutPrefix(ln, []byte("---"))
+	return ok && (len(rest) == 0 || rest[0] == ' ' || rest[0] == '\t' || rest[0] == '\r')
+}
+
+// parseChunk parses one document's text. goccy/go-yaml is third-party code
+// reading untrusted input: should it panic, the panic becomes a syntax
+// error, so that one bad file cannot stop the others from being checked.
+func parseChunk(text []byte) (f *ast.File, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			f, err = nil, fmt.Errorf("the YAML parser failed on this document (%v)", r)
+		}
+	}()
+	return parser.ParseBytes(text, 0, parser.AllowDuplicateMapKey())
+}
+
+// parse decodes, validates and binds every document in data.
+func (ld *load) parse(file string, data []byte) []*Document {
+	var docs []*Document
+	for _, ch := range splitDocuments(data) {
+		f, err := parseChunk(ch.text)
+		if err != nil {
+			docs = append(docs, syntaxDocument(file, ch.lineBase, err))
+			continue
+		}
+		for _, doc := range f.Docs {
+			if doc == nil || doc.Body == nil {
+				continue
+			}
+			if _, comment := doc.Body.(*ast.CommentGroupNode); comment {
+				continue
+			}
+			docs = append(docs, ld.document(file, ch.lineBase, doc.Body))
+		}
+	}
+	return docs
+}
+
+func syntaxDocument(file string, lineBase int, err error) *Document {
+	at := Position{File: file, Line: lineBase + 1, Column: 1}
+	msg := err.Error()
+	var ye yaml.Error
+	if errors.As(err, &ye) {
+		msg = ye.GetMessage()
+		if tk := ye.GetToken(); tk != nil && tk.Position != nil {
+			at.Line, at.Column = tk.Position.Line+lineBase, tk.Position.Column
+		}
+	}
+	return &Document{
+		Source: Position{File: file, Line: lineBase + 1},
+		Errors: []*FieldError{{Position: at, Rule: "yaml-syntax", Message: "is not valid YAML: " + msg,
+			Hint: "indent with spaces, not tabs; quote values that contain ': ' or start with '*', '&', '!', '%' or '@'", Err: err}},
+	}
+}
+
+// document decodes, validates and binds one resource.
+func (ld *load) document(file string, lineBase int, body ast.Node) *Document {
+	d := newDecoder(file, lineBase)
+	var raw rawResource
+	d.decode("", Position{}, body, reflect.ValueOf(&raw).Elem())
+	doc := &Document{Source: d.docPos()}
+	doc.Source.Column = 0
+	if raw.Metadata != nil {
+		doc.Name = raw.Metadata.Name
+	}
+	d.validateRaw(ld.v, &raw)
+	b := &binder{decoder: d, raw: &raw, relTo: ld.relTo(file)}
+	b.bind()
+	doc.partial, doc.dec = b.c, d
+	if d.dropped > 0 {
+		d.errs = append(d.errs, &FieldError{Position: doc.Source, Rule: "too-many-errors",
+			Message: fmt.Sprintf("%d more errors in this document are not shown", d.dropped), Hint: "fix the errors above first"})
+	}
+	doc.Errors = d.errs
+	doc.Warnings = warnings(doc.partial, d)
+	return doc
+}
+
+// warnings points out risks that are not errors.
+func warnings(c *Connector, d *decoder) []*FieldError {
+	if c.Direction != policy.Inbound || c.Weida.Endpoint.Port == 0 || !c.Weida.Open() || isLoopback(c.Weida.Endpoint.Host) {
+		return nil
+	}
+	const path = "spec.weida.listen"
+	return []*FieldError{{
+		Position: d.lookupPos(path, false), Field: path, Value: c.Weida.Endpoint.String(), Rule: "open-endpoint",
+		Message: fmt.Sprintf("admits any client: everyone who can reach %s can subscribe and receive every bridged message", c.Weida.Endpoint.HostPort()),
+		Hint:    "list the subscribers' certificate fingerprints in spec.weida.allowedClients, or listen on a loopback or private address",
+	}}
+}
+
+// osFS reads the operating system's files with paths as given, unlike
+// os.DirFS, which needs a root and unrooted paths. It is only used inside
+// this package, where paths come from the command line.
+type osFS struct{}
+
+func (osFS) Open(name string) (fs.File, error)          { return os.Open(name) }
+func (osFS) Stat(name string) (fs.FileInfo, error)      { return os.Stat(name) }
+func (osFS) ReadDir(name string) ([]fs.DirEntry, error) { return os.ReadDir(name) }

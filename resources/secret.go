@@ -1,0 +1,141 @@
+package resources
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"strings"
+)
+
+// SecretRef says where a secret lives: an environment variable or a file.
+// It never holds the secret itself, so printing it is safe. Exactly one of
+// Env and File is set; the zero value means "no secret".
+type SecretRef struct {
+	Env  string `json:"env,omitempty"`  // name of an environment variable
+	File string `json:"file,omitempty"` // path of a file; relative paths were made relative to the resource file's directory
+}
+
+// IsZero reports whether r refers to nothing.
+func (r SecretRef) IsZero() bool { return r.Env == "" && r.File == "" }
+
+// String describes the reference, e.g. "env MQTT_PASSWORD", never a value.
+func (r SecretRef) String() string {
+	switch {
+	case r.Env != "":
+		return "env " + r.Env
+	case r.File != "":
+		return "file " + r.File
+	default:
+		return "none"
+	}
+}
+
+// Resolver reads secrets when a connector starts, and only then: loading
+// and checking resources never reads a secret. The zero value reads the
+// process environment and the operating system's files.
+type Resolver struct {
+	// LookupEnv reads an environment variable; nil means os.LookupEnv.
+	LookupEnv func(name string) (string, bool)
+	// ReadFile reads a file; nil means os.ReadFile.
+	ReadFile func(path string) ([]byte, error)
+}
+
+// ErrSecret is wrapped by every error Resolve returns. The errors name the
+// reference, never a value.
+var ErrSecret = errors.New("resources: secret unavailable")
+
+// Resolve reads the secret ref points to. A file's single trailing newline
+// ("\n" or "\r\n") is removed, since editors and `echo` add one. An unset
+// variable, an unreadable file and an empty secret are errors. Resolving the
+// zero SecretRef returns the zero Secret and no error.
+func (r Resolver) Resolve(ref SecretRef) (Secret, error) {
+	switch {
+	case ref.Env != "":
+		lookup := r.LookupEnv
+		if lookup == nil {
+			lookup = os.LookupEnv
+		}
+		v, ok := lookup(ref.Env)
+		if !ok {
+			return Secret{}, fmt.Errorf("%w: environment variable %s is not set", ErrSecret, ref.Env)
+		}
+		if v == "" {
+			return Secret{}, fmt.Errorf("%w: environment variable %s is empty", ErrSecret, ref.Env)
+		}
+		return NewSecret(v), nil
+	case ref.File != "":
+		read := r.ReadFile
+		if read == nil {
+			read = os.ReadFile
+		}
+		b, err := read(ref.File)
+		if err != nil {
+			// Keep the OS reason only: a *fs.PathError would repeat the path.
+			var pe *fs.PathError
+			if errors.As(err, &pe) {
+				err = pe.Err
+			}
+			return Secret{}, fmt.Errorf("%w: file %s: %w", ErrSecret, ref.File, err)
+		}
+		v := string(b)
+		if s, ok := strings.CutSuffix(v, "\n"); ok {
+			v, _ = strings.CutSuffix(s, "\r")
+		}
+		if v == "" {
+			return Secret{}, fmt.Errorf("%w: file %s is empty", ErrSecret, ref.File)
+		}
+		return NewSecret(v), nil
+	default:
+		return Secret{}, nil
+	}
+}
+
+// Secret holds a secret value. Every way of printing or encoding it (fmt
+// verbs, slog, encoding/json, encoding.TextMarshaler) yields "[redacted]";
+// only [Secret.Reveal] returns the value. The zero value is the empty
+// secret. A Secret is immutable and safe to copy and share.
+type Secret struct {
+	// A pointer, so that reflection-based dumpers (%#v on a containing
+	// struct uses GoString; spew-like tools would show an address) do not
+	// print the bytes inline.
+	v *string
+}
+
+// NewSecret wraps v.
+func NewSecret(v string) Secret { return Secret{v: &v} }
+
+// Reveal returns the secret value. Call it only where the value is handed
+// to the library that needs it, never to format a message.
+func (s Secret) Reveal() string {
+	if s.v == nil {
+		return ""
+	}
+	return *s.v
+}
+
+// IsZero reports whether s holds nothing.
+func (s Secret) IsZero() bool { return s.v == nil || *s.v == "" }
+
+func (s Secret) String() string   { return redacted }
+func (s Secret) GoString() string { return `resources.Secret{` + redacted + `}` }
+
+// Format redacts for every verb, including %x and %q, which would otherwise
+// bypass String.
+func (s Secret) Format(f fmt.State, verb rune) {
+	if verb == 'v' && f.Flag('#') {
+		_, _ = f.Write([]byte(s.GoString()))
+		return
+	}
+	_, _ = f.Write([]byte(redacted))
+}
+
+// LogValue implements slog.LogValuer.
+func (s Secret) LogValue() slog.Value { return slog.StringValue(redacted) }
+
+// MarshalJSON implements json.Marshaler.
+func (s Secret) MarshalJSON() ([]byte, error) { return []byte(`"` + redacted + `"`), nil }
+
+// MarshalText implements encoding.TextMarshaler.
+func (s Secret) MarshalText() ([]byte, error) { return []byte(redacted), nil }
