@@ -292,6 +292,10 @@ func (p mqttLevels) TopicFromWeida(w string) (string, error) {
 			return "", refuse(name, w, seg, RuleMQTTSlashSegment,
 				"the segment holds '/', which MQTT reads as a level separator", "")
 		}
+		if strings.IndexAny(seg, "+#") >= 0 {
+			return "", refuse(name, w, seg, RuleMQTTWildcardInName,
+				"the segment holds '+' or '#', which MQTT forbids in a topic name", "")
+		}
 		if p.escaped {
 			n, why := checkEscaped(seg)
 			if why != "" {
@@ -325,8 +329,10 @@ func (p mqttLevels) TopicFromWeida(w string) (string, error) {
 		}
 		out = b.String()
 	}
+	// What is left to refuse concerns the whole name: empty, U+0000, too
+	// many levels.
 	if r := validateMQTT(out, false); r != nil {
-		r.Input = w
+		r.Input, r.Part = w, w
 		return "", withPolicy(r, name)
 	}
 	return out, nil

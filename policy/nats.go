@@ -41,6 +41,9 @@ func (natsGrammar) ValidateTopic(t string) error {
 }
 
 // Match walks filter and topic token by token, once, without allocating.
+// A subject with an empty token ("", "a.", ".a", "a..b") matches nothing:
+// nats-server accepts such a publish and delivers it to nobody, not even to
+// '>'.
 func (natsGrammar) Match(filter, topic string) bool {
 	fi, ti := 0, 0
 	for {
@@ -49,10 +52,14 @@ func (natsGrammar) Match(filter, topic string) bool {
 		if ti > len(topic) {
 			return false // no token left, and every pattern needs one
 		}
-		if pat == ">" {
-			return true // last by validity; a token is left
+		if pat == ">" { // last by validity: the rest must be one or more tokens
+			rest := topic[ti:]
+			return rest != "" && rest[0] != '.' && rest[len(rest)-1] != '.' && !strings.Contains(rest, "..")
 		}
 		te := nextSep(topic, ti, '.')
+		if te == ti {
+			return false // an empty token
+		}
 		if pat != "*" && pat != topic[ti:te] {
 			return false
 		}
