@@ -45,7 +45,6 @@ func trunc(s string) string {
 	return s
 }
 
-
 type matchCase struct {
 	filter, topic string
 	want          bool
