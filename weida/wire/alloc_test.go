@@ -73,6 +73,10 @@ func TestDecodeAllocations(t *testing.T) {
 			r.Reset(frame)
 			_, buf, _ = ReadPreamble(r, DefaultMaxHeaderBytes, buf[:0])
 		}},
+		{"ReadPreamble with a nil buffer (scratch doubles as header)", 1, func() {
+			r.Reset(frame)
+			_, _, _ = ReadPreamble(r, DefaultMaxHeaderBytes, nil)
+		}},
 		{"ParsePreamble", 0, func() { _, _, _, _ = ParsePreamble(frame, DefaultMaxHeaderBytes) }},
 	} {
 		if n := testing.AllocsPerRun(100, c.f); n != c.want {

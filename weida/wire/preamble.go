@@ -70,6 +70,8 @@ func (k Kind) Defined() bool { return int(k) < len(kindNames) }
 // header_len above maxHeader is refused before anything is allocated or
 // read for the header; header_len equal to maxHeader is accepted.
 //
+// ReadPreamble may overwrite buf up to its capacity, also when it fails.
+//
 // ReadPreamble returns:
 //   - io.EOF, bare, when r ends before the first byte (a clean, empty stream);
 //   - an [*Error] for bad magic, a reserved kind, header_len over maxHeader
@@ -78,15 +80,20 @@ func (k Kind) Defined() bool { return int(k) < len(kindNames) }
 //   - any other error of r wrapped with context (never an *Error).
 //
 // The fixed part takes at most two io.ReadFull calls (three bytes, then the
-// rest of a longer varint) and the header one more: never a read per byte. With a buf of capacity at least 10 that
-// also fits the header, ReadPreamble does not allocate.
+// rest of a longer varint) and the header one more: never a read per byte.
+// With a buf of capacity at least 10 that also fits the header, ReadPreamble
+// does not allocate; with a nil buf it allocates once for headers up to 256
+// bytes.
 func ReadPreamble(r io.Reader, maxHeader uint64, buf []byte) (Kind, []byte, error) {
 	// The fixed part is read into buf's spare capacity when there is room, so
 	// that a reused buffer makes the call allocation-free (a stack array
 	// would escape through the io.Reader interface).
 	scratch := buf[:cap(buf)]
 	if len(scratch) < preambleMax {
-		scratch = make([]byte, preambleMax)
+		// Room for the fixed part and, afterwards, for a typical header, so a
+		// caller without a buffer pays one allocation for both.
+		scratch = make([]byte, 256)
+		buf = scratch[:0]
 	}
 	// Magic, kind and the varint's first byte: three bytes every preamble has.
 	n, err := io.ReadFull(r, scratch[:3])
