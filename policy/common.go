@@ -71,3 +71,9 @@ func nextSep(s string, i int, sep byte) int {
 	}
 	return len(s)
 }
+
+// around returns the part of s between the separators that enclose index i.
+func around(s string, i int, sep byte) string {
+	start := strings.LastIndexByte(s[:i], sep) + 1
+	return s[start:nextSep(s, i, sep)]
+}

@@ -47,25 +47,12 @@ func writeEscaped(b *strings.Builder, lv string) {
 	}
 }
 
-// checkEscaped reports how many escape sequences seg holds, or, when seg is
-// not in the escaped form, why not.
-func checkEscaped(seg string) (n int, why string) {
-	for i := 0; i < len(seg); i++ {
-		switch seg[i] {
-		case '*':
-			return 0, "a bare '*' is not in the escaped form (a literal '*' is written %2A)"
-		case '%':
-			if i+2 >= len(seg) || seg[i+1] != '2' || (seg[i+2] != '5' && seg[i+2] != 'E' && seg[i+2] != 'A') {
-				return 0, "'%' must start one of the escapes %25, %2E or %2A"
-			}
-			n++
-			i += 2
-		}
-	}
-	return n, ""
+// escapeAt reports whether s[i], a '%', starts one of the three escapes.
+func escapeAt(s string, i int) bool {
+	return i+2 < len(s) && s[i+1] == '2' && (s[i+2] == '5' || s[i+2] == 'E' || s[i+2] == 'A')
 }
 
-// writeUnescaped decodes a segment that checkEscaped accepted.
+// writeUnescaped decodes a segment in the escaped form (see escapeAt).
 func writeUnescaped(b *strings.Builder, seg string) {
 	for i := 0; i < len(seg); i++ {
 		c := seg[i]

@@ -112,35 +112,48 @@ func validateMQTT(s string, filter bool) *Refusal {
 			"a shared subscription ($share/group/filter) is not a filter: the group decides who receives a message, not which messages match",
 			"write only the inner filter and set the share group as an option of the resource")
 	}
+	if !filter {
+		// Names are checked at run time, once per message: one pass.
+		levels := 1
+		for i := 0; i < len(s); i++ {
+			switch s[i] {
+			case '/':
+				levels++
+			case '+', '#':
+				return refuse(who, s, around(s, i, '/'), RuleMQTTWildcardInName,
+					"an MQTT topic name must not contain '+' or '#'", "")
+			}
+		}
+		return checkLevels(s, levels, kind)
+	}
 	levels := 0
 	for i := 0; ; {
 		e := nextSep(s, i, '/')
 		lv := s[i:e]
 		levels++
 		last := e == len(s)
-		if filter {
-			if lv != "+" && strings.IndexByte(lv, '+') >= 0 {
-				return refuse(who, s, lv, RuleMQTTPlusNotAlone, "'+' must fill its whole level", "")
+		if lv != "+" && strings.IndexByte(lv, '+') >= 0 {
+			return refuse(who, s, lv, RuleMQTTPlusNotAlone, "'+' must fill its whole level", "")
+		}
+		if strings.IndexByte(lv, '#') >= 0 {
+			if lv != "#" {
+				return refuse(who, s, lv, RuleMQTTHashNotAlone, "'#' must fill its whole level", "")
 			}
-			if strings.IndexByte(lv, '#') >= 0 {
-				if lv != "#" {
-					return refuse(who, s, lv, RuleMQTTHashNotAlone, "'#' must fill its whole level", "")
-				}
-				if !last {
-					return refuse(who, s, lv, RuleMQTTHashNotFinal, "'#' must be the last level", "")
-				}
+			if !last {
+				return refuse(who, s, lv, RuleMQTTHashNotFinal, "'#' must be the last level", "")
 			}
-		} else if strings.IndexAny(lv, "+#") >= 0 {
-			return refuse(who, s, lv, RuleMQTTWildcardInName,
-				"an MQTT topic name must not contain '+' or '#'", "")
 		}
 		if last {
 			break
 		}
 		i = e + 1
 	}
+	return checkLevels(s, levels, kind)
+}
+
+func checkLevels(s string, levels int, kind string) *Refusal {
 	if levels > MQTTMaxLevels {
-		return refuse(who, s, s, RuleMQTTTooManyLevels,
+		return refuse(string(MQTT), s, s, RuleMQTTTooManyLevels,
 			"the "+kind+" has "+strconv.Itoa(levels)+" levels; Mosquitto closes the connection beyond 201", "")
 	}
 	return nil
@@ -284,59 +297,67 @@ func (p mqttLevels) TopicFromWeida(w string) (string, error) {
 	if r := checkWeidaTopic(name, w, w); r != nil {
 		return "", r
 	}
-	change, shrink := false, 0
+	if w == "" {
+		return "", refuse(name, w, "", RuleMQTTEmpty,
+			"the empty weida topic has no MQTT form: an MQTT topic name is at least one character long", "")
+	}
+	// One pass over the topic: this runs once per message.
+	levels, shrink := 1, 0
+	for i := 0; i < len(w); i++ {
+		switch w[i] {
+		case '.':
+			levels++
+		case '/':
+			return "", refuse(name, w, around(w, i, '.'), RuleMQTTSlashSegment,
+				"the segment holds '/', which MQTT reads as a level separator", "")
+		case '+', '#':
+			return "", refuse(name, w, around(w, i, '.'), RuleMQTTWildcardInName,
+				"the segment holds '+' or '#', which MQTT forbids in a topic name", "")
+		case 0:
+			return "", refuse(name, w, around(w, i, '.'), RuleMQTTNul,
+				"the segment holds U+0000, which MQTT forbids in a topic name", "")
+		case '*':
+			if p.escaped {
+				return "", refuse(name, w, around(w, i, '.'), RuleMQTTEscape,
+					"a bare '*' is not in the escaped form (a literal '*' is written %2A)", hintEscapedForm)
+			}
+		case '%':
+			if p.escaped {
+				if !escapeAt(w, i) {
+					return "", refuse(name, w, around(w, i, '.'), RuleMQTTEscape,
+						"'%' must start one of the escapes %25, %2E or %2A", hintEscapedForm)
+				}
+				shrink += 2
+				i += 2
+			}
+		}
+	}
+	if levels > MQTTMaxLevels {
+		return "", refuse(name, w, w, RuleMQTTTooManyLevels,
+			"the topic has "+strconv.Itoa(levels)+" segments; Mosquitto closes the connection beyond 201 levels", "")
+	}
+	if levels == 1 && shrink == 0 {
+		return w, nil // nothing to change
+	}
+	var b strings.Builder
+	b.Grow(len(w) - shrink)
 	for i := 0; ; {
 		e := nextSep(w, i, '.')
-		seg := w[i:e]
-		if strings.IndexByte(seg, '/') >= 0 {
-			return "", refuse(name, w, seg, RuleMQTTSlashSegment,
-				"the segment holds '/', which MQTT reads as a level separator", "")
-		}
-		if strings.IndexAny(seg, "+#") >= 0 {
-			return "", refuse(name, w, seg, RuleMQTTWildcardInName,
-				"the segment holds '+' or '#', which MQTT forbids in a topic name", "")
-		}
 		if p.escaped {
-			n, why := checkEscaped(seg)
-			if why != "" {
-				return "", refuse(name, w, seg, RuleMQTTEscape, why,
-					"publish the escaped form: '%' as %25, '.' inside a level as %2E, '*' as %2A")
-			}
-			shrink += 2 * n
+			writeUnescaped(&b, w[i:e])
+		} else {
+			b.WriteString(w[i:e])
 		}
 		if e == len(w) {
 			break
 		}
-		change = true
+		b.WriteByte('/')
 		i = e + 1
 	}
-	out := w
-	if change || shrink > 0 {
-		var b strings.Builder
-		b.Grow(len(w) - shrink)
-		for i := 0; ; {
-			e := nextSep(w, i, '.')
-			if p.escaped {
-				writeUnescaped(&b, w[i:e])
-			} else {
-				b.WriteString(w[i:e])
-			}
-			if e == len(w) {
-				break
-			}
-			b.WriteByte('/')
-			i = e + 1
-		}
-		out = b.String()
-	}
-	// What is left to refuse concerns the whole name: empty, U+0000, too
-	// many levels.
-	if r := validateMQTT(out, false); r != nil {
-		r.Input, r.Part = w, w
-		return "", withPolicy(r, name)
-	}
-	return out, nil
+	return b.String(), nil
 }
+
+const hintEscapedForm = "publish the escaped form: '%' as %25, '.' inside a level as %2E, '*' as %2A"
 
 func (mqttLevels) Admit(foreignFilter, foreignTopic string) bool {
 	return mqttAdmit(foreignFilter, foreignTopic)

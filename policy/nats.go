@@ -2,10 +2,6 @@ package policy
 
 import "strings"
 
-// natsSpace holds the bytes nats-server refuses inside a subject: they
-// split or end the protocol line.
-const natsSpace = " \t\r\n\f"
-
 // NATSGrammar returns the core NATS subject grammar as nats-server routes
 // it: '.' separates tokens, which must not be empty and must not contain
 // whitespace (space, tab, CR, LF, FF); in a filter, a whole token '*'
@@ -70,31 +66,33 @@ func (natsGrammar) Match(filter, topic string) bool {
 	}
 }
 
+// validateNATS checks a subject (filter false) or a filter in one pass: it
+// runs once per message.
 func validateNATS(s string, filter bool) *Refusal {
 	const who = string(NATS)
-	kind := "subject"
-	if filter {
-		kind = "filter"
+	start := 0 // of the current token
+	for i := 0; i <= len(s); i++ {
+		if i < len(s) {
+			c := s[i]
+			if c != '.' {
+				if c <= ' ' && (c == ' ' || c == '\t' || c == '\r' || c == '\n' || c == '\f') {
+					return refuse(who, s, s[start:nextSep(s, i, '.')], RuleNATSWhitespace,
+						"a NATS subject must not contain whitespace, which splits the protocol line", "")
+				}
+				continue
+			}
+		}
+		// The token s[start:i] ends here.
+		if i == start {
+			return refuse(who, s, "", RuleNATSEmptyToken,
+				"a NATS subject has no empty tokens (no leading, trailing or doubled '.', and not \"\")", "")
+		}
+		if filter && i < len(s) && i-start == 1 && s[start] == '>' {
+			return refuse(who, s, ">", RuleNATSGtNotFinal, "'>' must be the last token", "")
+		}
+		start = i + 1
 	}
-	for i := 0; ; {
-		e := nextSep(s, i, '.')
-		tok := s[i:e]
-		if tok == "" {
-			return refuse(who, s, tok, RuleNATSEmptyToken,
-				"a NATS "+kind+" has no empty tokens (no leading, trailing or doubled '.', and not \"\")", "")
-		}
-		if strings.ContainsAny(tok, natsSpace) {
-			return refuse(who, s, tok, RuleNATSWhitespace,
-				"a NATS "+kind+" must not contain whitespace, which splits the protocol line", "")
-		}
-		if e == len(s) {
-			return nil
-		}
-		if filter && tok == ">" {
-			return refuse(who, s, tok, RuleNATSGtNotFinal, "'>' must be the last token", "")
-		}
-		i = e + 1
-	}
+	return nil
 }
 
 // natsTokens implements nats-tokens/v1: tokens are segments, the subject is
@@ -150,6 +148,9 @@ func (natsTokens) TopicFromWeida(w string) (string, error) {
 	}
 	if r := validateNATS(w, false); r != nil {
 		return "", withPolicy(r, NATSTokens)
+	}
+	if strings.IndexByte(w, '*') < 0 && strings.IndexByte(w, '>') < 0 {
+		return w, nil
 	}
 	for i := 0; ; {
 		e := nextSep(w, i, '.')
