@@ -1,0 +1,413 @@
+package weida
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/quic-go/quic-go"
+
+	"weida.dev/connector/weida/wire"
+)
+
+// role is what differs between the two ends of a weida connection: the
+// listener side (publisher paths, subscriptions, fan-out) and the dialling
+// side (one subscribed path). Its methods run on the stream's own goroutine,
+// after negotiation, and own the stream they are given.
+type role interface {
+	// data handles a uni DATA stream whose header decoded and names an
+	// endpoint. Nothing of the stream is consumed yet: its first n bytes
+	// are preamble and header, the payload follows.
+	data(c *conn, st *quic.ReceiveStream, n int, d *wire.Data)
+	// subscription handles a decoded SUBSCRIBE (add) or UNSUBSCRIBE.
+	subscription(c *conn, s *wire.Subscribe, add bool)
+	// serves reports whether something is registered at path on this side
+	// (a publisher, or the subscriber's own path), which decides between
+	// UNSUPPORTED and UNKNOWN_ENDPOINT for a bidi exchange.
+	serves(path string) bool
+}
+
+// conn is one weida connection of either role: the HELLO exchange, the
+// parking of early streams, the hello timer, and the dispatch of every
+// stream by kind (PROTOCOL §2.2, §3.2, §4, §9.4). It owns every goroutine it
+// starts; wait returns once all of them have ended, which happens after
+// the QUIC connection is closed.
+type conn struct {
+	qc     *quic.Conn
+	ctx    context.Context // the QUIC connection's context, done once it is closed
+	limits *Limits
+	log    *slog.Logger
+	role   role
+	hooks  *connHooks
+
+	local wire.Hello
+
+	helloSeen atomic.Bool
+	helloDone chan struct{} // closed when the peer's HELLO negotiated successfully
+	agreed    agreed        // written once before helloDone is closed
+
+	wg sync.WaitGroup
+}
+
+// connHooks are counters shared by the connections of one listener or
+// subscriber; any may be nil.
+type connHooks struct {
+	parked     *atomic.Uint64 // streams that arrived before the peer's HELLO
+	violations *atomic.Uint64 // connections closed with PROTOCOL_VIOLATION
+	negFailed  *atomic.Uint64 // connections closed with NEGOTIATION_FAILED
+	refused    *atomic.Uint64 // streams refused with STOP_SENDING or ERROR
+}
+
+func add(c *atomic.Uint64) {
+	if c != nil {
+		c.Add(1)
+	}
+}
+
+func newConn(qc *quic.Conn, limits *Limits, log *slog.Logger, r role, hooks *connHooks) *conn {
+	return &conn{
+		qc:        qc,
+		ctx:       qc.Context(),
+		limits:    limits,
+		log:       log.With("remote", qc.RemoteAddr().String()),
+		role:      r,
+		hooks:     hooks,
+		local:     localHello(limits),
+		helloDone: make(chan struct{}),
+	}
+}
+
+// start sends our HELLO and starts accepting streams and the hello timer.
+func (c *conn) start() {
+	c.wg.Go(c.sendHello)
+	c.wg.Go(c.helloTimer)
+	c.wg.Go(c.acceptUni)
+	c.wg.Go(c.acceptBidi)
+}
+
+// wait blocks until every goroutine of c has ended. They end once the QUIC
+// connection is closed.
+func (c *conn) wait() { c.wg.Wait() }
+
+// negotiated reports whether the HELLO exchange has succeeded.
+func (c *conn) negotiated() bool {
+	select {
+	case <-c.helloDone:
+		return true
+	default:
+		return false
+	}
+}
+
+// close closes the connection with code and a reason for the peer. It
+// blocks until quic-go has sent CONNECTION_CLOSE; closing twice is harmless.
+func (c *conn) close(code Code, reason string) {
+	_ = c.qc.CloseWithError(quic.ApplicationErrorCode(code), reason)
+}
+
+// violation closes the connection with PROTOCOL_VIOLATION (PROTOCOL §3.2).
+func (c *conn) violation(format string, args ...any) {
+	reason := fmt.Sprintf(format, args...)
+	if c.ctx.Err() == nil {
+		add(c.hooks.violations)
+		c.log.Warn("weida: closing connection: protocol violation", "reason", reason)
+	}
+	c.close(ProtocolViolation, reason)
+}
+
+func (c *conn) sendHello() {
+	ctx, cancel := context.WithTimeout(c.ctx, c.limits.HelloTimeout)
+	defer cancel()
+	st, err := c.qc.OpenUniStreamSync(ctx)
+	if err != nil {
+		return // the connection is gone or the peer grants no stream: the hello timer decides
+	}
+	hdr := wire.AppendHello(make([]byte, 0, 32), &c.local)
+	frame := wire.AppendPreamble(make([]byte, 0, len(hdr)+4), wire.KindHello, hdr)
+	if _, err := st.Write(frame); err != nil {
+		return
+	}
+	_ = st.Close()
+}
+
+func (c *conn) helloTimer() {
+	t := time.NewTimer(c.limits.HelloTimeout)
+	defer t.Stop()
+	select {
+	case <-c.helloDone:
+	case <-c.ctx.Done():
+	case <-t.C:
+		if !c.negotiated() {
+			add(c.hooks.negFailed)
+			c.log.Warn("weida: closing connection: no HELLO within hello_timeout", "hello_timeout", c.limits.HelloTimeout)
+			c.close(NegotiationFailed, "hello_timeout")
+		}
+	}
+}
+
+func (c *conn) acceptUni() {
+	for {
+		st, err := c.qc.AcceptUniStream(c.ctx)
+		if err != nil {
+			return
+		}
+		c.wg.Go(func() { c.uni(st) })
+	}
+}
+
+func (c *conn) acceptBidi() {
+	for {
+		st, err := c.qc.AcceptStream(c.ctx)
+		if err != nil {
+			return
+		}
+		c.wg.Go(func() { c.bidi(st) })
+	}
+}
+
+// peeker is a QUIC receive half: quic.ReceiveStream and quic.Stream.
+type peeker interface {
+	io.Reader
+	Peek(b []byte) (int, error)
+}
+
+// peekPreamble reads a stream's preamble and header WITHOUT consuming them:
+// the bytes stay in QUIC's buffer, so the stream is not finished and keeps
+// counting against the peer's stream credit until it is handled. (A
+// consuming read of a copy with an empty payload would see the FIN at once,
+// and QUIC would let the peer open another stream while this one still
+// waits.) It returns the kind, the header (in sb's scratch) and the number
+// of bytes preamble and header occupy. ok is false when the stream is done
+// with: a violation closed the connection, or the stream or connection
+// failed.
+func (c *conn) peekPreamble(st peeker, sb *streamBuf) (k wire.Kind, hdr []byte, n int, ok bool) {
+	max := c.limits.MaxHeaderBytes
+	fail := func(b []byte, err error) (wire.Kind, []byte, int, bool) {
+		if len(b) == 0 && errors.Is(err, io.EOF) {
+			c.violation("stream ends without a preamble")
+			return 0, nil, 0, false
+		}
+		if _, _, _, perr := wire.ParsePreamble(b, max); perr != nil {
+			var we *wire.Error
+			if errors.As(perr, &we) && (errors.Is(err, io.EOF) || we.Rule != wire.RuleTruncatedPreamble) {
+				c.violation("%v", we)
+			}
+		}
+		// Otherwise the stream was reset or the connection closed.
+		return 0, nil, 0, false
+	}
+	// Magic, kind and the first byte of header_len.
+	b := sb.grow(3)
+	if m, err := st.Peek(b); m < len(b) {
+		return fail(b[:m], err)
+	}
+	if b[0] != wire.Magic || !wire.Kind(b[1]).Defined() {
+		return fail(b[:2], io.EOF) // bad magic or reserved kind: refused before anything else
+	}
+	// The rest of the varint, then the header_len check before any
+	// buffer of that size exists.
+	vlen := 1 << (b[2] >> 6)
+	b = sb.grow(2 + vlen)
+	if m, err := st.Peek(b); m < len(b) {
+		return fail(b[:m], err)
+	}
+	hl := uint64(b[2] & 0x3f)
+	for _, x := range b[3:] {
+		hl = hl<<8 | uint64(x)
+	}
+	if hl > max {
+		return fail(b, io.EOF) // ParsePreamble reports header_len over the cap
+	}
+	b = sb.grow(2 + vlen + int(hl))
+	if m, err := st.Peek(b); m < len(b) {
+		return fail(b[:m], err)
+	}
+	k, hdr, n, err := wire.ParsePreamble(b, max)
+	if err != nil {
+		return fail(b, io.EOF)
+	}
+	return k, hdr, n, true
+}
+
+// park holds a stream that arrived before the peer's HELLO until
+// negotiation succeeds (PROTOCOL §2.2). It reports false if the connection
+// ended first.
+func (c *conn) park() bool {
+	if c.negotiated() {
+		return true
+	}
+	add(c.hooks.parked)
+	select {
+	case <-c.helloDone:
+		return true
+	case <-c.ctx.Done():
+		return false
+	}
+}
+
+// uni dispatches one accepted uni stream.
+func (c *conn) uni(st *quic.ReceiveStream) {
+	sb := getStreamBuf()
+	k, hdr, n, ok := c.peekPreamble(st, sb)
+	if !ok {
+		sb.release()
+		return
+	}
+	if k == wire.KindHello {
+		c.hello(st, sb, hdr, n)
+		return
+	}
+	if !c.park() {
+		sb.release()
+		return
+	}
+	switch k {
+	case wire.KindData:
+		d, err := wire.DecodeData(hdr)
+		switch {
+		case err != nil:
+			c.violation("%v", err)
+		case !d.HasEndpoint:
+			c.violation("DATA without endpoint on a uni stream")
+		default:
+			sb.release()
+			c.role.data(c, st, n, &d)
+			return
+		}
+	case wire.KindSubscribe, wire.KindUnsubscribe:
+		s, err := wire.DecodeSubscribe(hdr)
+		if err != nil {
+			c.violation("%v", err)
+			break
+		}
+		c.role.subscription(c, &s, k == wire.KindSubscribe)
+		c.drainHeaderOnly(st, sb, n)
+	case wire.KindCredit:
+		// A peer without queues ignores credit (PROTOCOL §4).
+		c.drainHeaderOnly(st, sb, n)
+	case wire.KindCursor:
+		// We order no reports, so every report id is unknown (PROTOCOL §6.7).
+		st.CancelRead(quic.StreamErrorCode(Canceled))
+	case wire.KindFlow:
+		c.violation("FLOW stream, but our HELLO lists no datagram capability")
+	case wire.KindError:
+		c.violation("ERROR frame on a uni stream")
+	default:
+		c.violation("frame kind %v on a uni stream", k) // unreachable: ReadPreamble refuses reserved kinds
+	}
+	sb.release()
+}
+
+// hello processes the peer's HELLO stream.
+func (c *conn) hello(st *quic.ReceiveStream, sb *streamBuf, hdr []byte, n int) {
+	defer sb.release()
+	if !c.helloSeen.CompareAndSwap(false, true) {
+		c.violation("second HELLO")
+		return
+	}
+	h, err := wire.DecodeHello(hdr)
+	if err != nil {
+		c.violation("%v", err)
+		return
+	}
+	a, err := negotiate(&c.local, &h)
+	if err != nil {
+		add(c.hooks.negFailed)
+		c.log.Warn("weida: closing connection: negotiation failed", "reason", err)
+		c.close(NegotiationFailed, err.Error())
+		return
+	}
+	c.agreed = a
+	close(c.helloDone)
+	c.drainHeaderOnly(st, sb, n)
+}
+
+// drainHeaderOnly finishes a header-only stream whose first n bytes are
+// preamble and header: it consumes them and waits for the FIN, so that QUIC
+// returns the stream credit, and stops the peer if anything follows the
+// header (PROTOCOL §4 lets a receiver stop reading there).
+func (c *conn) drainHeaderOnly(st *quic.ReceiveStream, sb *streamBuf, n int) {
+	b := sb.grow(n + 1)
+	if _, err := io.ReadFull(st, b[:n]); err != nil {
+		return // reset or connection closed
+	}
+	m, err := st.Read(b[n:])
+	if m == 0 && err != nil {
+		return // the FIN (io.EOF), a reset, or a closed connection
+	}
+	st.CancelRead(quic.StreamErrorCode(NoError))
+}
+
+// bidi dispatches one accepted bidi stream. No path of this package serves
+// an exchange, so every well-formed one is refused per PROTOCOL §9.4.
+func (c *conn) bidi(st *quic.Stream) {
+	sb := getStreamBuf()
+	defer sb.release()
+	k, hdr, _, ok := c.peekPreamble(st, sb)
+	if !ok {
+		return
+	}
+	if !c.park() {
+		return
+	}
+	if k != wire.KindData {
+		c.violation("bidi stream opens with %v, not DATA", k)
+		return
+	}
+	d, err := wire.DecodeData(hdr)
+	switch {
+	case err != nil:
+		c.violation("%v", err)
+		return
+	case !d.HasEndpoint:
+		c.violation("DATA without endpoint on a bidi stream")
+		return
+	}
+	add(c.hooks.refused)
+	code, errCode := UnknownEndpoint, wire.ErrorUnknownEndpoint
+	if c.role.serves(d.Endpoint) {
+		code, errCode = Unsupported, wire.ErrorUnsupported
+	}
+	st.CancelRead(quic.StreamErrorCode(code))
+	hdrOut := wire.AppendErrorFrame(make([]byte, 0, 8), &wire.ErrorFrame{Code: errCode})
+	if _, err := st.Write(wire.AppendPreamble(make([]byte, 0, 16), wire.KindError, hdrOut)); err == nil {
+		_ = st.Close()
+	}
+}
+
+// refuse stops a uni stream with code and counts it.
+func (c *conn) refuse(st *quic.ReceiveStream, code Code) {
+	add(c.hooks.refused)
+	st.CancelRead(quic.StreamErrorCode(code))
+}
+
+// streamBuf is the scratch buffer one stream uses for its preamble and
+// header, and for reading a payload; pooled, because every copy needs one.
+type streamBuf struct{ buf []byte }
+
+const streamBufSize = 4096
+
+var streamBufPool = sync.Pool{New: func() any { return &streamBuf{buf: make([]byte, streamBufSize)} }}
+
+func getStreamBuf() *streamBuf { return streamBufPool.Get().(*streamBuf) }
+
+// grow returns the first n bytes of the scratch, enlarging it if needed.
+func (sb *streamBuf) grow(n int) []byte {
+	if n > len(sb.buf) {
+		sb.buf = make([]byte, max(n, 2*len(sb.buf)))
+	}
+	return sb.buf[:n]
+}
+
+// release returns sb to the pool; sb must not be used afterwards.
+func (sb *streamBuf) release() {
+	if len(sb.buf) > streamBufSize {
+		sb.buf = make([]byte, streamBufSize) // do not pin a peer-sized header
+	}
+	streamBufPool.Put(sb)
+}

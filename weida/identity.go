@@ -1,0 +1,228 @@
+package weida
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/big"
+	"os"
+	"time"
+
+	"weida.dev/connector/weida/address"
+)
+
+// ALPN is the only TLS application protocol a weida v0 peer offers or
+// accepts (PROTOCOL §2.1).
+const ALPN = "weida/0"
+
+// Fingerprint returns a certificate's weida identity: "sha256:" and the
+// lowercase hex SHA-256 of its DER SubjectPublicKeyInfo (ARCHITECTURE §2).
+// It depends only on the key, so a renewed certificate with the same key
+// keeps its fingerprint.
+func Fingerprint(cert *x509.Certificate) string {
+	return fingerprintSPKI(cert.RawSubjectPublicKeyInfo)
+}
+
+func fingerprintSPKI(spki []byte) string {
+	sum := sha256.Sum256(spki)
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
+// fingerprintDER parses one DER certificate and returns its fingerprint.
+func fingerprintDER(der []byte) (string, error) {
+	c, err := x509.ParseCertificate(der)
+	if err != nil {
+		return "", fmt.Errorf("weida: parsing peer certificate: %w", err)
+	}
+	return Fingerprint(c), nil
+}
+
+// loadKeyPair loads a PEM certificate chain and key; both names must be set
+// or both empty (ok=false then).
+func loadKeyPair(certFile, keyFile, what string) (cert tls.Certificate, ok bool, err error) {
+	switch {
+	case certFile == "" && keyFile == "":
+		return tls.Certificate{}, false, nil
+	case certFile == "" || keyFile == "":
+		return tls.Certificate{}, false, fmt.Errorf("weida: %s: CertFile and KeyFile must be set together", what)
+	}
+	cert, err = tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		return tls.Certificate{}, false, fmt.Errorf("weida: %s: loading %s and %s: %w", what, certFile, keyFile, err)
+	}
+	return cert, true, nil
+}
+
+// leafFingerprint returns the fingerprint of a loaded certificate's leaf.
+func leafFingerprint(c *tls.Certificate) (string, error) {
+	if c.Leaf != nil {
+		return Fingerprint(c.Leaf), nil
+	}
+	if len(c.Certificate) == 0 {
+		return "", errors.New("weida: certificate chain is empty")
+	}
+	return fingerprintDER(c.Certificate[0])
+}
+
+// selfSigned generates an ECDSA P-256 key and a self-signed certificate for
+// it, valid from an hour ago for ten years. Subscribers trust it by pinning
+// its fingerprint, so its names do not matter; it carries "localhost" for
+// tools that insist on one.
+func selfSigned() (tls.Certificate, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return tls.Certificate{}, fmt.Errorf("weida: generating key: %w", err)
+	}
+	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 127))
+	if err != nil {
+		return tls.Certificate{}, fmt.Errorf("weida: generating serial: %w", err)
+	}
+	now := time.Now()
+	tmpl := &x509.Certificate{
+		SerialNumber:          serial,
+		Subject:               pkix.Name{CommonName: "weida self-signed"},
+		DNSNames:              []string{"localhost"},
+		NotBefore:             now.Add(-time.Hour),
+		NotAfter:              now.AddDate(10, 0, 0),
+		KeyUsage:              x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		BasicConstraintsValid: true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return tls.Certificate{}, fmt.Errorf("weida: creating self-signed certificate: %w", err)
+	}
+	leaf, err := x509.ParseCertificate(der)
+	if err != nil {
+		return tls.Certificate{}, fmt.Errorf("weida: parsing self-signed certificate: %w", err)
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}, nil
+}
+
+// serverTLS builds the listener's TLS configuration and returns its
+// fingerprint and whether the certificate was generated.
+func serverTLS(cfg *ListenConfig, log *slog.Logger) (*tls.Config, string, bool, error) {
+	cert, ok, err := loadKeyPair(cfg.CertFile, cfg.KeyFile, "listen")
+	if err != nil {
+		return nil, "", false, err
+	}
+	generated := !ok
+	if generated {
+		if cert, err = selfSigned(); err != nil {
+			return nil, "", false, err
+		}
+	}
+	fp, err := leafFingerprint(&cert)
+	if err != nil {
+		return nil, "", false, err
+	}
+	allowed := make(map[string]bool, len(cfg.ClientFingerprints))
+	for _, f := range cfg.ClientFingerprints {
+		if err := address.ValidateFingerprint(f); err != nil {
+			return nil, "", false, fmt.Errorf("weida: ListenConfig.ClientFingerprints: %q: %w", f, err)
+		}
+		allowed[f] = true
+	}
+	base := &tls.Config{
+		MinVersion:   tls.VersionTLS13,
+		Certificates: []tls.Certificate{cert},
+		NextProtos:   []string{ALPN},
+		// Request a certificate so that one presented proves an identity;
+		// its chain is not verified, because weida identifies a peer by its
+		// key (the CertificateVerify message proves possession of it).
+		ClientAuth: tls.RequestClientCert,
+	}
+	if len(allowed) > 0 {
+		base.ClientAuth = tls.RequireAnyClientCert
+		// GetConfigForClient gives the verification callback the remote
+		// address to log.
+		base.GetConfigForClient = func(hello *tls.ClientHelloInfo) (*tls.Config, error) {
+			c := base.Clone()
+			c.GetConfigForClient = nil
+			remote := ""
+			if hello.Conn != nil {
+				remote = hello.Conn.RemoteAddr().String()
+			}
+			c.VerifyConnection = func(cs tls.ConnectionState) error {
+				if len(cs.PeerCertificates) == 0 {
+					log.Warn("weida: refused client without a certificate", "remote", remote)
+					return errors.New("weida: a client certificate is required")
+				}
+				got := Fingerprint(cs.PeerCertificates[0])
+				if !allowed[got] {
+					log.Warn("weida: refused client fingerprint", "fingerprint", got, "remote", remote)
+					return fmt.Errorf("weida: client %s is not admitted", got)
+				}
+				return nil
+			}
+			return c, nil
+		}
+	}
+	return base, fp, generated, nil
+}
+
+// clientTLS builds the dialler's TLS configuration for a parsed address.
+//
+// Trust, strongest first: a fingerprint pinned in the URL (the chain and the
+// names are ignored, only the key counts); a CA file (the chain must reach it
+// and name the URL's host); the explicitly named test option. Without any of
+// them dialling is refused with an error that says how to pin.
+func clientTLS(a address.Address, cfg *DialConfig) (*tls.Config, error) {
+	c := &tls.Config{
+		MinVersion: tls.VersionTLS13,
+		NextProtos: []string{ALPN},
+		ServerName: a.Host,
+	}
+	cert, ok, err := loadKeyPair(cfg.CertFile, cfg.KeyFile, "dial")
+	if err != nil {
+		return nil, err
+	}
+	if ok {
+		c.Certificates = []tls.Certificate{cert}
+	}
+	switch {
+	case a.Fingerprint != "":
+		pin := a.Fingerprint
+		// The standard verification is replaced, not skipped: the callback
+		// below refuses every key but the pinned one.
+		c.InsecureSkipVerify = true
+		c.VerifyPeerCertificate = func(raw [][]byte, _ [][]*x509.Certificate) error {
+			if len(raw) == 0 {
+				return errors.New("weida: publisher presented no certificate")
+			}
+			got, err := fingerprintDER(raw[0])
+			if err != nil {
+				return err
+			}
+			if got != pin {
+				return fmt.Errorf("weida: publisher fingerprint %s does not match the pinned %s", got, pin)
+			}
+			return nil
+		}
+	case cfg.CAFile != "":
+		pem, err := os.ReadFile(cfg.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("weida: dial: reading CAFile: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("weida: dial: CAFile %s holds no PEM certificate", cfg.CAFile)
+		}
+		c.RootCAs = pool
+	case cfg.InsecureSkipVerifyForTesting:
+		c.InsecureSkipVerify = true
+	default:
+		return nil, fmt.Errorf("%w at %s: pin its fingerprint in the URL "+
+			"(weida://sha256:<hex>@%s%s, the listener logs and prints it) or set DialConfig.CAFile",
+			ErrNoTrust, a.HostPort(), a.HostPort(), a.Path)
+	}
+	return c, nil
+}

@@ -1,0 +1,529 @@
+package weida
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/quic-go/quic-go"
+
+	"weida.dev/connector/weida/address"
+	"weida.dev/connector/weida/topic"
+	"weida.dev/connector/weida/wire"
+)
+
+// Listener is a weida QUIC server hosting any number of publisher paths
+// ([Listener.Publisher]). Subscribers dial it, exchange HELLO and SUBSCRIBE
+// to a path's topics; every publish goes to them as one DATA copy per
+// subscriber connection.
+//
+// A Listener serves from [Listen] until [Listener.Close] or
+// [Listener.Shutdown]; its methods are safe for concurrent use. Every
+// goroutine it starts has ended when Close returns.
+type Listener struct {
+	limits Limits
+	log    *slog.Logger
+	fp     string
+
+	udp *net.UDPConn
+	tr  *quic.Transport
+	ln  *quic.Listener
+
+	cancel context.CancelFunc // stops the accept loop
+	wg     sync.WaitGroup     // the accept loop and every connection's supervisor
+
+	// mu guards the fields below, pathState.pub and pathState.refs. Lock
+	// order: serverConn.subMu, then mu, then the index's own lock.
+	mu      sync.Mutex
+	closed  bool
+	paths   map[string]*pathState
+	conns   map[*serverConn]struct{}
+	perPeer map[string]int
+
+	frames framePool
+	stats  listenerCounters
+	hooks  connHooks
+}
+
+// pathState is one path that holds a publisher, subscriptions, or both.
+type pathState struct {
+	path string
+	idx  *topic.Index[*connPath] // (filter, subscriber connection) entries; internally locked
+	pub  *Publisher              // nil while no publisher holds the path; Listener.mu
+	refs int                     // connections with >= 1 filter here; Listener.mu
+}
+
+// Listen starts a weida listener on addr ("host:port"; port 0 picks a free
+// one) and serves until Close or Shutdown. ctx bounds only the start-up.
+//
+// With cfg.CertFile and cfg.KeyFile empty it generates a self-signed ECDSA
+// P-256 certificate and logs its fingerprint at Info level; subscribers pin
+// it in their URL (weida://<fingerprint>@host:port/path).
+func Listen(ctx context.Context, addr string, cfg ListenConfig) (*Listener, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	limits, err := cfg.Limits.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	log := loggerOrDiscard(cfg.Logger)
+	tlsConf, fp, generated, err := serverTLS(&cfg, log)
+	if err != nil {
+		return nil, err
+	}
+	ua, err := net.ResolveUDPAddr("udp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("weida: listen %s: %w", addr, err)
+	}
+	udp, err := net.ListenUDP("udp", ua)
+	if err != nil {
+		return nil, fmt.Errorf("weida: listen %s: %w", addr, err)
+	}
+	tr := &quic.Transport{Conn: udp}
+	ln, err := tr.Listen(tlsConf, limits.quicConfig(false))
+	if err != nil {
+		_ = tr.Close()
+		_ = udp.Close()
+		return nil, fmt.Errorf("weida: listen %s: %w", addr, err)
+	}
+	l := &Listener{
+		limits:  limits,
+		log:     log,
+		fp:      fp,
+		udp:     udp,
+		tr:      tr,
+		ln:      ln,
+		paths:   make(map[string]*pathState),
+		conns:   make(map[*serverConn]struct{}),
+		perPeer: make(map[string]int),
+	}
+	l.hooks = connHooks{
+		parked:     &l.stats.streamsParked,
+		violations: &l.stats.protocolViolations,
+		negFailed:  &l.stats.negotiationFailures,
+		refused:    &l.stats.streamsRefused,
+	}
+	log.Info("weida: listening", "addr", udp.LocalAddr().String(), "fingerprint", fp,
+		"self_signed", generated, "client_auth", len(cfg.ClientFingerprints) > 0)
+	actx, cancel := context.WithCancel(context.Background())
+	l.cancel = cancel
+	l.wg.Go(func() { l.accept(actx) })
+	return l, nil
+}
+
+// Addr returns the UDP address the listener is bound to.
+func (l *Listener) Addr() net.Addr { return l.udp.LocalAddr() }
+
+// Fingerprint returns "sha256:<hex>" of the listener certificate's public
+// key, which subscribers pin.
+func (l *Listener) Fingerprint() string { return l.fp }
+
+// Publisher registers a publisher at path (which must start with '/', be at
+// most 512 bytes and hold no byte below 0x20). Subscriptions that arrived for
+// the path before it was registered start receiving at once. It fails with
+// [ErrPathTaken] while another Publisher holds the path, and with
+// [ErrClosed] after Close.
+func (l *Listener) Publisher(path string) (*Publisher, error) {
+	if err := address.ValidatePath(path); err != nil {
+		return nil, fmt.Errorf("weida: publisher %q: %w", path, err)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return nil, fmt.Errorf("weida: publisher %q: %w", path, ErrClosed)
+	}
+	ps := l.pathLocked(path)
+	if ps.pub != nil {
+		return nil, fmt.Errorf("weida: publisher %q: %w", path, ErrPathTaken)
+	}
+	p := &Publisher{l: l, path: path, ps: ps}
+	ps.pub = p
+	return p, nil
+}
+
+// pathLocked returns the state of path, creating it. l.mu must be held.
+func (l *Listener) pathLocked(path string) *pathState {
+	ps := l.paths[path]
+	if ps == nil {
+		ps = &pathState{path: path, idx: topic.NewIndex[*connPath]()}
+		l.paths[path] = ps
+	}
+	return ps
+}
+
+// dropPathLocked forgets ps once nothing refers to it. l.mu must be held.
+func (l *Listener) dropPathLocked(ps *pathState) {
+	if ps.pub == nil && ps.refs == 0 && l.paths[ps.path] == ps {
+		delete(l.paths, ps.path)
+	}
+}
+
+func (l *Listener) unregister(p *Publisher) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if p.ps.pub == p {
+		p.ps.pub = nil
+		l.dropPathLocked(p.ps)
+	}
+}
+
+// publisherAt reports whether a publisher is registered at path.
+func (l *Listener) publisherAt(path string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	ps := l.paths[path]
+	return ps != nil && ps.pub != nil
+}
+
+func (l *Listener) accept(ctx context.Context) {
+	for {
+		qc, err := l.ln.Accept(ctx)
+		if err != nil {
+			return
+		}
+		l.admit(qc)
+	}
+}
+
+// admit applies the connection limits to a handshaken connection and starts
+// serving it.
+func (l *Listener) admit(qc *quic.Conn) {
+	state := qc.ConnectionState().TLS
+	if state.NegotiatedProtocol != ALPN { // quic-go and crypto/tls enforce it; stay explicit
+		_ = qc.CloseWithError(quic.ApplicationErrorCode(ProtocolViolation), "ALPN must be "+ALPN)
+		return
+	}
+	peer := ""
+	if len(state.PeerCertificates) > 0 {
+		peer = Fingerprint(state.PeerCertificates[0])
+	}
+	l.mu.Lock()
+	var refuse string
+	code := LimitExceeded
+	switch {
+	case l.closed:
+		refuse, code = "listener closing", Shutdown
+	case len(l.conns) >= l.limits.MaxConnections:
+		refuse = "max_connections"
+	case peer != "" && l.perPeer[peer] >= l.limits.MaxConnectionsPerPeer:
+		refuse = "max_connections_per_peer"
+	}
+	if refuse != "" {
+		l.mu.Unlock()
+		l.stats.connectionsRefused.Add(1)
+		l.log.Warn("weida: refusing connection", "remote", qc.RemoteAddr().String(), "fingerprint", peer, "reason", refuse)
+		_ = qc.CloseWithError(quic.ApplicationErrorCode(code), refuse)
+		return
+	}
+	sc := &serverConn{l: l, peer: peer, subs: make(map[subKey]struct{}), paths: make(map[string]*connPath)}
+	log := l.log
+	if peer != "" {
+		log = log.With("fingerprint", peer)
+	}
+	sc.c = newConn(qc, &l.limits, log, sc, &l.hooks)
+	sc.q.init()
+	l.conns[sc] = struct{}{}
+	if peer != "" {
+		l.perPeer[peer]++
+	}
+	l.mu.Unlock()
+	l.stats.connectionsAccepted.Add(1)
+	sc.c.start()
+	l.wg.Go(sc.serve)
+}
+
+// Close stops accepting, closes every connection with SHUTDOWN, unregisters
+// every publisher and waits until all of the listener's goroutines have
+// ended. Copies still queued are dropped (see [Listener.Shutdown] to drain
+// them first). Close returns nil, also when called again.
+func (l *Listener) Close() error {
+	l.mu.Lock()
+	already := l.closed
+	l.closed = true
+	conns := make([]*serverConn, 0, len(l.conns))
+	for sc := range l.conns {
+		conns = append(conns, sc)
+	}
+	for _, ps := range l.paths {
+		if ps.pub != nil {
+			ps.pub.closed.Store(true)
+		}
+	}
+	l.mu.Unlock()
+	if already {
+		l.wg.Wait()
+		return nil
+	}
+	l.cancel()
+	_ = l.ln.Close()
+	var wg sync.WaitGroup
+	for _, sc := range conns {
+		wg.Go(func() { sc.c.close(Shutdown, "listener closed") })
+	}
+	wg.Wait()
+	l.wg.Wait()
+	_ = l.tr.Close()
+	_ = l.udp.Close()
+	return nil
+}
+
+// Shutdown stops accepting connections and publishes, waits until every
+// connection's queued copies have been handed to QUIC or ctx is done, and
+// then closes like [Listener.Close]. It returns ctx's error when copies were
+// still queued. Bytes QUIC has not yet delivered when the connections close
+// may be lost: weida v0 has no application acknowledgement to wait for.
+func (l *Listener) Shutdown(ctx context.Context) error {
+	l.mu.Lock()
+	if !l.closed {
+		for _, ps := range l.paths {
+			if ps.pub != nil {
+				ps.pub.closed.Store(true)
+			}
+		}
+	}
+	l.mu.Unlock()
+	l.cancel()
+	_ = l.ln.Close()
+	var err error
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+wait:
+	for !l.drained() {
+		select {
+		case <-ctx.Done():
+			err = ctx.Err()
+			break wait
+		case <-tick.C:
+		}
+	}
+	_ = l.Close()
+	return err
+}
+
+// drained reports whether no connection has a copy queued or in writing.
+func (l *Listener) drained() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for sc := range l.conns {
+		if !sc.q.idle() {
+			return false
+		}
+	}
+	return true
+}
+
+// subKey names one subscription of a connection.
+type subKey struct{ path, filter string }
+
+// connPath is a connection's presence on one path: the value the path's
+// index holds for each of the connection's filters there, so that a topic
+// matching several of them still yields the connection once.
+type connPath struct {
+	sc      *serverConn
+	ps      *pathState
+	filters int // sc.subMu
+}
+
+// serverConn is the listener side of one connection: its subscriptions and
+// its fan-out writer.
+type serverConn struct {
+	l    *Listener
+	c    *conn
+	peer string // proved client fingerprint, "" when anonymous
+
+	subMu  sync.Mutex
+	subs   map[subKey]struct{}
+	paths  map[string]*connPath
+	closed bool // subMu; no subscription is added once set
+
+	q sendQueue
+}
+
+// serve supervises the connection: it runs the writer, and once the
+// connection is closed drops its subscriptions and queue, waits for its
+// goroutines and forgets it.
+func (sc *serverConn) serve() {
+	var wg sync.WaitGroup
+	wg.Go(sc.writer)
+	<-sc.c.ctx.Done()
+	sc.dropSubscriptions()
+	sc.q.close(&sc.l.stats)
+	wg.Wait()
+	sc.c.wait()
+	l := sc.l
+	l.mu.Lock()
+	delete(l.conns, sc)
+	if sc.peer != "" {
+		if l.perPeer[sc.peer]--; l.perPeer[sc.peer] <= 0 {
+			delete(l.perPeer, sc.peer)
+		}
+	}
+	l.mu.Unlock()
+	cause := context.Cause(sc.c.ctx)
+	sc.c.log.Debug("weida: connection ended", "cause", cause)
+}
+
+func (sc *serverConn) dropSubscriptions() {
+	sc.subMu.Lock()
+	defer sc.subMu.Unlock()
+	sc.closed = true
+	l := sc.l
+	for k := range sc.subs {
+		if cp := sc.paths[k.path]; cp != nil {
+			cp.ps.idx.Remove(k.filter, cp)
+		}
+	}
+	l.stats.subscriptions.Add(-int64(len(sc.subs)))
+	clear(sc.subs)
+	l.mu.Lock()
+	for _, cp := range sc.paths {
+		cp.ps.refs--
+		l.dropPathLocked(cp.ps)
+	}
+	l.mu.Unlock()
+	clear(sc.paths)
+}
+
+// data refuses a uni DATA stream: nothing on a listener accepts one
+// (PROTOCOL §9.4).
+func (sc *serverConn) data(c *conn, st *quic.ReceiveStream, _ int, d *wire.Data) {
+	if sc.l.publisherAt(d.Endpoint) {
+		c.refuse(st, Unsupported)
+		return
+	}
+	c.refuse(st, UnknownEndpoint)
+}
+
+func (sc *serverConn) serves(path string) bool { return sc.l.publisherAt(path) }
+
+// subscription applies SUBSCRIBE and UNSUBSCRIBE (PROTOCOL §6.4).
+func (sc *serverConn) subscription(c *conn, s *wire.Subscribe, add bool) {
+	if err := topic.ValidateFilter(s.Filter); err != nil {
+		c.violation("SUBSCRIBE filter: %v", err)
+		return
+	}
+	if add {
+		if !sc.subscribe(s.Endpoint, s.Filter) {
+			c.log.Warn("weida: closing connection: max_subscriptions exceeded", "max_subscriptions", sc.l.limits.MaxSubscriptions)
+			c.close(LimitExceeded, "max_subscriptions")
+		}
+		return
+	}
+	sc.unsubscribe(s.Endpoint, s.Filter)
+}
+
+// subscribe records (path, filter); it reports false when that would exceed
+// max_subscriptions. A held subscription, or a closed connection, is a no-op.
+func (sc *serverConn) subscribe(path, filter string) bool {
+	sc.subMu.Lock()
+	defer sc.subMu.Unlock()
+	k := subKey{path, filter}
+	if _, ok := sc.subs[k]; ok || sc.closed {
+		return true
+	}
+	if len(sc.subs) >= sc.l.limits.MaxSubscriptions {
+		return false
+	}
+	cp := sc.paths[path]
+	if cp == nil {
+		l := sc.l
+		l.mu.Lock()
+		ps := l.pathLocked(path)
+		ps.refs++
+		l.mu.Unlock()
+		cp = &connPath{sc: sc, ps: ps}
+		sc.paths[path] = cp
+	}
+	if err := cp.ps.idx.Insert(filter, cp); err != nil {
+		return true // unreachable: the filter was validated
+	}
+	cp.filters++
+	sc.subs[k] = struct{}{}
+	sc.l.stats.subscriptions.Add(1)
+	return true
+}
+
+func (sc *serverConn) unsubscribe(path, filter string) {
+	sc.subMu.Lock()
+	defer sc.subMu.Unlock()
+	k := subKey{path, filter}
+	if _, ok := sc.subs[k]; !ok {
+		return // unknown: ignored (PROTOCOL §6.4)
+	}
+	delete(sc.subs, k)
+	sc.l.stats.subscriptions.Add(-1)
+	cp := sc.paths[path]
+	cp.ps.idx.Remove(filter, cp)
+	if cp.filters--; cp.filters == 0 {
+		delete(sc.paths, path)
+		l := sc.l
+		l.mu.Lock()
+		cp.ps.refs--
+		l.dropPathLocked(cp.ps)
+		l.mu.Unlock()
+	}
+}
+
+// enqueue offers one copy to the connection's writer; false means dropped
+// (and counted).
+func (sc *serverConn) enqueue(f *frame) bool {
+	st := &sc.l.stats
+	if !sc.c.negotiated() { // unreachable: a subscription exists only after HELLO
+		st.dropped.connectionClosed.Add(1)
+		return false
+	}
+	if uint64(f.hdrLen) > sc.c.agreed.sendMaxHeaderBytes {
+		st.dropped.headerTooLarge.Add(1)
+		return false
+	}
+	switch sc.q.push(f, sc.l.limits.SubscriberBufferBytes) {
+	case pushOK:
+		return true
+	case pushFull:
+		st.dropped.bufferFull.Add(1)
+	default:
+		st.dropped.connectionClosed.Add(1)
+	}
+	return false
+}
+
+// writer opens one uni stream per queued copy and writes it, in queue
+// order. Opening can wait for stream credit from a slow subscriber; that
+// wait is here, never in Publish.
+func (sc *serverConn) writer() {
+	st := &sc.l.stats
+	for {
+		f := sc.q.pop(sc.c.ctx)
+		if f == nil {
+			return
+		}
+		s, err := sc.c.qc.OpenUniStreamSync(sc.c.ctx)
+		if err != nil {
+			sc.q.done(f)
+			st.dropped.connectionClosed.Add(1)
+			f.release()
+			return
+		}
+		if _, err = s.Write(f.buf); err == nil {
+			err = s.Close()
+		}
+		if err != nil {
+			var se *quic.StreamError
+			if errors.As(err, &se) && se.Remote {
+				st.copiesRefused.Add(1) // the subscriber stopped the stream
+			} else {
+				s.CancelWrite(quic.StreamErrorCode(Canceled))
+				st.dropped.connectionClosed.Add(1)
+			}
+		} else {
+			st.copiesWritten.Add(1)
+		}
+		sc.q.done(f)
+		f.release()
+	}
+}

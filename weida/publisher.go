@@ -1,0 +1,190 @@
+package weida
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"weida.dev/connector/weida/topic"
+	"weida.dev/connector/weida/wire"
+)
+
+// Message is one Pub/Sub message.
+//
+// On [Publisher.Publish] Endpoint is ignored (the publisher's path is sent)
+// and Publish neither modifies nor keeps any of the fields: it copies what
+// it needs before it returns, so the caller may reuse Payload at once. On
+// [Subscriber.Receive] every field comes from the copy's DATA header, an
+// absent text key reads as "", and Payload is a fresh slice the caller owns.
+type Message struct {
+	Endpoint    string // DATA key 0: the publisher path
+	Topic       string // key 5: at most 256 bytes of UTF-8; '*' and '#' are ordinary bytes here
+	ContentType string // key 2: opaque label, at most 256 bytes
+	Traceparent string // key 3: W3C trace context, at most 128 bytes; forwarded, never minted
+	Tracestate  string // key 4: opaque, at most 512 bytes; forwarded unchanged
+	Payload     []byte
+}
+
+// Result counts what one Publish did with the subscribers whose filters
+// matched: Matched = Queued + Dropped, one per subscriber connection however
+// many of its filters matched.
+type Result struct {
+	Matched int // subscriber connections with at least one matching filter
+	Queued  int // copies accepted into a subscriber's send queue
+	Dropped int // copies dropped: the subscriber's buffer was full, or the header exceeded its max_header_bytes, or it was closing
+}
+
+// Publisher is one publisher path registered on a [Listener]. Its methods
+// are safe for concurrent use.
+type Publisher struct {
+	l      *Listener
+	path   string
+	ps     *pathState
+	closed atomic.Bool
+}
+
+// Path returns the publisher's path.
+func (p *Publisher) Path() string { return p.path }
+
+// Subscribers returns the number of connections holding at least one
+// subscription on this path.
+func (p *Publisher) Subscribers() int {
+	p.l.mu.Lock()
+	defer p.l.mu.Unlock()
+	return p.ps.refs
+}
+
+// Close unregisters the path: later Publish calls return [ErrClosed], and
+// DATA arriving for the path is refused as UNKNOWN_ENDPOINT. Subscriptions
+// on the path are kept, and a new Publisher for the path serves them.
+// Copies already queued are still sent. Closing twice is harmless.
+func (p *Publisher) Close() error {
+	if p.closed.Swap(true) {
+		return nil
+	}
+	p.l.unregister(p)
+	return nil
+}
+
+// Publish sends one copy of m to every subscriber connection holding a
+// filter on this path that matches m.Topic, however many of its filters
+// match (PROTOCOL §9.5). Each copy is a DATA frame {endpoint, topic,
+// content_type, traceparent, tracestate, content_len} and the payload on a
+// fresh uni stream of the connection the SUBSCRIBE arrived on.
+//
+// Publish never blocks on a subscriber: it hands each copy to that
+// connection's writer, which opens the stream and writes it. A copy that
+// would take the connection's queued bytes past Limits.SubscriberBufferBytes
+// is dropped for that subscriber alone (the arriving copy, never a queued
+// one), as is a copy whose header exceeds the subscriber's advertised
+// max_header_bytes; both are counted in [Listener.Stats]. A copy is charged
+// its header and payload bytes.
+//
+// Publish fails without sending anything when ctx is already done, the
+// publisher is closed ([ErrClosed]), a field breaks its cap
+// ([ErrInvalidMessage]), or the copy could never fit a subscriber's budget
+// ([ErrPayloadTooLarge]). A nil error with Matched = 0 means nobody was
+// subscribed; weida keeps nothing for later subscribers.
+func (p *Publisher) Publish(ctx context.Context, m Message) (Result, error) {
+	if err := ctx.Err(); err != nil {
+		return Result{}, err
+	}
+	if p.closed.Load() {
+		return Result{}, fmt.Errorf("weida: publish on %s: %w", p.path, ErrClosed)
+	}
+	if err := topic.ValidateTopic(m.Topic); err != nil {
+		return Result{}, fmt.Errorf("%w: %w", ErrInvalidMessage, err)
+	}
+	f, err := p.l.frames.get(p.path, &m)
+	if err != nil {
+		return Result{}, err
+	}
+	if f.charge() > p.l.limits.SubscriberBufferBytes {
+		f.release()
+		return Result{}, fmt.Errorf("weida: publish on %s: %d bytes of payload and header: %w",
+			p.path, f.charge(), ErrPayloadTooLarge)
+	}
+	var r Result
+	p.ps.idx.Match(m.Topic, func(cp *connPath) bool {
+		r.Matched++
+		if cp.sc.enqueue(f) {
+			r.Queued++
+		} else {
+			r.Dropped++
+		}
+		return true
+	})
+	f.release()
+	st := &p.l.stats
+	st.published.Add(1)
+	st.copiesQueued.Add(uint64(r.Queued))
+	return r, nil
+}
+
+// frame is one encoded DATA copy (preamble, header, payload), shared by
+// every subscriber connection it is queued on and returned to its pool when
+// the last of them has written it.
+type frame struct {
+	buf    []byte // preamble, header and payload: written with one Write
+	hdrLen int    // header bytes, checked against each peer's max_header_bytes
+	refs   atomic.Int32
+	pool   *framePool
+}
+
+// charge is what the frame costs a subscriber's budget.
+func (f *frame) charge() int64 { return int64(len(f.buf)) }
+
+func (f *frame) retain() { f.refs.Add(1) }
+
+// release drops one reference; the last one recycles the frame.
+func (f *frame) release() {
+	if f.refs.Add(-1) == 0 {
+		f.pool.put(f)
+	}
+}
+
+// framePool recycles frames whose buffers are small enough to keep.
+type framePool struct{ p sync.Pool }
+
+// maxPooledFrame bounds the buffers kept for reuse, so one large message
+// does not pin its size in the pool.
+const maxPooledFrame = 64 << 10
+
+// get encodes m for path into a frame holding one reference (the caller's).
+func (fp *framePool) get(path string, m *Message) (*frame, error) {
+	d := wire.Data{
+		Endpoint: path, HasEndpoint: true,
+		ContentLen: uint64(len(m.Payload)), HasContentLen: true,
+		ContentType: m.ContentType,
+		Traceparent: m.Traceparent,
+		Tracestate:  m.Tracestate,
+		Topic:       m.Topic, HasTopic: true,
+	}
+	if err := d.Validate(); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidMessage, err)
+	}
+	f, _ := fp.p.Get().(*frame)
+	if f == nil {
+		f = &frame{pool: fp}
+	}
+	buf := f.buf[:0]
+	if need := 16 + 64 + len(path) + len(m.Topic) + len(m.ContentType) +
+		len(m.Traceparent) + len(m.Tracestate) + len(m.Payload); cap(buf) < need {
+		buf = make([]byte, 0, need)
+	}
+	buf = wire.AppendData(buf, &d)
+	hdrLen := len(buf)
+	buf = wire.InsertPreamble(buf, 0, wire.KindData)
+	buf = append(buf, m.Payload...)
+	f.buf, f.hdrLen = buf, hdrLen
+	f.refs.Store(1)
+	return f, nil
+}
+
+func (fp *framePool) put(f *frame) {
+	if cap(f.buf) > maxPooledFrame {
+		f.buf = nil
+	}
+	fp.p.Put(f)
+}

@@ -1,0 +1,75 @@
+package weida
+
+import "sync/atomic"
+
+// ListenerStats is a snapshot of a [Listener]'s counters. Counters named
+// for events only grow; Connections and Subscriptions are current values.
+type ListenerStats struct {
+	Connections         int    // open connections
+	ConnectionsAccepted uint64 // connections admitted after the handshake
+	ConnectionsRefused  uint64 // closed at once: max_connections, max_connections_per_peer, or closing
+	Subscriptions       int64  // (path, filter) pairs held, over all connections
+
+	Published     uint64 // Publish calls that reached fan-out
+	CopiesQueued  uint64 // copies accepted into a connection's send queue
+	CopiesWritten uint64 // copies written to their stream and finished with FIN
+	CopiesRefused uint64 // copies the subscriber stopped with STOP_SENDING
+	Dropped       DropCounts
+
+	StreamsParked       uint64 // streams that arrived before the peer's HELLO and waited for it
+	StreamsRefused      uint64 // streams refused per PROTOCOL §9.4 (UNSUPPORTED, UNKNOWN_ENDPOINT)
+	ProtocolViolations  uint64 // connections closed with PROTOCOL_VIOLATION
+	NegotiationFailures uint64 // connections closed with NEGOTIATION_FAILED (incl. hello_timeout)
+}
+
+// DropCounts counts copies that were matched but not sent, by reason.
+type DropCounts struct {
+	BufferFull       uint64 // the subscriber's queued bytes would exceed subscriber_buffer_bytes
+	HeaderTooLarge   uint64 // the header exceeds the subscriber's advertised max_header_bytes
+	ConnectionClosed uint64 // the connection closed before the copy was written
+}
+
+// Total is the sum of every reason.
+func (d DropCounts) Total() uint64 { return d.BufferFull + d.HeaderTooLarge + d.ConnectionClosed }
+
+type dropCounters struct {
+	bufferFull, headerTooLarge, connectionClosed atomic.Uint64
+}
+
+type listenerCounters struct {
+	connectionsAccepted, connectionsRefused atomic.Uint64
+	subscriptions                           atomic.Int64
+	published, copiesQueued                 atomic.Uint64
+	copiesWritten, copiesRefused            atomic.Uint64
+	dropped                                 dropCounters
+	streamsParked, streamsRefused           atomic.Uint64
+	protocolViolations, negotiationFailures atomic.Uint64
+}
+
+// Stats returns a snapshot of the listener's counters. The fields are read
+// one by one, so a snapshot taken under load need not add up exactly.
+func (l *Listener) Stats() ListenerStats {
+	l.mu.Lock()
+	conns := len(l.conns)
+	l.mu.Unlock()
+	c := &l.stats
+	return ListenerStats{
+		Connections:         conns,
+		ConnectionsAccepted: c.connectionsAccepted.Load(),
+		ConnectionsRefused:  c.connectionsRefused.Load(),
+		Subscriptions:       c.subscriptions.Load(),
+		Published:           c.published.Load(),
+		CopiesQueued:        c.copiesQueued.Load(),
+		CopiesWritten:       c.copiesWritten.Load(),
+		CopiesRefused:       c.copiesRefused.Load(),
+		Dropped: DropCounts{
+			BufferFull:       c.dropped.bufferFull.Load(),
+			HeaderTooLarge:   c.dropped.headerTooLarge.Load(),
+			ConnectionClosed: c.dropped.connectionClosed.Load(),
+		},
+		StreamsParked:       c.streamsParked.Load(),
+		StreamsRefused:      c.streamsRefused.Load(),
+		ProtocolViolations:  c.protocolViolations.Load(),
+		NegotiationFailures: c.negotiationFailures.Load(),
+	}
+}

@@ -1,0 +1,455 @@
+package weida
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/quic-go/quic-go"
+
+	"weida.dev/connector/weida/address"
+	"weida.dev/connector/weida/topic"
+	"weida.dev/connector/weida/wire"
+)
+
+// Subscriber is one dialled connection to a publisher path: weida keeps one
+// QUIC connection per dialled path (PROTOCOL §2.5). It sends SUBSCRIBE and
+// UNSUBSCRIBE for that path and receives the copies the publisher fans out.
+//
+// Nothing survives the connection (PROTOCOL §11): once [Subscriber.Done] is
+// closed, dial again and subscribe again. Its methods are safe for
+// concurrent use. Every goroutine it starts has ended when Close returns.
+type Subscriber struct {
+	addr   address.Address
+	limits Limits
+	log    *slog.Logger
+	udp    *net.UDPConn
+	tr     *quic.Transport
+	c      *conn
+
+	queue chan *inbound // arrived copies, payload still unread in QUIC
+
+	subMu   sync.Mutex
+	filters map[string]struct{}
+
+	closing   atomic.Bool
+	closeOnce sync.Once
+	wg        sync.WaitGroup
+
+	received, tooLarge, resets, refused atomic.Uint64
+}
+
+// inbound is an arrived copy whose header is decoded; all of its bytes are
+// still in QUIC's buffers, the first n of them preamble and header.
+type inbound struct {
+	st *quic.ReceiveStream
+	n  int
+	d  wire.Data
+}
+
+// Dial connects to a publisher path, "weida://[sha256:<hex>@]host:port/path",
+// and completes the HELLO exchange. ctx bounds the whole dial, handshake and
+// negotiation included.
+//
+// The publisher is trusted by the fingerprint pinned in the URL, else by
+// cfg.CAFile (its chain must reach the file's anchors and name the URL's
+// host), else, in tests, by cfg.InsecureSkipVerifyForTesting; with none of
+// them Dial fails with [ErrNoTrust] and says how to pin. A host name is
+// resolved and its first address dialled.
+func Dial(ctx context.Context, rawURL string, cfg DialConfig) (*Subscriber, error) {
+	a, err := address.Parse(rawURL)
+	if err != nil {
+		return nil, err
+	}
+	limits, err := cfg.Limits.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	tlsConf, err := clientTLS(a, &cfg)
+	if err != nil {
+		return nil, err
+	}
+	ua, err := resolve(ctx, a)
+	if err != nil {
+		return nil, fmt.Errorf("weida: dial %s: %w", a, err)
+	}
+	udp, err := net.ListenUDP("udp", nil)
+	if err != nil {
+		return nil, fmt.Errorf("weida: dial %s: %w", a, err)
+	}
+	tr := &quic.Transport{Conn: udp}
+	qc, err := tr.Dial(ctx, ua, tlsConf, limits.quicConfig(true))
+	if err != nil {
+		_ = tr.Close()
+		_ = udp.Close()
+		return nil, fmt.Errorf("weida: dial %s: %w", a, err)
+	}
+	if p := qc.ConnectionState().TLS.NegotiatedProtocol; p != ALPN {
+		_ = qc.CloseWithError(quic.ApplicationErrorCode(ProtocolViolation), "ALPN must be "+ALPN)
+		_ = tr.Close()
+		_ = udp.Close()
+		return nil, fmt.Errorf("weida: dial %s: negotiated ALPN %q, not %q", a, p, ALPN)
+	}
+	s := &Subscriber{
+		addr:    a,
+		limits:  limits,
+		log:     loggerOrDiscard(cfg.Logger).With("url", a.String()),
+		udp:     udp,
+		tr:      tr,
+		queue:   make(chan *inbound, limits.ReceiveQueue),
+		filters: make(map[string]struct{}),
+	}
+	s.c = newConn(qc, &s.limits, s.log, s, &connHooks{refused: &s.refused})
+	s.c.start()
+	s.wg.Go(s.supervise)
+	select {
+	case <-s.c.helloDone:
+		return s, nil
+	case <-s.c.ctx.Done():
+		err = s.connErr()
+	case <-ctx.Done():
+		err = ctx.Err()
+	}
+	_ = s.Close()
+	return nil, fmt.Errorf("weida: dial %s: %w", a, err)
+}
+
+// resolve returns the UDP address to dial: the host itself when it is an IP
+// literal, else the first address the resolver returns.
+func resolve(ctx context.Context, a address.Address) (*net.UDPAddr, error) {
+	if ip, err := netip.ParseAddr(a.Host); err == nil {
+		return net.UDPAddrFromAddrPort(netip.AddrPortFrom(ip, uint16(a.Port))), nil
+	}
+	ips, err := net.DefaultResolver.LookupNetIP(ctx, "ip", a.Host)
+	if err != nil {
+		return nil, err
+	}
+	if len(ips) == 0 {
+		return nil, fmt.Errorf("no address for %s", a.Host)
+	}
+	return net.UDPAddrFromAddrPort(netip.AddrPortFrom(ips[0].Unmap(), uint16(a.Port))), nil
+}
+
+// supervise waits for the connection to end, then drops the copies that
+// were waiting and the connection's goroutines.
+func (s *Subscriber) supervise() {
+	<-s.c.ctx.Done()
+	s.c.wait()
+	for {
+		select {
+		case <-s.queue:
+		default:
+			if !s.closing.Load() {
+				s.log.Info("weida: connection to publisher lost", "cause", s.connErr())
+			}
+			return
+		}
+	}
+}
+
+// Path returns the dialled publisher path.
+func (s *Subscriber) Path() string { return s.addr.Path }
+
+// Subscribe asks the publisher for the topics filter selects on the dialled
+// path. The filter is checked against the grammar first (an illegal filter
+// would make the publisher close the whole connection), and so is the
+// Limits.MaxSubscriptions count ([ErrTooManySubscriptions]). Subscribing to
+// a filter already held is a no-op.
+//
+// Subscribe returns once the SUBSCRIBE frame is written; weida has no
+// acknowledgement, and copies published before the publisher reads it are
+// not delivered. QUIC orders no stream against another, so a Subscribe and
+// Unsubscribe of one filter issued back to back may reach the publisher in
+// either order.
+func (s *Subscriber) Subscribe(ctx context.Context, filter string) error {
+	if err := topic.ValidateFilter(filter); err != nil {
+		return fmt.Errorf("weida: subscribe: %w", err)
+	}
+	s.subMu.Lock()
+	if _, ok := s.filters[filter]; ok {
+		s.subMu.Unlock()
+		return nil
+	}
+	if len(s.filters) >= s.limits.MaxSubscriptions {
+		s.subMu.Unlock()
+		return fmt.Errorf("weida: subscribe %q: %w (%d)", filter, ErrTooManySubscriptions, s.limits.MaxSubscriptions)
+	}
+	s.filters[filter] = struct{}{}
+	s.subMu.Unlock()
+	if err := s.sendSubscription(ctx, wire.KindSubscribe, filter); err != nil {
+		s.subMu.Lock()
+		delete(s.filters, filter)
+		s.subMu.Unlock()
+		return fmt.Errorf("weida: subscribe %q: %w", filter, err)
+	}
+	return nil
+}
+
+// Unsubscribe withdraws a filter. Withdrawing one not held (or not valid) is
+// a no-op. Copies already on their way may still arrive.
+func (s *Subscriber) Unsubscribe(ctx context.Context, filter string) error {
+	s.subMu.Lock()
+	if _, ok := s.filters[filter]; !ok {
+		s.subMu.Unlock()
+		return nil
+	}
+	delete(s.filters, filter)
+	s.subMu.Unlock()
+	if err := s.sendSubscription(ctx, wire.KindUnsubscribe, filter); err != nil {
+		return fmt.Errorf("weida: unsubscribe %q: %w", filter, err)
+	}
+	return nil
+}
+
+func (s *Subscriber) sendSubscription(ctx context.Context, k wire.Kind, filter string) error {
+	if s.closing.Load() {
+		return ErrClosed
+	}
+	hdr := wire.AppendSubscribe(make([]byte, 0, 16+len(s.addr.Path)+len(filter)),
+		&wire.Subscribe{Endpoint: s.addr.Path, Filter: filter})
+	if uint64(len(hdr)) > s.c.agreed.sendMaxHeaderBytes {
+		return fmt.Errorf("header of %d bytes exceeds the publisher's max_header_bytes %d", len(hdr), s.c.agreed.sendMaxHeaderBytes)
+	}
+	st, err := s.c.qc.OpenUniStreamSync(ctx)
+	if err != nil {
+		return s.sendErr(err)
+	}
+	if _, err := st.Write(wire.AppendPreamble(make([]byte, 0, len(hdr)+4), k, hdr)); err != nil {
+		st.CancelWrite(quic.StreamErrorCode(Canceled))
+		return s.sendErr(err)
+	}
+	if err := st.Close(); err != nil {
+		return s.sendErr(err)
+	}
+	return nil
+}
+
+// sendErr prefers the connection's fate over a stream error it caused.
+func (s *Subscriber) sendErr(err error) error {
+	if s.c.ctx.Err() != nil {
+		return s.closedErr()
+	}
+	return err
+}
+
+// Receive returns the next copy, waiting for one. It returns ctx's error
+// when ctx ends first, [ErrClosed] after Close, and a [*CloseError] once
+// the connection is lost. Copies arrive in any order (weida v0 orders no
+// stream against another). A copy the publisher reset is discarded; one
+// larger than Limits.MaxPayloadBytes is refused with STOP_SENDING(REJECTED)
+// and counted; neither is returned.
+//
+// Receive reads the payload from QUIC only now, so a slow caller leaves
+// copies unread and QUIC flow control pushes back on the publisher, which
+// drops copies for this subscriber rather than buffering them here.
+// Concurrent calls each get different copies.
+func (s *Subscriber) Receive(ctx context.Context) (Message, error) {
+	for {
+		select {
+		case in := <-s.queue:
+			m, err := s.read(ctx, in)
+			if errors.Is(err, errDiscarded) {
+				continue
+			}
+			return m, err
+		case <-ctx.Done():
+			return Message{}, ctx.Err()
+		case <-s.c.ctx.Done():
+			return Message{}, s.closedErr()
+		}
+	}
+}
+
+var (
+	errDiscarded = errors.New("weida: copy discarded")
+	errTooLarge  = errors.New("weida: payload larger than MaxPayloadBytes")
+)
+
+// read reads one copy's payload to FIN.
+func (s *Subscriber) read(ctx context.Context, in *inbound) (Message, error) {
+	sb := getStreamBuf()
+	defer sb.release()
+	stop := context.AfterFunc(ctx, func() { _ = in.st.SetReadDeadline(time.Unix(1, 0)) })
+	payload, err := readPayload(in.st, sb, in.n, s.limits.MaxPayloadBytes)
+	stop()
+	if err == nil {
+		s.received.Add(1)
+		d := &in.d
+		return Message{
+			Endpoint:    d.Endpoint,
+			Topic:       d.Topic,
+			ContentType: d.ContentType,
+			Traceparent: d.Traceparent,
+			Tracestate:  d.Tracestate,
+			Payload:     payload,
+		}, nil
+	}
+	var se *quic.StreamError
+	switch {
+	case errors.Is(err, errTooLarge):
+		s.tooLarge.Add(1)
+		in.st.CancelRead(quic.StreamErrorCode(Rejected))
+		s.log.Warn("weida: refused a copy larger than MaxPayloadBytes", "topic", in.d.Topic, "max_payload_bytes", s.limits.MaxPayloadBytes)
+		return Message{}, errDiscarded
+	case errors.As(err, &se) && se.Remote:
+		s.resets.Add(1) // the publisher abandoned the copy: discard what was read
+		return Message{}, errDiscarded
+	case ctx.Err() != nil:
+		in.st.CancelRead(quic.StreamErrorCode(Canceled))
+		return Message{}, ctx.Err()
+	case s.c.ctx.Err() != nil:
+		return Message{}, s.closedErr()
+	}
+	in.st.CancelRead(quic.StreamErrorCode(Internal))
+	return Message{}, fmt.Errorf("weida: reading a copy: %w", err)
+}
+
+// readPayload skips the skip bytes of preamble and header and reads the
+// rest of a DATA stream, at most max bytes of it. It reads into sb's
+// scratch first, so that a copy that arrived whole costs one allocation of
+// exactly its size; the advisory content_len never sizes anything
+// (PROTOCOL §6.2).
+func readPayload(st io.Reader, sb *streamBuf, skip int, max int64) ([]byte, error) {
+	if _, err := io.ReadFull(st, sb.grow(skip)); err != nil {
+		if err == io.ErrUnexpectedEOF || err == io.EOF {
+			err = io.ErrUnexpectedEOF // peeked bytes cannot vanish; only a reset takes them
+		}
+		return nil, err
+	}
+	scratch := sb.buf[:cap(sb.buf)]
+	n := 0
+	for n < len(scratch) {
+		m, err := st.Read(scratch[n:])
+		n += m
+		if int64(n) > max {
+			return nil, errTooLarge
+		}
+		if err == io.EOF {
+			return slices.Clone(scratch[:n]), nil
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	// A large copy: grow a slice of its own.
+	buf := make([]byte, n, min(int64(2*n), max+1))
+	copy(buf, scratch)
+	for {
+		if len(buf) == cap(buf) {
+			nb := make([]byte, len(buf), min(int64(2*cap(buf)), max+1))
+			copy(nb, buf)
+			buf = nb
+		}
+		m, err := st.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+m]
+		if int64(len(buf)) > max {
+			return nil, errTooLarge
+		}
+		if err == io.EOF {
+			return buf, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+}
+
+// Done is closed when the connection is gone, by Close or by loss.
+func (s *Subscriber) Done() <-chan struct{} { return s.c.ctx.Done() }
+
+// Err returns nil while the connection is up, [ErrClosed] after Close, and
+// the [*CloseError] that ended it otherwise.
+func (s *Subscriber) Err() error {
+	if s.c.ctx.Err() == nil {
+		return nil
+	}
+	return s.closedErr()
+}
+
+func (s *Subscriber) closedErr() error {
+	if s.closing.Load() {
+		return ErrClosed
+	}
+	return s.connErr()
+}
+
+// connErr converts the connection's close cause.
+func (s *Subscriber) connErr() error { return closeErrorOf(context.Cause(s.c.ctx)) }
+
+// closeErrorOf turns quic-go's connection close cause into a *CloseError.
+func closeErrorOf(cause error) *CloseError {
+	var ae *quic.ApplicationError
+	if errors.As(cause, &ae) {
+		return &CloseError{Code: Code(ae.ErrorCode), Reason: ae.ErrorMessage, Remote: ae.Remote}
+	}
+	remote := false
+	var te *quic.TransportError
+	if errors.As(cause, &te) {
+		remote = te.Remote
+	}
+	reason := "connection lost"
+	if cause != nil {
+		reason = cause.Error()
+	}
+	return &CloseError{Code: Internal, Reason: reason, Remote: remote, Err: cause}
+}
+
+// SubscriberStats is a snapshot of a Subscriber's counters.
+type SubscriberStats struct {
+	Received       uint64 // copies returned by Receive
+	DroppedTooBig  uint64 // copies refused for exceeding MaxPayloadBytes
+	DroppedReset   uint64 // copies the publisher reset before FIN
+	StreamsRefused uint64 // streams refused per PROTOCOL §9.4 (wrong path, exchanges)
+}
+
+// Stats returns the subscriber's counters.
+func (s *Subscriber) Stats() SubscriberStats {
+	return SubscriberStats{
+		Received:       s.received.Load(),
+		DroppedTooBig:  s.tooLarge.Load(),
+		DroppedReset:   s.resets.Load(),
+		StreamsRefused: s.refused.Load(),
+	}
+}
+
+// Close closes the connection with NO_ERROR and waits for the subscriber's
+// goroutines. Later calls return nil.
+func (s *Subscriber) Close() error {
+	s.closeOnce.Do(func() {
+		s.closing.Store(true)
+		s.c.close(NoError, "")
+		s.wg.Wait()
+		_ = s.tr.Close()
+		_ = s.udp.Close()
+	})
+	return nil
+}
+
+// data takes a uni DATA stream: a copy for the dialled path is queued for
+// Receive (waiting while the queue is full, which stops reading and so
+// pushes back through QUIC flow control); any other path is refused with
+// UNKNOWN_ENDPOINT (PROTOCOL §9.4).
+func (s *Subscriber) data(c *conn, st *quic.ReceiveStream, n int, d *wire.Data) {
+	if d.Endpoint != s.addr.Path {
+		c.refuse(st, UnknownEndpoint)
+		return
+	}
+	select {
+	case s.queue <- &inbound{st: st, n: n, d: *d}:
+	case <-c.ctx.Done():
+	}
+}
+
+// subscription ignores SUBSCRIBE and UNSUBSCRIBE: a subscriber registers no
+// publisher (PROTOCOL §6.4 lets such a peer ignore them).
+func (s *Subscriber) subscription(*conn, *wire.Subscribe, bool) {}
+
+func (s *Subscriber) serves(path string) bool { return path == s.addr.Path }
