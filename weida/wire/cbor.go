@@ -136,7 +136,7 @@ type mapReader struct {
 	left    uint64
 	last    uint64
 	started bool
-	outer   int // key of the enclosing map holding this one, -1 at top level
+	outer   int // the HELLO key whose value this map is; -1 for the header map itself
 }
 
 // next reads the next key; ok is false when the map is exhausted.

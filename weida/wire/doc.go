@@ -51,12 +51,15 @@
 // input and with its cap before anything is sliced or reserved. A decoder
 // allocates only what it returns: the text fields of one header share one
 // string made from the header's bytes (so a retained field keeps at most one
-// header, at most max_header_bytes, alive), and each list or map of a HELLO
-// is one allocation.
+// header, at most max_header_bytes, alive), and each non-empty list or map
+// of a HELLO is one allocation.
 //
 // # Concurrency
 //
-// Every function is safe for concurrent use; none keeps a reference to the
-// slices it is given, except that decoded values own fresh memory and the
-// Append functions return (a possibly grown) dst.
+// Every function is safe for concurrent use as long as callers do not share
+// the slices they pass. No function keeps a slice it is given after it
+// returns. Decoded values own fresh memory; the Append functions return dst,
+// possibly grown; [ParsePreamble] returns a subslice of its input and
+// [ReadPreamble] a slice of the buffer it was handed when that buffer was
+// large enough.
 package wire
