@@ -175,7 +175,7 @@ func (b *binder) bindCredentials(rc *rawCredentials) {
 		b.fail(base+".password", b.lookupPos(base+".password", true), "", "credentials-incomplete",
 			"is set without a username", "add username: NAME")
 	}
-	if rc.Username != "" && rc.Password.IsZero() && b.protoOK && proto != "mqtt" {
+	if rc.Username != "" && rc.Password.IsZero() && b.protoOK && proto != "mqtt" && b.ok(base+".password") {
 		b.fail(base+".username", b.lookupPos(base+".username", true), rc.Username, "credentials-incomplete",
 			fmt.Sprintf("is set without a password, which %s requires", proto), "add password: {env: NAME}")
 	}
@@ -462,11 +462,11 @@ func (b *binder) bindRoutes(routes []rawRoute) {
 		if err != nil {
 			var ref *policy.Refusal
 			if errors.As(err, &ref) {
-				msg := ref.Reason
+				msg := fmt.Sprintf("%s refuses this filter: %s", ref.Policy, ref.Reason)
 				if ref.Part != "" && ref.Part != ref.Input {
-					msg = fmt.Sprintf("at %q: %s", ref.Part, ref.Reason)
+					msg = fmt.Sprintf("%s refuses this filter at %q: %s", ref.Policy, ref.Part, ref.Reason)
 				}
-				b.fail(fpath, at, f, ref.Rule, fmt.Sprintf("%s refuses this filter %s", ref.Policy, msg), ref.Hint, err)
+				b.fail(fpath, at, f, ref.Rule, msg, ref.Hint, err)
 			} else {
 				b.fail(fpath, at, f, "policy", fmt.Sprintf("%s cannot convert this filter: %v", c.Policy.Name(), err), "", err)
 			}

@@ -250,10 +250,12 @@ func (d *decoder) validateRaw(v *validator.Validate, raw *rawResource) {
 	}
 }
 
-// hasError reports whether the decoder already reported path.
+// hasError reports whether the decoder already reported path or one of
+// its ancestors (a mapping that was a list, say): what it says about the
+// parts would only repeat that.
 func (d *decoder) hasError(path string) bool {
 	for _, e := range d.errs {
-		if e.Field == path {
+		if e.Field == path || e.Field == "" || strings.HasPrefix(path, e.Field+".") || strings.HasPrefix(path, e.Field+"[") {
 			return true
 		}
 	}

@@ -2,12 +2,321 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
+	"strings"
+
+	"weida.dev/connector/policy"
+	"weida.dev/connector/resources"
 )
 
-// cmdCheck is not built yet; see the issue that introduces it.
-func cmdCheck(_ context.Context, _ []string, _ io.Reader, _, stderr io.Writer) int {
-	fmt.Fprintln(stderr, "connector check: not implemented yet")
-	return exitFailure
+// cmdCheck loads resource files exactly as `run` does and reports, per
+// resource, its conversion or its errors. It reads no secret and opens no
+// network connection: everything it needs is in the files.
+func cmdCheck(_ context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) int {
+	fs := newFlagSet("check", "connector check -f PATH [-f PATH...] [--output text|json]", stderr)
+	var paths stringList
+	fs.Var(&paths, "f", "a resource file, or a directory whose *.yaml and *.yml files are read (not recursively); repeatable")
+	output := fs.String("output", "text", "output format: text or json")
+	if code, done := parseFlags(fs, args, stdout); done {
+		return code
+	}
+	switch {
+	case fs.NArg() > 0:
+		fmt.Fprintf(stderr, "connector check: unexpected argument %q; name resource files with -f\n", fs.Arg(0))
+		return exitUsage
+	case len(paths) == 0:
+		fmt.Fprintln(stderr, "connector check: no resources named; use -f FILE or -f DIRECTORY")
+		return exitUsage
+	case *output != "text" && *output != "json":
+		fmt.Fprintf(stderr, "connector check: --output must be text or json, not %q\n", *output)
+		return exitUsage
+	}
+
+	set, err := resources.Load(paths...)
+	if *output == "json" {
+		if werr := writeCheckJSON(stdout, set); werr != nil {
+			fmt.Fprintf(stderr, "connector check: %v\n", werr)
+			return exitFailure
+		}
+	} else {
+		writeCheckText(stdout, set)
+	}
+	if err != nil {
+		return exitFailure
+	}
+	return exitOK
+}
+
+// writeCheckText prints one block per document: a header line that says
+// valid or INVALID, then either the conversion or the errors, each error
+// with its position first so that editors and terminals can jump to it.
+func writeCheckText(w io.Writer, set *resources.Set) {
+	valid, invalid, nerr := 0, 0, 0
+	for i, d := range set.Documents {
+		if i > 0 {
+			fmt.Fprintln(w)
+		}
+		name := d.Name
+		if name == "" {
+			name = "(unnamed)"
+		}
+		if d.Connector != nil {
+			valid++
+			fmt.Fprintf(w, "%s  %s  valid\n", d.Source, name)
+			writeConnector(w, d.Connector)
+		} else {
+			invalid++
+			nerr += len(d.Errors)
+			fmt.Fprintf(w, "%s  %s  INVALID: %s\n", d.Source, name, plural(len(d.Errors), "error"))
+			for _, e := range d.Errors {
+				writeDiagnostic(w, "error", e)
+			}
+		}
+		for _, e := range d.Warnings {
+			writeDiagnostic(w, "warning", e)
+		}
+	}
+	if len(set.Documents) > 0 {
+		fmt.Fprintln(w)
+	}
+	summary := fmt.Sprintf("%s checked: %d valid", plural(len(set.Documents), "resource"), valid)
+	if invalid > 0 {
+		summary += fmt.Sprintf(", %d invalid (%s)", invalid, plural(nerr, "error"))
+	}
+	fmt.Fprintln(w, summary)
+}
+
+func plural(n int, word string) string {
+	if n == 1 {
+		return "1 " + word
+	}
+	return fmt.Sprintf("%d %ss", n, word)
+}
+
+func writeDiagnostic(w io.Writer, kind string, e *resources.FieldError) {
+	where := e.Position.String()
+	if e.Field != "" {
+		where += "  " + e.Field
+	}
+	if e.Value != "" {
+		where += fmt.Sprintf(" = %q", e.Value)
+	}
+	fmt.Fprintf(w, "  %-7s %s\n", kind, where)
+	fmt.Fprintf(w, "          %s [%s]\n", e.Message, e.Rule)
+	if e.Hint != "" {
+		fmt.Fprintf(w, "          hint: %s\n", e.Hint)
+	}
+}
+
+func writeConnector(w io.Writer, c *resources.Connector) {
+	fmt.Fprintf(w, "  %-7s %s %s, policy %s\n", "bridge", c.Protocol, c.Direction, c.Policy.Name())
+	fmt.Fprintf(w, "  %-7s %s  %s\n", "broker", c.Broker.URL, brokerSummary(c))
+	for i, line := range weidaSummary(c) {
+		label := ""
+		if i == 0 {
+			label = "weida"
+		}
+		fmt.Fprintf(w, "  %-7s %s\n", label, line)
+	}
+	nameW, foreignW := 0, 0
+	for _, r := range c.Routes {
+		nameW, foreignW = max(nameW, len(r.Name)), max(foreignW, len(r.Foreign))
+	}
+	for i, r := range c.Routes {
+		label := ""
+		if i == 0 {
+			label = "routes"
+		}
+		name := r.Name
+		if name == r.Foreign {
+			name = ""
+		}
+		fmt.Fprintf(w, "  %-7s %-*s  %-*s  →  %s\n", label, nameW, name, foreignW, r.Foreign, r.Weida)
+	}
+	losses := "none"
+	if len(c.Losses) > 0 {
+		s := make([]string, len(c.Losses))
+		for i, l := range c.Losses {
+			s[i] = string(l)
+		}
+		losses = strings.Join(s, ", ")
+	}
+	fmt.Fprintf(w, "  %-7s %s\n", "losses", losses)
+}
+
+// brokerSummary says who the connector is on the broker and how it reads
+// or writes there. It names where secrets come from, never their values.
+func brokerSummary(c *resources.Connector) string {
+	b := c.Broker
+	parts := []string{"client id " + b.ClientID}
+	cr := b.Credentials
+	switch {
+	case cr.Username != "" && !cr.Password.IsZero():
+		parts = append(parts, fmt.Sprintf("user %s (password from %s)", cr.Username, cr.Password))
+	case cr.Username != "":
+		parts = append(parts, "user "+cr.Username)
+	case !cr.Token.IsZero():
+		parts = append(parts, fmt.Sprintf("token from %s", cr.Token))
+	case !cr.NKeySeed.IsZero():
+		parts = append(parts, fmt.Sprintf("NKey seed from %s", cr.NKeySeed))
+	case !cr.Creds.IsZero():
+		parts = append(parts, fmt.Sprintf("credentials from %s", cr.Creds))
+	}
+	switch {
+	case b.MQTT != nil:
+		m := b.MQTT
+		s := fmt.Sprintf("qos %d", m.QoS)
+		if m.CleanStart {
+			s += ", clean start"
+		} else {
+			s += fmt.Sprintf(", session kept %s", m.SessionExpiry)
+		}
+		if m.SharedGroup != "" {
+			s += ", shared group " + m.SharedGroup
+		}
+		parts = append(parts, s)
+	case b.NATS != nil:
+		n := b.NATS
+		switch {
+		case n.JetStream != nil && n.JetStream.Durable != "":
+			parts = append(parts, fmt.Sprintf("JetStream stream %s, durable %s", n.JetStream.Stream, n.JetStream.Durable))
+		case n.JetStream != nil:
+			parts = append(parts, fmt.Sprintf("JetStream stream %s", n.JetStream.Stream))
+		default:
+			parts = append(parts, "core NATS")
+		}
+		if n.QueueGroup != "" {
+			parts = append(parts, "queue group "+n.QueueGroup)
+		}
+	case b.AMQP != nil:
+		a := b.AMQP
+		s := "exchange " + a.Exchange
+		if c.Direction == policy.Inbound {
+			q := a.Queue.Name
+			if q == "" {
+				q = "named by the broker"
+			}
+			var attrs []string
+			if a.Queue.Durable {
+				attrs = append(attrs, "durable")
+			}
+			if a.Queue.Exclusive {
+				attrs = append(attrs, "exclusive")
+			}
+			if len(attrs) > 0 {
+				q += " (" + strings.Join(attrs, ", ") + ")"
+			}
+			s += fmt.Sprintf(", queue %s, prefetch %d", q, a.Prefetch)
+		} else {
+			s += ", publisher confirms"
+		}
+		parts = append(parts, s)
+	}
+	return strings.Join(parts, "; ")
+}
+
+func weidaSummary(c *resources.Connector) []string {
+	wd := c.Weida
+	if c.Direction == policy.Inbound {
+		cert := "certificate generated at start (its fingerprint is logged)"
+		if !wd.Generated() {
+			cert = "certificate " + wd.CertFile
+		}
+		who := fmt.Sprintf("OPEN: anyone who can reach %s may subscribe", wd.Endpoint.HostPort())
+		if !wd.Open() {
+			who = "only " + plural(len(wd.AllowedClients), "client fingerprint") + " may subscribe"
+		}
+		return []string{"hosts " + wd.Endpoint.String(), cert + "; " + who}
+	}
+	trust := "trusts the pinned fingerprint"
+	if wd.Endpoint.Fingerprint == "" {
+		trust = "trusts the CA file " + wd.CAFile
+	}
+	if wd.CertFile != "" {
+		trust += "; client certificate " + wd.CertFile
+	}
+	return []string{"dials " + wd.Endpoint.String(), trust}
+}
+
+// checkJSON is the --output json document.
+type checkJSON struct {
+	Valid     bool           `json:"valid"`
+	Resources []resourceJSON `json:"resources"`
+	Summary   summaryJSON    `json:"summary"`
+}
+
+type summaryJSON struct {
+	Resources int `json:"resources"`
+	Valid     int `json:"valid"`
+	Invalid   int `json:"invalid"`
+	Errors    int `json:"errors"`
+}
+
+type resourceJSON struct {
+	Name      string                  `json:"name"`
+	Source    resources.Position      `json:"source"`
+	Valid     bool                    `json:"valid"`
+	Protocol  string                  `json:"protocol,omitempty"`
+	Direction string                  `json:"direction,omitempty"`
+	Policy    string                  `json:"policy,omitempty"`
+	Broker    string                  `json:"broker,omitempty"`
+	Weida     *weidaJSON              `json:"weida,omitempty"`
+	Routes    []routeJSON             `json:"routes,omitempty"`
+	Losses    []policy.Loss           `json:"losses,omitempty"`
+	Errors    []*resources.FieldError `json:"errors,omitempty"`
+	Warnings  []*resources.FieldError `json:"warnings,omitempty"`
+}
+
+type weidaJSON struct {
+	Role           string   `json:"role"` // "listen" or "dial"
+	Endpoint       string   `json:"endpoint"`
+	Open           bool     `json:"open,omitempty"`
+	Certificate    string   `json:"certificate,omitempty"` // a file, or "generated"
+	AllowedClients []string `json:"allowedClients,omitempty"`
+	CAFile         string   `json:"caFile,omitempty"`
+}
+
+type routeJSON struct {
+	Name    string `json:"name"`
+	Foreign string `json:"foreign"`
+	Weida   string `json:"weida"`
+}
+
+func writeCheckJSON(w io.Writer, set *resources.Set) error {
+	out := checkJSON{Valid: true, Resources: []resourceJSON{}}
+	for _, d := range set.Documents {
+		r := resourceJSON{Name: d.Name, Source: d.Source, Valid: d.Connector != nil, Errors: d.Errors, Warnings: d.Warnings}
+		if c := d.Connector; c != nil {
+			out.Summary.Valid++
+			r.Protocol, r.Direction, r.Policy, r.Broker = string(c.Protocol), string(c.Direction), c.Policy.Name(), c.Broker.URL
+			r.Losses = c.Losses
+			for _, rt := range c.Routes {
+				r.Routes = append(r.Routes, routeJSON{rt.Name, rt.Foreign, rt.Weida})
+			}
+			r.Weida = weidaOf(c)
+		} else {
+			out.Valid = false
+			out.Summary.Invalid++
+			out.Summary.Errors += len(d.Errors)
+		}
+		out.Resources = append(out.Resources, r)
+	}
+	out.Summary.Resources = len(set.Documents)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(out)
+}
+
+func weidaOf(c *resources.Connector) *weidaJSON {
+	wd := c.Weida
+	if c.Direction == policy.Inbound {
+		cert := wd.CertFile
+		if wd.Generated() {
+			cert = "generated"
+		}
+		return &weidaJSON{Role: "listen", Endpoint: wd.Endpoint.String(), Open: wd.Open(), Certificate: cert, AllowedClients: wd.AllowedClients}
+	}
+	return &weidaJSON{Role: "dial", Endpoint: wd.Endpoint.String(), Certificate: wd.CertFile, CAFile: wd.CAFile}
 }
