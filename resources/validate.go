@@ -242,6 +242,9 @@ func (d *decoder) validateRaw(v *validator.Validate, raw *rawResource) {
 		ns := fe.Namespace()
 		_, path, _ := strings.Cut(ns, ".") // drop the root type's name
 		value := formatValue(fe.Value())
+		if fe.Tag() == "brokerurl" { // redact before shortening, which could cut off the '@'
+			value = shorten(redactUserinfo(fe.Value().(string)))
+		}
 		rule, msg, hint := explain(fe, path, value)
 		if d.hasError(path) {
 			continue // the decoder already said what is wrong here
@@ -480,4 +483,23 @@ func suggestLabel(s string) string {
 		return "my-connector"
 	}
 	return b.String()
+}
+
+// redactUserinfo hides whatever precedes the host in a URL: a password, or
+// a NATS token written where a user name goes. It works on the text, so
+// that it also covers URLs that do not parse.
+func redactUserinfo(raw string) string {
+	prefix, rest := "", raw
+	if i := strings.Index(raw, "://"); i >= 0 {
+		prefix, rest = raw[:i+3], raw[i+3:]
+	}
+	end := strings.IndexAny(rest, "/?#")
+	if end < 0 {
+		end = len(rest)
+	}
+	at := strings.LastIndexByte(rest[:end], '@')
+	if at < 0 {
+		return raw
+	}
+	return prefix + redacted + rest[at:]
 }
