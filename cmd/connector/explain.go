@@ -2,12 +2,255 @@ package main
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
+	"flag"
 	"fmt"
 	"io"
+	"strings"
+
+	"weida.dev/connector/policy"
 )
 
-// cmdExplain is not built yet; see the issue that introduces it.
-func cmdExplain(_ context.Context, _ []string, _ io.Reader, _, stderr io.Writer) int {
-	fmt.Fprintln(stderr, "connector explain: not implemented yet")
-	return exitFailure
+// exitRefused is explain's exit code when at least one input was refused.
+const exitRefused = 3
+
+const explainSynopsis = `connector explain --protocol mqtt|nats|amqp [--policy NAME] [--direction inbound|outbound]
+           (--filter F | --topic T)... [--output text|json] [--qos 0|1] [--jetstream]
+
+Shows how each filter and topic converts under a conversion policy, or why it
+is refused. A --filter is always a filter of the broker's protocol and
+becomes a weida filter. With --direction inbound (the default) a --topic is a
+broker topic converted to weida's grammar; with --direction outbound it is a
+weida topic converted to the broker's grammar. --filter and --topic may be
+repeated and mixed; the answers keep their order.
+
+Losses: a converted input lists what a bridge with this policy, direction
+and options loses; a refused topic lists the loss it is counted under at run
+time; a refused filter lists none (the resource would not load).
+
+Exit status: 0 when every input converted, 3 when any was refused, 2 on a
+usage error. With --output json, one JSON object per input, one per line.`
+
+// explainInput is one --filter or --topic, in command-line order.
+type explainInput struct {
+	kind  string // "filter" or "topic"
+	value string
+}
+
+// inputFlag appends to a shared list, so that --filter and --topic keep
+// their relative order.
+type inputFlag struct {
+	kind string
+	list *[]explainInput
+}
+
+func (f inputFlag) String() string { return "" }
+func (f inputFlag) Set(v string) error {
+	*f.list = append(*f.list, explainInput{f.kind, v})
+	return nil
+}
+
+// explainResult is one answer; its JSON form is the --output json line.
+type explainResult struct {
+	Input     string        `json:"input"`
+	Kind      string        `json:"kind"`
+	Protocol  string        `json:"protocol"`
+	Policy    string        `json:"policy"`
+	Direction string        `json:"direction"`
+	Output    *string       `json:"output,omitempty"`
+	Refused   bool          `json:"refused"`
+	Reason    string        `json:"reason"`
+	Rule      string        `json:"rule"`
+	Part      *string       `json:"part,omitempty"`
+	Hint      string        `json:"hint,omitempty"`
+	Losses    []policy.Loss `json:"losses"`
+}
+
+func cmdExplain(_ context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) int {
+	fs := newFlagSet("explain", explainSynopsis, stderr)
+	var inputs []explainInput
+	proto := fs.String("protocol", "", "the broker's protocol: mqtt, nats or amqp (required)")
+	name := fs.String("policy", "", "the conversion policy (default: mqtt-levels/v1, nats-tokens/v1 or amqp-words/v1 by protocol)")
+	dir := fs.String("direction", string(policy.Inbound), "inbound (broker → weida) or outbound (weida → broker)")
+	fs.Var(inputFlag{"filter", &inputs}, "filter", "a broker filter to convert to weida's grammar; repeatable")
+	fs.Var(inputFlag{"topic", &inputs}, "topic", "a topic to convert: a broker topic inbound, a weida topic outbound; repeatable")
+	output := fs.String("output", "text", "output format: text or json")
+	qos := fs.Int("qos", 1, "MQTT only: the QoS the bridge would use (0 or 1); changes the losses")
+	jetstream := fs.Bool("jetstream", false, "NATS only: the bridge would use JetStream; changes the losses")
+	if code, done := parseFlags(fs, args, stdout); done {
+		return code
+	}
+	usageErr := func(format string, a ...any) int {
+		fmt.Fprintf(stderr, "connector explain: "+format+"\n", a...)
+		fmt.Fprintln(stderr, "Run 'connector explain --help' for usage.")
+		return exitUsage
+	}
+	// The flag package stops at the first argument that is not a flag, so a
+	// --help after one would otherwise read as a stray argument.
+	for _, a := range fs.Args() {
+		if a == "-h" || a == "-help" || a == "--help" {
+			fs.SetOutput(stdout)
+			fs.Usage()
+			return exitOK
+		}
+	}
+	if fs.NArg() > 0 {
+		return usageErr("unexpected argument %q: give each input with --filter or --topic", fs.Arg(0))
+	}
+	if *proto == "" {
+		return usageErr("--protocol is required (mqtt, nats or amqp)")
+	}
+	p, err := policy.ParseProtocol(*proto)
+	if err != nil {
+		return usageErr("--protocol must be mqtt, nats or amqp, not %q", *proto)
+	}
+	pol := policy.Default(p)
+	if *name != "" {
+		if pol, err = policy.Lookup(*name); err != nil {
+			return usageErr("unknown --policy %q; known policies: %s", *name, strings.Join(policy.Names(), ", "))
+		}
+		if pol.Protocol() != p {
+			return usageErr("policy %s is for %s, not %s (the %s default is %s)", pol.Name(), pol.Protocol(), p, p, policy.Default(p).Name())
+		}
+	}
+	d := policy.Direction(*dir)
+	if d != policy.Inbound && d != policy.Outbound {
+		return usageErr("--direction must be inbound or outbound, not %q", *dir)
+	}
+	if *output != "text" && *output != "json" {
+		return usageErr("--output must be text or json, not %q", *output)
+	}
+	if *qos != 0 && *qos != 1 {
+		return usageErr("--qos must be 0 or 1, not %d", *qos)
+	}
+	setFlags := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { setFlags[f.Name] = true })
+	if setFlags["qos"] && p != policy.MQTT {
+		return usageErr("--qos applies to mqtt only")
+	}
+	if setFlags["jetstream"] && p != policy.NATS {
+		return usageErr("--jetstream applies to nats only")
+	}
+	if len(inputs) == 0 {
+		return usageErr("nothing to explain: give at least one --filter or --topic")
+	}
+
+	opts := policy.Options{QoS: *qos, JetStream: *jetstream}
+	results := make([]explainResult, len(inputs))
+	refused := false
+	for i, in := range inputs {
+		results[i] = explainOne(pol, d, opts, in)
+		refused = refused || results[i].Refused
+	}
+	if *output == "json" {
+		enc := json.NewEncoder(stdout)
+		for _, r := range results {
+			if err := enc.Encode(r); err != nil {
+				fmt.Fprintf(stderr, "connector explain: %v\n", err)
+				return exitFailure
+			}
+		}
+	} else {
+		writeExplainText(stdout, pol, d, opts, results)
+	}
+	if refused {
+		return exitRefused
+	}
+	return exitOK
+}
+
+func explainOne(pol policy.Policy, d policy.Direction, opts policy.Options, in explainInput) explainResult {
+	r := explainResult{
+		Input: in.value, Kind: in.kind, Protocol: string(pol.Protocol()),
+		Policy: pol.Name(), Direction: string(d), Losses: []policy.Loss{},
+	}
+	var out string
+	var err error
+	switch {
+	case in.kind == "filter":
+		out, err = pol.ConvertFilter(in.value)
+	case d == policy.Inbound:
+		out, err = pol.TopicToWeida(in.value)
+	default:
+		out, err = pol.TopicFromWeida(in.value)
+	}
+	if err == nil {
+		r.Output = &out
+		r.Losses = pol.Losses(d, opts)
+		return r
+	}
+	r.Refused = true
+	var ref *policy.Refusal
+	if !errors.As(err, &ref) {
+		r.Reason = err.Error() // the policy contract says this does not happen
+		return r
+	}
+	r.Reason, r.Rule, r.Hint = ref.Reason, ref.Rule, ref.Hint
+	if ref.Part != "" || ref.Input == "" {
+		part := ref.Part
+		r.Part = &part
+	}
+	if in.kind == "topic" {
+		if l, ok := policy.LossForRule(ref.Rule); ok {
+			r.Losses = []policy.Loss{l}
+		}
+	}
+	return r
+}
+
+// writeExplainText prints a header naming the conversion, one block per
+// input, and the losses with their meaning once at the end. Inputs and
+// outputs are quoted so that empty strings and spaces show.
+func writeExplainText(w io.Writer, pol policy.Policy, d policy.Direction, opts policy.Options, results []explainResult) {
+	proto := strings.ToUpper(string(pol.Protocol()))
+	from, to := proto, "weida"
+	if d == policy.Outbound {
+		from, to = "weida", proto
+	}
+	fmt.Fprintf(w, "%s, %s", pol.Name(), d)
+	switch pol.Protocol() {
+	case policy.MQTT:
+		fmt.Fprintf(w, ", QoS %d", opts.QoS)
+	case policy.NATS:
+		if opts.JetStream {
+			fmt.Fprint(w, ", JetStream")
+		} else {
+			fmt.Fprint(w, ", core NATS")
+		}
+	}
+	fmt.Fprintf(w, ": filters %s → weida, topics %s → %s\n\n", proto, from, to)
+
+	converted := false
+	for _, r := range results {
+		fmt.Fprintf(w, "%-6s %q\n", r.Kind, r.Input)
+		if !r.Refused {
+			converted = true
+			fmt.Fprintf(w, "       → %q\n", *r.Output)
+			continue
+		}
+		fmt.Fprintf(w, "       refused [%s]", r.Rule)
+		if r.Part != nil && *r.Part != r.Input {
+			fmt.Fprintf(w, " at %q", *r.Part)
+		}
+		fmt.Fprintf(w, ": %s\n", r.Reason)
+		if r.Hint != "" {
+			fmt.Fprintf(w, "       hint: %s\n", r.Hint)
+		}
+		if len(r.Losses) > 0 {
+			fmt.Fprintf(w, "       at run time: dropped and counted as %s\n", r.Losses[0])
+		}
+	}
+	if !converted {
+		return
+	}
+	losses := pol.Losses(d, opts)
+	fmt.Fprintf(w, "\nlosses of %s %s (declare them in the resource):\n", pol.Name(), d)
+	width := 0
+	for _, l := range losses {
+		width = max(width, len(l))
+	}
+	for _, l := range losses {
+		fmt.Fprintf(w, "  %-*s  %s\n", width, l, l.Description())
+	}
 }

@@ -1,0 +1,221 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// explainJSON runs explain with --output json and decodes every line.
+func explainJSON(t *testing.T, args ...string) (int, []map[string]any) {
+	t.Helper()
+	code, out, errOut := runCLI(t, "", append([]string{"explain", "--output", "json"}, args...)...)
+	if errOut != "" {
+		t.Errorf("explain %v: stderr %q", args, errOut)
+	}
+	var objs []map[string]any
+	dec := json.NewDecoder(strings.NewReader(out))
+	for dec.More() {
+		var m map[string]any
+		if err := dec.Decode(&m); err != nil {
+			t.Fatalf("explain %v: bad JSON %q: %v", args, out, err)
+		}
+		objs = append(objs, m)
+	}
+	if n := strings.Count(out, "\n"); n != len(objs) {
+		t.Errorf("explain %v: %d lines for %d objects; want one object per line", args, n, len(objs))
+	}
+	return code, objs
+}
+
+func TestExplainAcceptance(t *testing.T) {
+	for _, c := range []struct {
+		args    []string
+		output  string // "" when refused
+		rule    string
+		partial string // a substring of the reason
+	}{
+		{[]string{"--protocol", "mqtt", "--filter", "sensors/+/california/+/temperature"}, "sensors.*.california.*.temperature", "", ""},
+		{[]string{"--protocol", "mqtt", "--filter", "sensors/us/#"}, "sensors.us.#", "", ""},
+		{[]string{"--protocol", "mqtt", "--filter", "a/b.c"}, "", "mqtt-dotted-level", "separator"},
+		{[]string{"--protocol", "mqtt", "--policy", "mqtt-levels-escaped/v1", "--filter", "a/b.c"}, "a.b%2Ec", "", ""},
+		{[]string{"--protocol", "mqtt", "--topic", "a/b.c"}, "", "mqtt-dotted-level", ""},
+		{[]string{"--protocol", "mqtt", "--policy", "mqtt-levels-escaped/v1", "--topic", "a/b.c"}, "a.b%2Ec", "", ""},
+		{[]string{"--protocol", "mqtt", "--direction", "outbound", "--topic", "sensors.us"}, "sensors/us", "", ""},
+		{[]string{"--protocol", "mqtt", "--direction", "outbound", "--topic", "a/b"}, "", "mqtt-slash-segment", ""},
+		{[]string{"--protocol", "nats", "--filter", ">"}, "", "nats-one-or-more", "one or more"},
+		{[]string{"--protocol", "nats", "--filter", "orders.>"}, "", "nats-one-or-more", "zero or more"},
+		{[]string{"--protocol", "nats", "--filter", "a.*.c"}, "a.*.c", "", ""},
+		{[]string{"--protocol", "nats", "--direction", "outbound", "--topic", "a..c"}, "", "nats-empty-token", ""},
+		{[]string{"--protocol", "amqp", "--filter", "audit.events.#"}, "audit.events.#", "", ""},
+		{[]string{"--protocol", "amqp", "--filter", "#.leaf"}, "", "amqp-hash-then-literal", ""},
+		{[]string{"--protocol", "amqp", "--filter", "a.#.b"}, "", "amqp-hash-then-literal", ""},
+		{[]string{"--protocol", "amqp", "--filter", ""}, "", "amqp-empty-binding-key", ""},
+		{[]string{"--protocol", "amqp", "--filter", "#.*"}, "*.#", "", ""},
+		{[]string{"--protocol", "amqp", "--topic", ""}, "", "amqp-empty-routing-key", ""},
+		{[]string{"--protocol", "amqp", "--direction", "outbound", "--topic", strings.Repeat("x", 256)}, "", "amqp-too-long", ""},
+	} {
+		code, objs := explainJSON(t, c.args...)
+		if len(objs) != 1 {
+			t.Fatalf("%v: %d objects", c.args, len(objs))
+		}
+		o := objs[0]
+		if c.rule == "" {
+			if code != exitOK || o["output"] != c.output || o["refused"] != false {
+				t.Errorf("%v: code %d, %v; want output %q", c.args, code, o, c.output)
+			}
+			continue
+		}
+		if _, has := o["output"]; has || code != exitRefused || o["refused"] != true || o["rule"] != c.rule {
+			t.Errorf("%v: code %d, %v; want refused by %s without output", c.args, code, o, c.rule)
+		}
+		if reason, _ := o["reason"].(string); reason == "" || !strings.Contains(reason, c.partial) {
+			t.Errorf("%v: reason %q, want it to mention %q", c.args, reason, c.partial)
+		}
+	}
+}
+
+func TestExplainJSONFieldsAndOrder(t *testing.T) {
+	code, objs := explainJSON(t, "--protocol", "mqtt", "--qos", "0",
+		"--topic", "a/b", "--filter", "a/*", "--topic", "a/b.c", "--filter", "+/#")
+	if code != exitRefused {
+		t.Errorf("code %d, want %d", code, exitRefused)
+	}
+	var got []string
+	for _, o := range objs {
+		got = append(got, o["kind"].(string)+" "+o["input"].(string))
+		for _, k := range []string{"input", "kind", "protocol", "policy", "direction", "refused", "reason", "rule", "losses"} {
+			if _, ok := o[k]; !ok {
+				t.Errorf("%v lacks %q", o, k)
+			}
+		}
+		if o["protocol"] != "mqtt" || o["policy"] != "mqtt-levels/v1" || o["direction"] != "inbound" {
+			t.Errorf("%v: wrong protocol, policy or direction", o)
+		}
+	}
+	if want := []string{"topic a/b", "filter a/*", "topic a/b.c", "filter +/#"}; !slices.Equal(got, want) {
+		t.Errorf("order %v, want %v", got, want)
+	}
+	losses := func(o map[string]any) []string {
+		var ls []string
+		for _, l := range o["losses"].([]any) {
+			ls = append(ls, l.(string))
+		}
+		return ls
+	}
+	if ls := losses(objs[0]); !slices.Contains(ls, "at-most-once") || !slices.Contains(ls, "dotted-levels") {
+		t.Errorf("converted topic at QoS 0: losses %v", ls)
+	}
+	if ls := losses(objs[1]); len(ls) != 0 {
+		t.Errorf("refused filter: losses %v, want none", ls)
+	}
+	if ls := losses(objs[2]); !slices.Equal(ls, []string{"dotted-levels"}) {
+		t.Errorf("refused topic: losses %v, want the loss it is counted under", ls)
+	}
+	if objs[1]["part"] != "*" || objs[1]["hint"] == "" {
+		t.Errorf("refused filter: part %v hint %v", objs[1]["part"], objs[1]["hint"])
+	}
+	if objs[3]["output"] != "*.#" {
+		t.Errorf("+/# → %v", objs[3]["output"])
+	}
+}
+
+func TestExplainText(t *testing.T) {
+	code, out, errOut := runCLI(t, "", "explain", "--protocol", "nats", "--filter", "orders.*", "--filter", "orders.>", "--topic", "orders.eu")
+	if code != exitRefused || errOut != "" {
+		t.Fatalf("code %d, stderr %q", code, errOut)
+	}
+	for _, want := range []string{
+		"nats-tokens/v1, inbound, core NATS",
+		"filter \"orders.*\"\n       → \"orders.*\"\n",
+		"filter \"orders.>\"\n       refused [nats-one-or-more] at \">\": NATS '>' matches one or more tokens",
+		"hint: ",
+		"topic  \"orders.eu\"\n       → \"orders.eu\"\n",
+		"losses of nats-tokens/v1 inbound",
+		"at-most-once ",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	// Only refusals: no losses block, and the run-time loss of the topic.
+	code, out, _ = runCLI(t, "", "explain", "--protocol", "amqp", "--direction", "outbound", "--topic", "")
+	if code != exitRefused || strings.Contains(out, "losses of") || !strings.Contains(out, "counted as empty-routing-key") {
+		t.Errorf("code %d:\n%s", code, out)
+	}
+	// All converted: exit 0.
+	code, out, _ = runCLI(t, "", "explain", "--protocol", "amqp", "--filter", "a.#.*", "--jetstream=false")
+	if code != exitUsage {
+		t.Errorf("--jetstream with amqp: code %d", code)
+	}
+	code, out, _ = runCLI(t, "", "explain", "--protocol", "amqp", "--filter", "a.#.*")
+	if code != exitOK || !strings.Contains(out, `→ "a.*.#"`) {
+		t.Errorf("code %d:\n%s", code, out)
+	}
+}
+
+func TestExplainUsage(t *testing.T) {
+	for _, args := range [][]string{
+		{},
+		{"--filter", "a"},
+		{"--protocol", "zmtp", "--filter", "a"},
+		{"--protocol", "MQTT", "--filter", "a"},
+		{"--protocol", "mqtt", "--policy", "mqtt-levels/v9", "--filter", "a"},
+		{"--protocol", "mqtt", "--policy", "nats-tokens/v1", "--filter", "a"},
+		{"--protocol", "mqtt", "--direction", "sideways", "--filter", "a"},
+		{"--protocol", "mqtt", "--output", "yaml", "--filter", "a"},
+		{"--protocol", "mqtt"},
+		{"--protocol", "mqtt", "a/b"},
+		{"--protocol", "mqtt", "--filter", "a", "b"},
+		{"--protocol", "mqtt", "--qos", "2", "--filter", "a"},
+		{"--protocol", "nats", "--qos", "0", "--filter", "a"},
+		{"--protocol", "mqtt", "--jetstream", "--filter", "a"},
+		{"--protocol", "mqtt", "--bogus"},
+		{"--protocol", "mqtt", "--filter"},
+	} {
+		code, out, errOut := runCLI(t, "", append([]string{"explain"}, args...)...)
+		if code != exitUsage || out != "" || errOut == "" {
+			t.Errorf("explain %q: code %d, stdout %q, stderr %q; want a usage error", args, code, out, errOut)
+		}
+	}
+	for _, args := range [][]string{{"--help"}, {"-h"}, {"--protocol", "mqtt", "--help"}, {"--protocol", "mqtt", "stray", "--help"}} {
+		code, out, _ := runCLI(t, "", append([]string{"explain"}, args...)...)
+		if code != exitOK || !strings.Contains(out, "usage: connector explain") || !strings.Contains(out, "-topic") {
+			t.Errorf("explain %q: code %d, stdout %q", args, code, out)
+		}
+	}
+}
+
+func TestExplainFlagValues(t *testing.T) {
+	// Values that look like flags, or are empty, are still inputs.
+	code, objs := explainJSON(t, "--protocol", "nats", "--direction", "outbound", "--topic", "-x", "--topic=", "--topic", "a b")
+	if code != exitRefused || len(objs) != 3 {
+		t.Fatalf("code %d, %d objects", code, len(objs))
+	}
+	if objs[0]["output"] != "-x" || objs[1]["rule"] != "nats-empty-token" || objs[2]["rule"] != "nats-whitespace" {
+		t.Errorf("%v", objs)
+	}
+}
+
+func TestExplainDefaultPolicies(t *testing.T) {
+	for proto, name := range map[string]string{"mqtt": "mqtt-levels/v1", "nats": "nats-tokens/v1", "amqp": "amqp-words/v1"} {
+		_, objs := explainJSON(t, "--protocol", proto, "--topic", "a")
+		if len(objs) != 1 || objs[0]["policy"] != name {
+			t.Errorf("%s: %v, want policy %s", proto, objs, name)
+		}
+	}
+}
+
+// TestExplainJSONIsStable guards the field names the documentation shows.
+func TestExplainJSONIsStable(t *testing.T) {
+	var out bytes.Buffer
+	code := run(t.Context(), []string{"explain", "--protocol", "amqp", "--output", "json", "--filter", "#.leaf"}, strings.NewReader(""), &out, &out)
+	want := `{"input":"#.leaf","kind":"filter","protocol":"amqp","policy":"amqp-words/v1","direction":"inbound","refused":true,` +
+		`"reason":"a literal word follows '#': AMQP '#' may match any number of words before it, weida's '#' must be last","rule":"amqp-hash-then-literal",` +
+		`"part":"#.leaf","hint":"bind the prefix with a final '#' and filter the rest downstream, or bind each depth with '*'","losses":[]}` + "\n"
+	if code != exitRefused || out.String() != want {
+		t.Errorf("code %d\n got %s\nwant %s", code, out.String(), want)
+	}
+}
