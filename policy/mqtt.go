@@ -110,7 +110,7 @@ func validateMQTT(s string, filter bool) *Refusal {
 	case filter && strings.HasPrefix(s, "$share/"):
 		return refuse(who, s, "$share/", RuleMQTTShared,
 			"a shared subscription ($share/group/filter) is not a filter: the group decides who receives a message, not which messages match",
-			"write only the inner filter and set the share group as an option of the resource")
+			"write only the inner filter and set the share group in the resource (spec.broker.mqtt.sharedGroup)")
 	}
 	if !filter {
 		// Names are checked at run time, once per message: one pass.
