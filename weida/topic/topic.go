@@ -96,16 +96,14 @@ func ValidateTopic(t string) error {
 // filter "#" match every topic, including the empty one.
 //
 // Match is a single left-to-right pass over both strings with no backtracking
-// and no allocation. Literal runs of the filter (everything between
-// wildcards, separators included) are compared against the topic as whole
-// byte strings, so a filter without wildcards costs one string comparison.
+// and no allocation.
 func Match(filter, topic string) bool {
 	if filter == "" {
 		return true
 	}
 	// By validity a '#' can only be the whole last segment, so a filter that
 	// contains one ends with it. Strip ".#" and remember that the topic may
-	// continue after what the rest of the filter matched.
+	// go on after what the rest of the filter matches.
 	rest := false
 	if filter[len(filter)-1] == '#' {
 		if len(filter) == 1 {
@@ -114,21 +112,26 @@ func Match(filter, topic string) bool {
 		filter = filter[:len(filter)-2]
 		rest = true
 	}
-	// ti is the topic offset the filter has matched up to. It always sits at
-	// a segment boundary: 0, a '.', or len(topic).
+	// filter is what is left to match (empty, or starting at a segment or
+	// at the '.' before one); ti is the offset in topic it must match from,
+	// at the same kind of boundary.
 	ti := 0
 	for {
+		// If the rest of the filter equals the topic's bytes and both end at
+		// a boundary, it matches: literal segments are equal, and each '*'
+		// meets a topic segment "*", which it matches. This settles a
+		// literal filter, or the tail after a '*', in one comparison, and
+		// the length test makes most misses free.
+		if r := len(topic) - ti; (r == len(filter) || rest && r > len(filter) && topic[ti+len(filter)] == '.') &&
+			topic[ti:ti+len(filter)] == filter {
+			return true
+		}
 		s := strings.IndexByte(filter, '*')
 		if s < 0 {
-			// The tail is literal: the topic must spell it out byte for byte.
-			if len(topic)-ti < len(filter) || topic[ti:ti+len(filter)] != filter {
-				return false
-			}
-			ti += len(filter)
-			break
+			return false // a literal rest matches only by equality
 		}
-		// filter[:s] is literal and is empty or ends with '.'; filter[s] is
-		// a whole '*' segment, matching one topic segment, possibly empty.
+		// filter[:s] is literal: empty, or ending with '.'. filter[s] is a
+		// whole '*' segment and takes one topic segment, possibly empty.
 		if len(topic)-ti < s || topic[ti:ti+s] != filter[:s] {
 			return false
 		}
@@ -138,12 +141,9 @@ func Match(filter, topic string) bool {
 		} else {
 			ti += e
 		}
-		// What follows the '*' is empty or starts with '.', which the next
-		// literal run compares against the topic's separator at ti.
 		filter = filter[s+1:]
 		if filter == "" {
-			break
+			return ti == len(topic) || rest && topic[ti] == '.'
 		}
 	}
-	return ti == len(topic) || rest && topic[ti] == '.'
 }
