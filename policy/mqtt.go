@@ -159,14 +159,6 @@ func checkLevels(s string, levels int, kind string) *Refusal {
 	return nil
 }
 
-// Policy names.
-const (
-	MQTTLevels        = "mqtt-levels/v1"
-	MQTTLevelsEscaped = "mqtt-levels-escaped/v1"
-	NATSTokens        = "nats-tokens/v1"
-	AMQPWords         = "amqp-words/v1"
-)
-
 // mqttLevels implements mqtt-levels/v1 and, with escaped set,
 // mqtt-levels-escaped/v1. Levels are segments: '/'↔'.', '+'↔'*', '#'↔'#'.
 type mqttLevels struct{ escaped bool }

@@ -8,6 +8,22 @@
 // It converts topic names in both directions, and it states, through
 // [Policy.Losses], what a bridge using it cannot carry.
 //
+// Four policies exist: mqtt-levels/v1 and mqtt-levels-escaped/v1 for MQTT 5,
+// nats-tokens/v1 for NATS and amqp-words/v1 for RabbitMQ topic exchanges
+// ([Lookup], [Default], [Names]). Their exactness contract, for every filter
+// F a policy accepts and every foreign topic T it converts, is
+//
+//	p.Grammar().Match(F, T) == topic.Match(p.ConvertFilter(F), p.TopicToWeida(T)) && p.Admit(F, T)
+//
+// and topic conversion is injective: converting a topic there and back gives
+// it back whenever both steps convert. Property tests and fuzz targets check
+// both on inputs biased to the edges of each grammar.
+//
+// At run time a bridge drops a message whose topic a conversion refuses and
+// counts it under [LossForRule](refusal.Rule); outbound it also drops (as
+// [RuleMQTTDollarTopic]) a topic for which Admit is false. Every such loss
+// is among those [Policy.Losses] declares for the direction.
+//
 // The package is pure: no I/O, no goroutines, no clock, no mutable globals.
 package policy
 
@@ -35,9 +51,10 @@ const (
 type Loss string
 
 // Options are the broker settings that change what a conversion loses. The
-// zero value is the most common setting of each protocol.
+// zero value means MQTT QoS 0 and core NATS; AMQP has no such setting.
 type Options struct {
-	// QoS is the MQTT quality of service (0 or 1).
+	// QoS is the MQTT quality of service (0 or 1). QoS 0 incurs
+	// LossAtMostOnce; any other value is treated as at-least-once.
 	QoS int
 	// JetStream is true when a NATS bridge consumes from or publishes to a
 	// JetStream stream instead of core NATS.
@@ -55,7 +72,10 @@ type Grammar interface {
 	// error is a *Refusal.
 	ValidateTopic(t string) error
 	// Match reports whether the valid filter selects the valid topic, as
-	// the broker routes it.
+	// the broker routes it. For MQTT that includes the rule that a filter
+	// starting with a wildcard never selects a topic starting with '$'
+	// (the one rule Policy.Admit restates). Match allocates nothing; on
+	// invalid input its answer is unspecified.
 	Match(filter, topic string) bool
 }
 
@@ -75,7 +95,8 @@ type Policy interface {
 	TopicToWeida(foreign string) (string, error)
 	// TopicFromWeida converts a weida topic into a foreign topic name for
 	// outbound bridging. The error is a *Refusal whose Rule is a stable
-	// reason code for metrics.
+	// reason code for metrics. A conversion that changes nothing returns
+	// its input and allocates nothing (both directions).
 	TopicFromWeida(weida string) (string, error)
 	// Admit is false only where the foreign protocol itself keeps a topic
 	// from a filter that the grammar alone would match (MQTT: a filter
@@ -83,7 +104,8 @@ type Policy interface {
 	// Both arguments are in the foreign grammar.
 	Admit(foreignFilter, foreignTopic string) bool
 	// Losses returns, sorted and without duplicates, what a bridge using
-	// this policy in dir with opts cannot carry.
+	// this policy in dir with opts cannot carry, in a new slice. It returns
+	// nil for a direction other than Inbound and Outbound.
 	Losses(dir Direction, opts Options) []Loss
 }
 

@@ -5,6 +5,14 @@ import (
 	"strings"
 )
 
+// Policy names, as resources and `connector explain` write them.
+const (
+	MQTTLevels        = "mqtt-levels/v1"         // MQTT levels are segments; refuses what it cannot carry
+	MQTTLevelsEscaped = "mqtt-levels-escaped/v1" // the same, with '%', '.' and '*' escaped inside levels
+	NATSTokens        = "nats-tokens/v1"         // NATS tokens are segments; refuses '>'
+	AMQPWords         = "amqp-words/v1"          // AMQP words are segments; '#' only where weida allows it
+)
+
 // policies lists every policy, in the order of [Names]. It is a function so
 // that the registry cannot be changed at run time.
 func policies() []Policy {
