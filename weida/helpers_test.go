@@ -142,13 +142,20 @@ func rawTLS() *tls.Config {
 	return &tls.Config{InsecureSkipVerify: true, NextProtos: []string{ALPN}, MinVersion: tls.VersionTLS13}
 }
 
-func rawDial(t *testing.T, l *Listener, tlsConf *tls.Config) *raw {
-	t.Helper()
+func quicDial(t *testing.T, l *Listener, tlsConf *tls.Config) (*quic.Conn, error) {
 	qc, err := quic.DialAddr(testCtx(t), l.Addr().String(), tlsConf, &quic.Config{MaxIncomingUniStreams: 1000})
+	if err == nil {
+		t.Cleanup(func() { _ = qc.CloseWithError(0, "") })
+	}
+	return qc, err
+}
+
+func rawDial(t *testing.T, l *Listener) *raw {
+	t.Helper()
+	qc, err := quicDial(t, l, rawTLS())
 	if err != nil {
 		t.Fatalf("raw dial: %v", err)
 	}
-	t.Cleanup(func() { _ = qc.CloseWithError(0, "") })
 	return &raw{t: t, qc: qc}
 }
 
@@ -182,6 +189,21 @@ func (r *raw) send(b []byte) *quic.SendStream {
 	return st
 }
 
+// sendOpen opens a uni stream and writes b without a FIN, so that the
+// stream's context reports the peer's STOP_SENDING (a FIN would end it
+// first).
+func (r *raw) sendOpen(b []byte) *quic.SendStream {
+	r.t.Helper()
+	st, err := r.qc.OpenUniStreamSync(testCtx(r.t))
+	if err != nil {
+		r.t.Fatalf("raw open: %v", err)
+	}
+	if _, err := st.Write(b); err != nil {
+		r.t.Fatalf("raw write: %v", err)
+	}
+	return st
+}
+
 func (r *raw) hello() { r.send(helloFrame(wire.NewHello(16384, 1024))) }
 
 // closed waits for the connection to end and returns the application code
@@ -203,14 +225,21 @@ func (r *raw) closed() *quic.ApplicationError {
 // stopCode waits until the peer stops st and returns the STOP_SENDING code.
 func stopCode(t *testing.T, st *quic.SendStream) quic.StreamErrorCode {
 	t.Helper()
+	return stopCodeCtx(t, st.Context())
+}
+
+// stopCodeCtx waits for a send half's context and returns the STOP_SENDING
+// code it ended with.
+func stopCodeCtx(t *testing.T, ctx context.Context) quic.StreamErrorCode {
+	t.Helper()
 	select {
-	case <-st.Context().Done():
+	case <-ctx.Done():
 	case <-time.After(testTimeout):
 		t.Fatal("stream was not stopped")
 	}
 	var se *quic.StreamError
-	if !errors.As(context.Cause(st.Context()), &se) || !se.Remote {
-		t.Fatalf("stream context ended with %v, not a remote STOP_SENDING", context.Cause(st.Context()))
+	if !errors.As(context.Cause(ctx), &se) || !se.Remote {
+		t.Fatalf("stream context ended with %v, not a remote STOP_SENDING", context.Cause(ctx))
 	}
 	return se.ErrorCode
 }
@@ -244,4 +273,96 @@ func (r *raw) nextData() (wire.Data, []byte) {
 		}
 		return d, payload
 	}
+}
+
+// rawServer is a hand-driven weida listener over plain quic-go, for feeding
+// a Subscriber bytes no well-behaved publisher would send. It serves one
+// connection.
+type rawServer struct {
+	t  *testing.T
+	ln *quic.Listener
+	wg sync.WaitGroup
+}
+
+func rawListen(t *testing.T) *rawServer {
+	t.Helper()
+	cert, err := selfSigned()
+	if err != nil {
+		t.Fatal(err)
+	}
+	conf := &tls.Config{Certificates: []tls.Certificate{cert}, NextProtos: []string{ALPN}, MinVersion: tls.VersionTLS13}
+	ln, err := quic.ListenAddr("127.0.0.1:0", conf, &quic.Config{MaxIncomingUniStreams: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &rawServer{t: t, ln: ln}
+	t.Cleanup(func() {
+		_ = ln.Close()
+		s.wg.Wait()
+	})
+	return s
+}
+
+func (s *rawServer) url(path string) string { return "weida://" + s.ln.Addr().String() + path }
+
+// start accepts one connection in a new goroutine, runs handle on it, and
+// keeps the connection until the peer closes it or the test ends.
+func (s *rawServer) start(handle func(qc *quic.Conn)) {
+	s.wg.Go(func() { s.serve(handle) })
+}
+
+func (s *rawServer) serve(handle func(qc *quic.Conn)) {
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	qc, err := s.ln.Accept(ctx)
+	if err != nil {
+		return
+	}
+	defer qc.CloseWithError(0, "")
+	handle(qc)
+	select {
+	case <-qc.Context().Done():
+	case <-ctx.Done():
+	}
+}
+
+// sendUni opens a uni stream, writes b and FINs it; failures are left for
+// the caller to observe on the connection.
+func sendUni(qc *quic.Conn, b []byte) *quic.SendStream {
+	st, err := qc.OpenUniStreamSync(qc.Context())
+	if err != nil {
+		return nil
+	}
+	_, _ = st.Write(b)
+	_ = st.Close()
+	return st
+}
+
+// sendUniOpen is sendUni without the FIN.
+func sendUniOpen(qc *quic.Conn, b []byte) *quic.SendStream {
+	st, err := qc.OpenUniStreamSync(qc.Context())
+	if err != nil {
+		return nil
+	}
+	_, _ = st.Write(b)
+	return st
+}
+
+// appErr returns the application close of a finished connection, or nil.
+func appErr(qc *quic.Conn) *quic.ApplicationError {
+	var ae *quic.ApplicationError
+	if errors.As(context.Cause(qc.Context()), &ae) {
+		return ae
+	}
+	return nil
+}
+
+// streamCode returns the STOP_SENDING code a send stream's context ended
+// with, or 1<<62 when it ended otherwise.
+func streamCode(ctx context.Context) quic.StreamErrorCode {
+	var se *quic.StreamError
+	if errors.As(context.Cause(ctx), &se) {
+		return se.ErrorCode
+	}
+	return 1 << 62
 }

@@ -1,0 +1,245 @@
+package weida
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// testCert is a certificate and key written as PEM files.
+type testCert struct {
+	cert     *x509.Certificate
+	key      *ecdsa.PrivateKey
+	certFile string
+	keyFile  string
+}
+
+// newCert issues a certificate for the given names (IPs or DNS names),
+// signed by parent, or self-signed (and a CA) when parent is nil.
+func newCert(t *testing.T, name string, parent *testCert, hosts ...string) *testCert {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(time.Now().UnixNano()),
+		Subject:      pkix.Name{CommonName: name},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+	}
+	for _, h := range hosts {
+		if ip := net.ParseIP(h); ip != nil {
+			tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
+		} else {
+			tmpl.DNSNames = append(tmpl.DNSNames, h)
+		}
+	}
+	signer, signerKey := tmpl, key
+	if parent == nil {
+		tmpl.IsCA, tmpl.BasicConstraintsValid = true, true
+	} else {
+		signer, signerKey = parent.cert, parent.key
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, signer, &key.PublicKey, signerKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	c := &testCert{cert: cert, key: key, certFile: filepath.Join(dir, name+".crt"), keyFile: filepath.Join(dir, name+".key")}
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(c.certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(c.keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func TestFingerprintFormat(t *testing.T) {
+	l := listen(t, ListenConfig{})
+	fp := l.Fingerprint()
+	if !strings.HasPrefix(fp, "sha256:") || len(fp) != len("sha256:")+64 || strings.ToLower(fp) != fp {
+		t.Fatalf("Fingerprint = %q", fp)
+	}
+	c := newCert(t, "srv", nil, "127.0.0.1")
+	l2 := listen(t, ListenConfig{CertFile: c.certFile, KeyFile: c.keyFile})
+	if got, want := l2.Fingerprint(), Fingerprint(c.cert); got != want {
+		t.Fatalf("Fingerprint = %s, want %s", got, want)
+	}
+}
+
+func TestSelfSignedFingerprintLogged(t *testing.T) {
+	var logs logBuffer
+	l := listen(t, ListenConfig{Logger: logs.logger()})
+	if !strings.Contains(logs.String(), l.Fingerprint()) {
+		t.Fatalf("the generated fingerprint is not in the log:\n%s", logs.String())
+	}
+}
+
+func TestPinning(t *testing.T) {
+	l := listen(t, ListenConfig{})
+	other := listen(t, ListenConfig{})
+	// Right pin: accepted even though the self-signed name is not the IP.
+	dial(t, l, "/p", DialConfig{})
+	// Wrong pin: refused in the handshake.
+	wrong := "weida://" + other.Fingerprint() + "@" + l.Addr().String() + "/p"
+	if _, err := Dial(testCtx(t), wrong, DialConfig{}); err == nil || !strings.Contains(err.Error(), "does not match the pinned") {
+		t.Fatalf("Dial with a wrong pin: %v", err)
+	}
+	// A pin overrides a CA file that would not verify the server.
+	ca := newCert(t, "ca", nil)
+	s, err := Dial(testCtx(t), pinnedURL(l, "/p"), DialConfig{CAFile: ca.certFile})
+	if err != nil {
+		t.Fatalf("pinned Dial with an unrelated CA: %v", err)
+	}
+	_ = s.Close()
+}
+
+func TestNoTrust(t *testing.T) {
+	l := listen(t, ListenConfig{})
+	_, err := Dial(testCtx(t), "weida://"+l.Addr().String()+"/p", DialConfig{})
+	if !errors.Is(err, ErrNoTrust) || !strings.Contains(err.Error(), "sha256:") {
+		t.Fatalf("Dial without trust: %v, want ErrNoTrust saying how to pin", err)
+	}
+	s, err := Dial(testCtx(t), "weida://"+l.Addr().String()+"/p", DialConfig{InsecureSkipVerifyForTesting: true})
+	if err != nil {
+		t.Fatalf("Dial with the test option: %v", err)
+	}
+	_ = s.Close()
+}
+
+func TestCAFile(t *testing.T) {
+	ca := newCert(t, "ca", nil)
+	srv := newCert(t, "srv", ca, "127.0.0.1", "localhost")
+	l := listen(t, ListenConfig{CertFile: srv.certFile, KeyFile: srv.keyFile})
+	port := l.Addr().(*net.UDPAddr).Port
+	url := func(host string) string { return "weida://" + net.JoinHostPort(host, strconv.Itoa(port)) + "/p" }
+	s, err := Dial(testCtx(t), url("127.0.0.1"), DialConfig{CAFile: ca.certFile})
+	if err != nil {
+		t.Fatalf("Dial with the CA: %v", err)
+	}
+	_ = s.Close()
+	// The chain must also name the dialled host.
+	ipOnly := newCert(t, "iponly", ca, "127.0.0.2")
+	l2 := listen(t, ListenConfig{CertFile: ipOnly.certFile, KeyFile: ipOnly.keyFile})
+	port = l2.Addr().(*net.UDPAddr).Port
+	if _, err := Dial(testCtx(t), url("127.0.0.1"), DialConfig{CAFile: ca.certFile}); err == nil {
+		t.Fatal("Dial accepted a certificate that does not name the host")
+	}
+	// Another CA does not vouch for it.
+	other := newCert(t, "other", nil)
+	port = l.Addr().(*net.UDPAddr).Port
+	if _, err := Dial(testCtx(t), url("127.0.0.1"), DialConfig{CAFile: other.certFile}); err == nil {
+		t.Fatal("Dial accepted a certificate from an unknown CA")
+	}
+}
+
+func TestClientAllowlist(t *testing.T) {
+	ca := newCert(t, "ca", nil)
+	good := newCert(t, "good", ca)
+	bad := newCert(t, "bad", ca)
+	var logs logBuffer
+	l := listen(t, ListenConfig{ClientFingerprints: []string{Fingerprint(good.cert)}, Logger: logs.logger()})
+	p := publisher(t, l, "/p")
+	s := dial(t, l, "/p", DialConfig{CertFile: good.certFile, KeyFile: good.keyFile})
+	subscribe(t, l, s, 1, "")
+	publish(t, p, "t", []byte("ok"))
+	if m := receive(t, s); string(m.Payload) != "ok" {
+		t.Fatalf("admitted client received %+v", m)
+	}
+	for _, c := range []struct {
+		name string
+		cfg  DialConfig
+	}{
+		{"unlisted certificate", DialConfig{CertFile: bad.certFile, KeyFile: bad.keyFile}},
+		{"no certificate", DialConfig{}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if _, err := Dial(testCtx(t), pinnedURL(l, "/p"), c.cfg); err == nil {
+				t.Fatal("Dial succeeded")
+			}
+		})
+	}
+	waitFor(t, "the refusal in the log", func() bool { return strings.Contains(logs.String(), Fingerprint(bad.cert)) })
+	if st := l.Stats(); st.ConnectionsAccepted != 1 {
+		t.Errorf("ConnectionsAccepted = %d: a refused client got past the handshake", st.ConnectionsAccepted)
+	}
+	// Invalid fingerprints are refused at Listen.
+	if _, err := Listen(testCtx(t), "127.0.0.1:0", ListenConfig{ClientFingerprints: []string{"sha256:XYZ"}}); err == nil {
+		t.Error("Listen accepted an invalid client fingerprint")
+	}
+}
+
+func TestMaxConnectionsPerPeer(t *testing.T) {
+	client := newCert(t, "client", nil)
+	l := listen(t, ListenConfig{Limits: Limits{MaxConnectionsPerPeer: 1}})
+	cfg := DialConfig{CertFile: client.certFile, KeyFile: client.keyFile}
+	dial(t, l, "/a", cfg)
+	_, err := Dial(testCtx(t), pinnedURL(l, "/b"), cfg)
+	var ce *CloseError
+	if !errors.As(err, &ce) || ce.Code != LimitExceeded {
+		t.Fatalf("second connection of one peer: %v, want LIMIT_EXCEEDED", err)
+	}
+	// Anonymous connections are each their own peer.
+	dial(t, l, "/a", DialConfig{})
+	dial(t, l, "/a", DialConfig{})
+}
+
+func TestALPNMismatchFailsHandshake(t *testing.T) {
+	l := listen(t, ListenConfig{})
+	conf := rawTLS()
+	conf.NextProtos = []string{"h3"}
+	if _, err := quicDial(t, l, conf); err == nil {
+		t.Fatal("a client offering only h3 completed the handshake")
+	}
+}
+
+func TestConfigErrors(t *testing.T) {
+	c := newCert(t, "srv", nil)
+	for _, cfg := range []ListenConfig{
+		{CertFile: c.certFile},
+		{KeyFile: c.keyFile},
+		{CertFile: "/nonexistent", KeyFile: "/nonexistent"},
+		{Limits: Limits{MaxSubscriptions: -1}},
+	} {
+		if _, err := Listen(testCtx(t), "127.0.0.1:0", cfg); err == nil {
+			t.Errorf("Listen(%+v) succeeded", cfg)
+		}
+	}
+	l := listen(t, ListenConfig{})
+	for _, cfg := range []DialConfig{
+		{CertFile: c.certFile},
+		{CAFile: "/nonexistent"},
+		{CAFile: c.keyFile}, // holds no certificate
+	} {
+		if _, err := Dial(testCtx(t), "weida://"+l.Addr().String()+"/p", cfg); err == nil {
+			t.Errorf("Dial(%+v) succeeded", cfg)
+		}
+	}
+	if _, err := Dial(testCtx(t), "http://x/y", DialConfig{}); err == nil {
+		t.Error("Dial accepted a non-weida URL")
+	}
+}
