@@ -29,14 +29,17 @@ type Index[T comparable] struct {
 	all  node[T]         // values of the empty filter (only subs and filter are used)
 	vals map[T]*value[T] // every value held by at least one filter
 	n    int             // (filter, value) entries
-	pool sync.Pool       // *scratch[T], the deduplication sets of Match
+	ids  int32           // value ids handed out so far; ids below it are in use or in free
+	free []int32         // ids of deleted values, for reuse
+	pool sync.Pool       // *scratch, the deduplication marks of Match
 }
 
 // value is the record shared by every entry of one value, so that Match can
 // tell cheaply whether a value may be reached through more than one filter.
 type value[T comparable] struct {
 	v       T
-	filters int // entries holding v; write lock to change
+	filters int   // entries holding v; write lock to change
+	id      int32 // dense, so that Match can mark it in an array
 }
 
 // node is one trie level. subs are the values of the filter that ends here,
@@ -86,7 +89,13 @@ func (x *Index[T]) Insert(filter string, v T) error {
 		if x.vals == nil {
 			x.vals = make(map[T]*value[T])
 		}
-		rec = &value[T]{v: v}
+		rec = &value[T]{v: v, id: x.ids}
+		if n := len(x.free); n > 0 {
+			rec.id = x.free[n-1]
+			x.free = x.free[:n-1]
+		} else {
+			x.ids++
+		}
 		x.vals[v] = rec
 	}
 	if len(n.subs) == 0 {
@@ -122,6 +131,7 @@ func (x *Index[T]) Remove(filter string, v T) bool {
 	x.n--
 	if rec.filters--; rec.filters == 0 {
 		delete(x.vals, v)
+		x.free = append(x.free, rec.id)
 	}
 	return true
 }
@@ -144,7 +154,8 @@ func (x *Index[T]) Len() int {
 //
 // Match allocates nothing in the steady state: values with a single entry
 // are reported straight from the trie, and values with several entries are
-// deduplicated in a set reused across calls.
+// deduplicated by marking their ids in an array reused across calls (one
+// uint32 per value, grown when the Index has gained values).
 func (x *Index[T]) Match(topic string, yield func(T) bool) {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
@@ -153,7 +164,6 @@ func (x *Index[T]) Match(topic string, yield func(T) bool) {
 		w.walk(&x.root, topic, 0)
 	}
 	if w.seen != nil {
-		w.seen.reset()
 		x.pool.Put(w.seen)
 	}
 }
@@ -176,7 +186,7 @@ type walker[T comparable] struct {
 	x           *Index[T]
 	yield       func(T) bool
 	yieldFilter func(string, T) bool
-	seen        *scratch[T] // taken from the pool at the first shared value
+	seen        *scratch // taken from the pool at the first shared value
 }
 
 // walk reports the values of every filter below n that matches the topic
@@ -216,7 +226,7 @@ func (w *walker[T]) emit(n *node[T]) bool {
 			if w.seen == nil {
 				w.seen = w.x.getScratch()
 			}
-			if !w.seen.add(rec) {
+			if !w.seen.add(rec.id) {
 				continue
 			}
 		}
@@ -227,69 +237,45 @@ func (w *walker[T]) emit(n *node[T]) bool {
 	return true
 }
 
-func (x *Index[T]) getScratch() *scratch[T] {
-	if s, _ := x.pool.Get().(*scratch[T]); s != nil {
-		return s
+// getScratch returns a scratch ready for one Match: large enough for every
+// id handed out, and with no id marked. The read lock must be held.
+func (x *Index[T]) getScratch() *scratch {
+	s, _ := x.pool.Get().(*scratch)
+	if s == nil {
+		s = new(scratch)
 	}
-	return new(scratch[T])
+	s.prepare(int(x.ids))
+	return s
 }
 
-// scratch is the set of values one Match has reported among those with
-// several entries. Few values usually qualify, so it starts as a short list
-// and moves to a map only when the list grows long.
-type scratch[T comparable] struct {
-	list []*value[T]
-	set  map[*value[T]]struct{}
-	big  bool // this Match has moved to set
+// scratch marks the values one Match has reported among those with several
+// entries: value id i is marked when mark[i] == gen. Each Match starts with
+// a new gen, so nothing is ever cleared, and a check is one array access.
+type scratch struct {
+	mark []uint32
+	gen  uint32
 }
 
-const (
-	scratchList = 16   // list length at which the set takes over
-	scratchKeep = 4096 // largest set kept for reuse
-)
+// prepare readies s for ids below n, none of them marked.
+func (s *scratch) prepare(n int) {
+	if len(s.mark) < n {
+		// Grow with headroom so that a slowly growing index does not
+		// reallocate at every new value.
+		s.mark = append(s.mark, make([]uint32, n-len(s.mark)+n/4)...)
+	}
+	if s.gen++; s.gen == 0 { // wrapped: old marks could look current
+		clear(s.mark)
+		s.gen = 1
+	}
+}
 
-// add records rec and reports whether it was new.
-func (s *scratch[T]) add(rec *value[T]) bool {
-	if s.big {
-		if _, ok := s.set[rec]; ok {
-			return false
-		}
-		s.set[rec] = struct{}{}
-		return true
+// add marks id and reports whether it was not marked yet.
+func (s *scratch) add(id int32) bool {
+	if s.mark[id] == s.gen {
+		return false
 	}
-	for _, r := range s.list {
-		if r == rec {
-			return false
-		}
-	}
-	if len(s.list) < scratchList {
-		s.list = append(s.list, rec)
-		return true
-	}
-	if s.set == nil {
-		s.set = make(map[*value[T]]struct{}, 4*scratchList)
-	}
-	for _, r := range s.list {
-		s.set[r] = struct{}{}
-	}
-	s.set[rec] = struct{}{}
-	s.big = true
+	s.mark[id] = s.gen
 	return true
-}
-
-// reset empties s for the next Match, dropping its pointers so that removed
-// values can be collected.
-func (s *scratch[T]) reset() {
-	clear(s.list)
-	s.list = s.list[:0]
-	if s.big {
-		if len(s.set) > scratchKeep {
-			s.set = nil
-		} else {
-			clear(s.set)
-		}
-		s.big = false
-	}
 }
 
 // child returns the child of n for segment seg, creating it if create is set

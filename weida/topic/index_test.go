@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"slices"
 	"sort"
 	"sync"
@@ -119,10 +120,43 @@ func checkTrie[T comparable](t tb, x *Index[T]) {
 	if len(counts) != len(x.vals) {
 		t.Fatalf("trie holds %d values, the value map %d", len(counts), len(x.vals))
 	}
+	ids := map[int32]bool{}
 	for rec, c := range counts {
 		if x.vals[rec.v] != rec || rec.filters != c {
 			t.Fatalf("value %v: %d entries, record says %d", rec.v, c, rec.filters)
 		}
+		if rec.id < 0 || rec.id >= x.ids || ids[rec.id] {
+			t.Fatalf("value %v: id %d in use twice or out of range", rec.v, rec.id)
+		}
+		ids[rec.id] = true
+	}
+	for _, id := range x.free {
+		if id < 0 || id >= x.ids || ids[id] {
+			t.Fatalf("free id %d in use twice or out of range", id)
+		}
+		ids[id] = true
+	}
+	if len(ids) != int(x.ids) {
+		t.Fatalf("%d ids handed out, %d accounted for", x.ids, len(ids))
+	}
+}
+
+// TestScratchWraps: when the generation wraps, old marks are cleared rather
+// than mistaken for marks of the current Match.
+func TestScratchWraps(t *testing.T) {
+	s := &scratch{mark: []uint32{1, 7}, gen: math.MaxUint32}
+	s.prepare(3)
+	if s.gen != 1 || len(s.mark) < 3 {
+		t.Fatalf("after wrapping: gen %d, %d marks", s.gen, len(s.mark))
+	}
+	for id := range int32(3) {
+		if !s.add(id) || s.add(id) {
+			t.Fatalf("id %d: add is not mark-once", id)
+		}
+	}
+	s.prepare(3)
+	if !s.add(0) {
+		t.Fatal("a mark survived into the next Match")
 	}
 }
 
@@ -184,7 +218,7 @@ func TestIndexIdempotent(t *testing.T) {
 // (the list) or many (the set) and whether values with a single filter come
 // between them.
 func TestIndexDedup(t *testing.T) {
-	for _, extra := range []int{0, scratchList + 5} {
+	for _, extra := range []int{0, 40} {
 		t.Run(fmt.Sprintf("others=%d", extra), func(t *testing.T) {
 			x := NewIndex[int]()
 			filters := []string{"", "#", "a.#", "a.b.#", "a.b.c", "a.*.c", "*.b.c", "*.*.*", "a.b.*", "*.*.#"}
