@@ -13,8 +13,12 @@ import (
 // map of literal segments and dedicated children for '*' and '#', so a topic
 // walks one literal branch plus the wildcard branches per segment, and the
 // cost of a lookup depends on the topic and on the filters it matches, not on
-// how many filters are stored. The empty filter, which matches every topic,
-// is kept beside the trie.
+// how many filters are stored: a lookup visits each trie node at most once,
+// and only nodes on a path the topic can take. The empty filter, which
+// matches every topic, is kept beside the trie.
+//
+// Values are compared with ==, as map keys; a subscriber's connection handle
+// or id makes a good T.
 //
 // The zero Index is empty and ready to use; [NewIndex] returns a new one. An
 // Index must not be copied after first use.
@@ -90,9 +94,9 @@ func (x *Index[T]) Insert(filter string, v T) error {
 			x.vals = make(map[T]*value[T])
 		}
 		rec = &value[T]{v: v, id: x.ids}
-		if n := len(x.free); n > 0 {
-			rec.id = x.free[n-1]
-			x.free = x.free[:n-1]
+		if k := len(x.free); k > 0 {
+			rec.id = x.free[k-1]
+			x.free = x.free[:k-1]
 		} else {
 			x.ids++
 		}
@@ -107,8 +111,9 @@ func (x *Index[T]) Insert(filter string, v T) error {
 	return nil
 }
 
-// Remove deletes the entry (filter, v) and reports whether it was present.
-// Trie nodes left without entries or children are freed, deepest first.
+// Remove deletes the entry (filter, v) and reports whether it was present;
+// an invalid filter is never present. Trie nodes left without entries or
+// children are freed, deepest first.
 func (x *Index[T]) Remove(filter string, v T) bool {
 	if len(filter) > MaxLen {
 		return false // Insert would have refused it
@@ -144,7 +149,8 @@ func (x *Index[T]) Len() int {
 }
 
 // Match calls yield once for every value that has at least one filter
-// matching topic, in no particular order, until yield returns false. A value
+// matching topic (any string; see [Match] for the rules), in no particular
+// order, until yield returns false. A value
 // whose filters match the topic several times is still reported once, which
 // is what a publisher sending one copy per subscriber needs.
 //

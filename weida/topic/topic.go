@@ -3,8 +3,10 @@
 // and a final '#' matches zero or more. Every other byte is literal: there
 // are no escapes and no case folding, and a topic is never a pattern.
 //
-// The rules are those of weida's PROTOCOL §6.4 and decision 0007. Matching is
-// one left-to-right pass with no backtracking and no allocation.
+// The rules are those of weida's PROTOCOL §6.4 and decision 0007. [Match]
+// tests one filter in one left-to-right pass with no backtracking and no
+// allocation; [Index] holds many filters and finds those a topic selects
+// without testing each.
 package topic
 
 import (
@@ -43,7 +45,9 @@ func (e *FilterError) Error() string {
 }
 
 // ValidateFilter reports whether f is a legal weida filter. The empty filter
-// is legal and matches every topic.
+// is legal and matches every topic. A refusal is a [*FilterError] naming the
+// first offending segment and the rule it breaks, or segment -1 when f is too
+// long or not UTF-8.
 func ValidateFilter(f string) error {
 	if len(f) > MaxLen {
 		return &FilterError{Filter: f, Segment: -1, Rule: RuleTooLong}
