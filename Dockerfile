@@ -1,0 +1,15 @@
+# Builds the connector as a static binary and ships it on a small base that
+# has wget for the compose health check.
+FROM golang:1.26-bookworm AS build
+WORKDIR /src
+COPY go.mod go.sum ./
+RUN go mod download
+COPY . .
+RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o /out/connector ./cmd/connector
+
+FROM alpine:3.20
+RUN adduser -D -H -u 10001 connector
+COPY --from=build /out/connector /usr/local/bin/connector
+USER connector
+ENTRYPOINT ["connector"]
+CMD ["run", "-f", "/etc/connector"]

@@ -1,0 +1,100 @@
+// Package connectors is the bridge runtime shared by every broker protocol.
+//
+// A [Bridge] runs one Connector resource: it owns topic conversion, the
+// exactness guard, bounded queues, acknowledgements, retries, metrics and
+// status conditions. A broker driver (connectors/mqtt, /nats, /amqp) owns
+// only the broker: it implements [Source] for inbound resources and [Sink]
+// for outbound ones, and maps the broker's metadata onto [Message].
+//
+// The split follows gocloud.dev/pubsub: what is the same for every broker
+// is written once here, so that a driver cannot forget to count a drop or to
+// acknowledge only after hand-off.
+package connectors
+
+import (
+	"context"
+	"errors"
+)
+
+// Message is one message crossing a bridge.
+//
+// For an inbound bridge a Source fills Topic with the broker's topic name;
+// for an outbound bridge the runtime fills it with the converted foreign
+// topic before handing the message to a Sink. Payload bytes are never
+// changed on the way.
+type Message struct {
+	Topic       string
+	Payload     []byte
+	ContentType string
+	// Traceparent and Tracestate carry W3C trace context unchanged. Empty
+	// means absent.
+	Traceparent string
+	Tracestate  string
+	// Looped is set by a Source when the message carries this connector's
+	// loop marker: a bridge of ours published it, so bridging it again
+	// would echo it forever.
+	Looped bool
+	// ReceivedUnixNano is when the message entered the connector (set by
+	// the runtime when zero); it measures end-to-end latency.
+	ReceivedUnixNano int64
+}
+
+// AckFunc settles a message a Source returned. A nil error acknowledges it:
+// every weida copy has been queued, or the message was dropped on purpose and
+// counted. A non-nil error asks the broker to deliver it again where the
+// protocol allows (AMQP nack with requeue); drivers that cannot redeliver
+// leave the message unacknowledged so the broker's own redelivery applies.
+// An AckFunc is called exactly once and must not block for long.
+type AckFunc func(err error)
+
+// Source reads messages from a foreign broker for an inbound bridge.
+//
+// The driver owns its connection: it connects, reconnects with backoff and
+// re-subscribes by itself after Start, reporting its state through the
+// [StateFunc] it was built with. Read and the AckFuncs it returns may be
+// called from different goroutines.
+type Source interface {
+	// Start connects and subscribes the broker filters (already validated
+	// by the policy). It returns once the first subscription is in place,
+	// or ctx ends; ctx bounds only this first attempt.
+	Start(ctx context.Context, filters []string) error
+	// Read returns the next message. It blocks until one arrives, ctx
+	// ends, or the Source is closed ([ErrClosed]).
+	Read(ctx context.Context) (*Message, AckFunc, error)
+	// Close disconnects and waits for every goroutine of the Source.
+	// Messages read but not acknowledged are left to the broker's
+	// redelivery. Close may be called more than once.
+	Close(ctx context.Context) error
+}
+
+// Sink publishes messages to a foreign broker for an outbound bridge.
+type Sink interface {
+	// Start connects; it returns once connected or ctx ends.
+	Start(ctx context.Context) error
+	// Write publishes m and returns once the broker has accepted it to the
+	// degree the resource asks for (MQTT PUBACK, AMQP confirm, NATS flush
+	// or JetStream ack). It may be called from several goroutines at once:
+	// the runtime bounds how many. m.Topic is in the broker's grammar.
+	Write(ctx context.Context, m *Message) error
+	// Close flushes what it can within ctx, disconnects and waits for
+	// every goroutine. Close may be called more than once.
+	Close(ctx context.Context) error
+}
+
+// Unroutable is implemented by errors a Sink returns when the broker took a
+// message but had nowhere to route it (AMQP mandatory return, MQTT PUBACK
+// "no matching subscribers"). The runtime counts them instead of retrying.
+type Unroutable interface{ Unroutable() bool }
+
+// ErrClosed is returned by Read and Write after Close.
+var ErrClosed = errors.New("connectors: closed")
+
+// ConnState is the state of one side of a bridge.
+type ConnState struct {
+	Up     bool
+	Reason string // CamelCase, Kubernetes style: Connected, Connecting, Refused...
+	Detail string // a sentence for an operator; never a secret
+}
+
+// StateFunc receives a driver's connection state changes. It must not block.
+type StateFunc func(ConnState)

@@ -1,0 +1,84 @@
+package connectors
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Drop reasons the runtime itself assigns. Conversion refusals use the
+// policy's stable rule code as their reason, so the two vocabularies never
+// collide (policy rule codes carry a protocol prefix).
+const (
+	ReasonLoop          = "loop"           // the message carries our own loop marker
+	ReasonNoRoute       = "no-route"       // no route's filter selects the topic
+	ReasonGuardMismatch = "guard-mismatch" // converted topic escapes the route's converted filter: a defect
+	ReasonTooLarge      = "too-large"      // payload over spec.limits.maxMessageBytes
+	ReasonSubscriberBuf = "subscriber-buffer-full"
+	ReasonUnroutable    = "unroutable"      // the broker had nowhere to route it
+	ReasonPublishFailed = "publish-failed"  // the broker refused it or the write failed for good
+	ReasonShutdown      = "shutdown"        // dropped because the bridge stopped mid-way
+	ReasonBrokerDropped = "broker-overflow" // the driver's client library discarded it (slow consumer, reconnect buffer)
+)
+
+// Metrics holds the Prometheus collectors shared by every bridge of a
+// process. Labels: resource (metadata.name), route (route name, or its
+// filter when unnamed; empty before a route is known), reason, side
+// (broker | weida).
+type Metrics struct {
+	Received     *prometheus.CounterVec
+	Bridged      *prometheus.CounterVec
+	Dropped      *prometheus.CounterVec
+	Acknowledged *prometheus.CounterVec
+	InFlight     *prometheus.GaugeVec
+	Reconnects   *prometheus.CounterVec
+	Up           *prometheus.GaugeVec
+	Subscribers  *prometheus.GaugeVec
+	CopiesQueued *prometheus.CounterVec
+	Latency      *prometheus.HistogramVec
+}
+
+// NewMetrics creates the collectors and registers them on reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	const ns = "weida_connector"
+	m := &Metrics{
+		Received: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "messages_received_total",
+			Help: "Messages read from the source side (broker for inbound, weida for outbound)."}, []string{"resource"}),
+		Bridged: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "messages_bridged_total",
+			Help: "Messages handed to the other side: queued for weida subscribers (inbound) or accepted by the broker (outbound)."}, []string{"resource", "route"}),
+		Dropped: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "messages_dropped_total",
+			Help: "Messages not delivered, by reason. Weida's per-subscriber drops count copies, see weida_copies_total."}, []string{"resource", "route", "reason"}),
+		Acknowledged: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "messages_acknowledged_total",
+			Help: "Inbound messages acknowledged to the broker after hand-off."}, []string{"resource"}),
+		InFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "messages_in_flight",
+			Help: "Messages read and not yet settled."}, []string{"resource"}),
+		Reconnects: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "reconnects_total",
+			Help: "Connections re-established after a loss."}, []string{"resource", "side"}),
+		Up: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "up",
+			Help: "1 when that side of the resource is connected and ready."}, []string{"resource", "side"}),
+		Subscribers: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "weida_subscribers",
+			Help: "Weida connections subscribed to an inbound resource's endpoint."}, []string{"resource"}),
+		CopiesQueued: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "weida_copies_total",
+			Help: "Weida DATA copies per outcome (queued, dropped) for inbound resources."}, []string{"resource", "outcome"}),
+		Latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "bridge_latency_seconds",
+			Help:    "Time from reading a message to handing it off (queued for weida, or accepted by the broker).",
+			Buckets: []float64{.00005, .0001, .00025, .0005, .001, .002, .005, .01, .025, .05, .1, .25, 1}}, []string{"resource"}),
+	}
+	reg.MustRegister(m.Received, m.Bridged, m.Dropped, m.Acknowledged, m.InFlight, m.Reconnects, m.Up,
+		m.Subscribers, m.CopiesQueued, m.Latency)
+	return m
+}
+
+// forget removes every series of a resource, so a resource removed by a
+// reload does not linger in /metrics.
+func (m *Metrics) forget(resource string) {
+	l := prometheus.Labels{"resource": resource}
+	m.Received.DeletePartialMatch(l)
+	m.Bridged.DeletePartialMatch(l)
+	m.Dropped.DeletePartialMatch(l)
+	m.Acknowledged.DeletePartialMatch(l)
+	m.InFlight.DeletePartialMatch(l)
+	m.Reconnects.DeletePartialMatch(l)
+	m.Up.DeletePartialMatch(l)
+	m.Subscribers.DeletePartialMatch(l)
+	m.CopiesQueued.DeletePartialMatch(l)
+	m.Latency.DeletePartialMatch(l)
+}

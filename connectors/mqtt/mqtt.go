@@ -1,0 +1,207 @@
+// Package mqtt is the MQTT 5 driver of the bridge runtime: a
+// [connectors.Source] for inbound resources and a [connectors.Sink] for
+// outbound ones, on paho.golang's autopaho, which reconnects with backoff by
+// itself. The runtime owns conversion, routing, counting and retries; this
+// package owns only the broker connection and the mapping of MQTT metadata.
+//
+// Metadata: the payload is carried unchanged; the MQTT 5 Content Type
+// property maps to weida's content_type; W3C trace context travels in the
+// user properties "traceparent" and "tracestate". Everything else (retain,
+// message expiry, response topic, correlation data, other user properties,
+// payload format) is a loss the resource declares.
+package mqtt
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/eclipse/paho.golang/autopaho"
+	"github.com/eclipse/paho.golang/paho"
+
+	"weida.dev/connector/connectors"
+)
+
+// LoopProperty is the MQTT user property that marks a message an outbound
+// bridge published. An inbound bridge with the same marker value drops it,
+// so that a message does not travel broker → weida → broker forever.
+const LoopProperty = "x-weida-connector"
+
+// Config configures one MQTT connection. The zero value of each field is
+// the documented default.
+type Config struct {
+	// URL is mqtt://host:port (plain) or mqtts://host:port (TLS); tcp://,
+	// ssl:// and tls:// are accepted as aliases.
+	URL      string
+	ClientID string // required: a persistent session is keyed by it
+	Username string
+	Password []byte
+	// TLS is used for mqtts://; nil means the system roots and the URL's
+	// host as server name.
+	TLS *tls.Config
+	// QoS is the subscription (inbound) or publish (outbound) QoS: 0 or 1.
+	QoS byte
+	// CleanStart discards the broker's session on the first connection.
+	// Inbound bridges keep it false so that QoS 1 messages the broker held
+	// while the connector was away are delivered.
+	CleanStart bool
+	// SessionExpiry is how long the broker keeps the session after a
+	// disconnect; zero ends it with the connection.
+	SessionExpiry time.Duration
+	// SharedGroup, when set, subscribes $share/<group>/<filter> so that
+	// replicas of one resource split the messages.
+	SharedGroup string
+	// KeepAlive defaults to 30 s; ConnectTimeout to 10 s.
+	KeepAlive      time.Duration
+	ConnectTimeout time.Duration
+	// Backoff is the wait before reconnect attempt n; nil means
+	// exponential from 100 ms to 10 s.
+	Backoff func(n int) time.Duration
+	// LoopMarker is the value of [LoopProperty] this connector writes and
+	// recognises; empty disables loop marking.
+	LoopMarker string
+	Logger     *slog.Logger
+}
+
+// clientConfig builds autopaho's configuration. onConn, when not nil, is
+// told about every new network connection.
+func (c *Config) clientConfig(report connectors.StateFunc, log *slog.Logger, onConn func(net.Conn)) (autopaho.ClientConfig, error) {
+	u, err := url.Parse(c.URL)
+	if err != nil {
+		return autopaho.ClientConfig{}, fmt.Errorf("mqtt: broker url: %w", err)
+	}
+	useTLS := false
+	switch strings.ToLower(u.Scheme) {
+	case "mqtt", "tcp":
+	case "mqtts", "ssl", "tls":
+		useTLS = true
+	default:
+		return autopaho.ClientConfig{}, fmt.Errorf("mqtt: broker url %q: scheme must be mqtt or mqtts", c.URL)
+	}
+	if u.Port() == "" {
+		port := "1883"
+		if useTLS {
+			port = "8883"
+		}
+		u.Host = net.JoinHostPort(u.Hostname(), port)
+	}
+	if c.ClientID == "" {
+		return autopaho.ClientConfig{}, errors.New("mqtt: a client id is required")
+	}
+	if c.QoS > 1 {
+		return autopaho.ClientConfig{}, fmt.Errorf("mqtt: qos %d is not supported (0 or 1)", c.QoS)
+	}
+	tlsCfg := c.TLS
+	if useTLS && tlsCfg == nil {
+		tlsCfg = &tls.Config{ServerName: u.Hostname(), MinVersion: tls.VersionTLS12}
+	}
+	keepAlive := c.KeepAlive
+	if keepAlive == 0 {
+		keepAlive = 30 * time.Second
+	}
+	connectTimeout := c.ConnectTimeout
+	if connectTimeout == 0 {
+		connectTimeout = 10 * time.Second
+	}
+	backoff := c.Backoff
+	if backoff == nil {
+		backoff = connectors.ExponentialBackoff(100*time.Millisecond, 10*time.Second)
+	}
+	cfg := autopaho.ClientConfig{
+		ServerUrls:                    []*url.URL{u},
+		KeepAlive:                     uint16(keepAlive / time.Second),
+		CleanStartOnInitialConnection: c.CleanStart,
+		SessionExpiryInterval:         uint32(c.SessionExpiry / time.Second),
+		ConnectTimeout:                connectTimeout,
+		// autopaho calls the backoff with 0 before the very first attempt.
+		ReconnectBackoff: func(n int) time.Duration {
+			if n == 0 {
+				return 0
+			}
+			return backoff(n)
+		},
+		AttemptConnection: func(ctx context.Context, _ autopaho.ClientConfig, u *url.URL) (net.Conn, error) {
+			conn, err := dial(ctx, u.Host, useTLS, tlsCfg)
+			if err == nil && onConn != nil {
+				onConn(conn)
+			}
+			return conn, err
+		},
+		OnConnectError: func(err error) {
+			report(connectors.ConnState{Reason: "ConnectFailed", Detail: err.Error()})
+		},
+		ConnectUsername: c.Username,
+		ConnectPassword: c.Password,
+		ClientConfig: paho.ClientConfig{
+			ClientID: c.ClientID,
+			OnClientError: func(err error) {
+				log.Warn("mqtt client error", "err", err)
+			},
+			OnServerDisconnect: func(d *paho.Disconnect) {
+				report(connectors.ConnState{Reason: "ServerDisconnected", Detail: fmt.Sprintf("reason code 0x%02x %s", d.ReasonCode, reasonString(d))})
+			},
+		},
+	}
+	return cfg, nil
+}
+
+func reasonString(d *paho.Disconnect) string {
+	if d.Properties != nil {
+		return d.Properties.ReasonString
+	}
+	return ""
+}
+
+// dial opens the TCP (or TLS) connection and puts a read buffer in front of
+// it: paho reads packets a few bytes at a time, and without a buffer every
+// read is a system call (measured in ../shared/reference/broker-baselines.md:
+// about 15 % of QoS 1 throughput).
+func dial(ctx context.Context, addr string, useTLS bool, tlsCfg *tls.Config) (net.Conn, error) {
+	var d net.Dialer
+	var conn net.Conn
+	var err error
+	if useTLS {
+		td := tls.Dialer{NetDialer: &d, Config: tlsCfg}
+		conn, err = td.DialContext(ctx, "tcp", addr)
+	} else {
+		conn, err = d.DialContext(ctx, "tcp", addr)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &bufferedConn{Conn: conn, r: bufio.NewReaderSize(conn, 64<<10)}, nil
+}
+
+type bufferedConn struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+func (c *bufferedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
+
+func logger(l *slog.Logger) *slog.Logger {
+	if l == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return l
+}
+
+// userProperty returns the first value of key.
+func userProperty(props *paho.PublishProperties, key string) string {
+	if props == nil {
+		return ""
+	}
+	for _, p := range props.User {
+		if p.Key == key {
+			return p.Value
+		}
+	}
+	return ""
+}

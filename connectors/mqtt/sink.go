@@ -1,0 +1,124 @@
+package mqtt
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/eclipse/paho.golang/autopaho"
+	"github.com/eclipse/paho.golang/paho"
+
+	"weida.dev/connector/connectors"
+)
+
+const defaultTimeout = 10 * time.Second
+
+// Sink publishes an outbound resource's messages to an MQTT 5 broker with
+// the configured QoS. With QoS 1, Write returns once the broker's PUBACK
+// arrived; with QoS 0, once the PUBLISH was written.
+type Sink struct {
+	cfg    Config
+	report connectors.StateFunc
+	log    *slog.Logger
+
+	mu     sync.Mutex
+	cm     *autopaho.ConnectionManager
+	cancel context.CancelFunc
+	once   sync.Once
+}
+
+var _ connectors.Sink = (*Sink)(nil)
+
+// NewSink returns a Sink; it connects on Start.
+func NewSink(cfg Config, report connectors.StateFunc) (*Sink, error) {
+	if _, err := cfg.clientConfig(report, logger(cfg.Logger), nil); err != nil {
+		return nil, err
+	}
+	return &Sink{cfg: cfg, report: report, log: logger(cfg.Logger)}, nil
+}
+
+// Start connects and returns once the first connection is up.
+func (s *Sink) Start(ctx context.Context) error {
+	cc, err := s.cfg.clientConfig(s.report, s.log, nil)
+	if err != nil {
+		return err
+	}
+	cc.OnConnectionUp = func(*autopaho.ConnectionManager, *paho.Connack) {
+		s.report(connectors.ConnState{Up: true, Reason: "Connected"})
+	}
+	cc.OnConnectionDown = func() bool {
+		s.report(connectors.ConnState{Reason: "ConnectionLost", Detail: "reconnecting"})
+		return true
+	}
+	runCtx, cancel := context.WithCancel(context.Background())
+	cm, err := autopaho.NewConnection(runCtx, cc)
+	if err != nil {
+		cancel()
+		return fmt.Errorf("mqtt: %w", err)
+	}
+	s.mu.Lock()
+	s.cm, s.cancel = cm, cancel
+	s.mu.Unlock()
+	if err := cm.AwaitConnection(ctx); err != nil {
+		return fmt.Errorf("mqtt: connecting to %s: %w", s.cfg.URL, err)
+	}
+	return nil
+}
+
+// Write publishes m. While the connection is down it fails at once with an
+// error wrapping [connectors.ErrNotConnected]; the runtime waits and retries.
+func (s *Sink) Write(ctx context.Context, m *connectors.Message) error {
+	s.mu.Lock()
+	cm := s.cm
+	s.mu.Unlock()
+	if cm == nil {
+		return connectors.ErrClosed
+	}
+	props := &paho.PublishProperties{ContentType: m.ContentType}
+	if m.Traceparent != "" {
+		props.User.Add("traceparent", m.Traceparent)
+	}
+	if m.Tracestate != "" {
+		props.User.Add("tracestate", m.Tracestate)
+	}
+	if s.cfg.LoopMarker != "" {
+		props.User.Add(LoopProperty, s.cfg.LoopMarker)
+	}
+	p := &paho.Publish{QoS: s.cfg.QoS, Topic: m.Topic, Payload: m.Payload, Properties: props}
+	resp, err := cm.Publish(ctx, p)
+	if err != nil {
+		if errors.Is(err, autopaho.ConnectionDownError) {
+			return fmt.Errorf("mqtt: %w", connectors.ErrNotConnected)
+		}
+		return fmt.Errorf("mqtt: publish %q: %w", m.Topic, err)
+	}
+	if resp != nil && resp.ReasonCode >= 0x80 {
+		return fmt.Errorf("mqtt: broker refused publish %q: reason code 0x%02x", m.Topic, resp.ReasonCode)
+	}
+	return nil
+}
+
+// Close disconnects and waits for the connection manager to stop.
+func (s *Sink) Close(ctx context.Context) error {
+	var err error
+	s.once.Do(func() {
+		s.mu.Lock()
+		cm, cancel := s.cm, s.cancel
+		s.cm = nil
+		s.mu.Unlock()
+		if cm == nil {
+			return
+		}
+		err = cm.Disconnect(ctx)
+		cancel()
+		select {
+		case <-cm.Done():
+		case <-ctx.Done():
+			err = ctx.Err()
+		}
+	})
+	return err
+}

@@ -1,0 +1,245 @@
+package mqtt
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/eclipse/paho.golang/autopaho"
+	"github.com/eclipse/paho.golang/paho"
+
+	"weida.dev/connector/connectors"
+)
+
+// Source reads an inbound resource's messages from an MQTT 5 broker.
+//
+// Acknowledgement after hand-off: paho acknowledges a QoS 1 PUBLISH when
+// its receive callback returns, and the callback here returns only once the
+// runtime has settled the message. PUBACKs therefore leave in the order the
+// PUBLISHes arrived, as MQTT requires, and a message is acknowledged only
+// after every weida copy has been queued. (paho's manual acknowledgement
+// mode would batch PUBACKs on a 50 ms ticker, which caps a session at
+// Receive Maximum messages per tick.) A message the runtime could not settle
+// (the connector is stopping) must not be acknowledged: the callback then
+// cuts the network connection before returning, so the PUBACK paho sends
+// goes nowhere and the broker delivers the message again from the
+// persistent session on the next connection.
+type Source struct {
+	cfg    Config
+	report connectors.StateFunc
+	log    *slog.Logger
+
+	msgs   chan delivery
+	closed chan struct{}
+
+	mu      sync.Mutex
+	conn    net.Conn // the current network connection
+	cm      *autopaho.ConnectionManager
+	filters []string
+	runCtx  context.Context // ends when Close starts
+	cancel  context.CancelFunc
+	subs    sync.WaitGroup // OnConnectionUp's subscribe goroutines
+	once    sync.Once
+}
+
+type delivery struct {
+	msg  *connectors.Message
+	done chan error
+}
+
+var _ connectors.Source = (*Source)(nil)
+
+// NewSource returns a Source; it connects on Start.
+func NewSource(cfg Config, report connectors.StateFunc) (*Source, error) {
+	if _, err := cfg.clientConfig(report, logger(cfg.Logger), nil); err != nil {
+		return nil, err
+	}
+	return &Source{
+		cfg:    cfg,
+		report: report,
+		log:    logger(cfg.Logger),
+		msgs:   make(chan delivery),
+		closed: make(chan struct{}),
+	}, nil
+}
+
+// subscription turns a route filter into what is sent to the broker.
+func (s *Source) subscription(filter string) string {
+	if s.cfg.SharedGroup != "" {
+		return "$share/" + s.cfg.SharedGroup + "/" + filter
+	}
+	return filter
+}
+
+// Start connects and subscribes filters, then keeps re-subscribing on
+// every reconnection (a broker that lost its session has lost them too).
+func (s *Source) Start(ctx context.Context, filters []string) error {
+	cc, err := s.cfg.clientConfig(s.report, s.log, s.setConn)
+	if err != nil {
+		return err
+	}
+	s.filters = filters
+	cc.EnableManualAcknowledgment = false
+	cc.OnPublishReceived = []func(paho.PublishReceived) (bool, error){s.onPublish}
+	subscribed := make(chan error, 1)
+	runCtx, cancel := context.WithCancel(context.Background())
+	s.mu.Lock()
+	s.runCtx, s.cancel = runCtx, cancel
+	s.mu.Unlock()
+	cc.OnConnectionUp = func(cm *autopaho.ConnectionManager, ca *paho.Connack) {
+		// Must not block: subscribe from a goroutine Close waits for.
+		s.subs.Add(1)
+		go func() {
+			defer s.subs.Done()
+			err := s.subscribe(runCtx, cm)
+			if err != nil {
+				s.report(connectors.ConnState{Reason: "SubscribeFailed", Detail: err.Error()})
+				s.log.Error("mqtt subscribe failed", "err", err)
+			} else {
+				detail := fmt.Sprintf("%d subscriptions", len(s.filters))
+				if ca.SessionPresent {
+					detail += ", session resumed"
+				}
+				s.report(connectors.ConnState{Up: true, Reason: "Connected", Detail: detail})
+			}
+			select {
+			case subscribed <- err:
+			default:
+			}
+		}()
+	}
+	cc.OnConnectionDown = func() bool {
+		s.report(connectors.ConnState{Reason: "ConnectionLost", Detail: "reconnecting"})
+		return true
+	}
+	cm, err := autopaho.NewConnection(runCtx, cc)
+	if err != nil {
+		cancel()
+		return fmt.Errorf("mqtt: %w", err)
+	}
+	s.mu.Lock()
+	s.cm = cm
+	s.mu.Unlock()
+	select {
+	case err := <-subscribed:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (s *Source) subscribe(ctx context.Context, cm *autopaho.ConnectionManager) error {
+	sub := &paho.Subscribe{}
+	for _, f := range s.filters {
+		sub.Subscriptions = append(sub.Subscriptions, paho.SubscribeOptions{Topic: s.subscription(f), QoS: s.cfg.QoS})
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.timeout())
+	defer cancel()
+	ack, err := cm.Subscribe(ctx, sub)
+	if err != nil {
+		return fmt.Errorf("mqtt: subscribe: %w", err)
+	}
+	for i, rc := range ack.Reasons {
+		if rc >= 0x80 && i < len(s.filters) {
+			return fmt.Errorf("mqtt: broker refused subscription %q: reason code 0x%02x", s.subscription(s.filters[i]), rc)
+		}
+	}
+	return nil
+}
+
+func (s *Source) timeout() time.Duration {
+	if s.cfg.ConnectTimeout > 0 {
+		return s.cfg.ConnectTimeout
+	}
+	return defaultTimeout
+}
+
+// onPublish hands one PUBLISH to Read and waits until the runtime settles
+// it; returning lets paho send the PUBACK.
+func (s *Source) onPublish(pr paho.PublishReceived) (bool, error) {
+	p := pr.Packet
+	m := &connectors.Message{
+		Topic:   p.Topic,
+		Payload: p.Payload,
+	}
+	if props := p.Properties; props != nil {
+		m.ContentType = props.ContentType
+		m.Traceparent = userProperty(props, "traceparent")
+		m.Tracestate = userProperty(props, "tracestate")
+		if s.cfg.LoopMarker != "" && userProperty(props, LoopProperty) == s.cfg.LoopMarker {
+			m.Looped = true
+		}
+	}
+	d := delivery{msg: m, done: make(chan error, 1)}
+	select {
+	case s.msgs <- d:
+	case <-s.closed:
+		s.cutConnection()
+		return true, nil
+	}
+	select {
+	case err := <-d.done:
+		if err != nil {
+			s.cutConnection()
+		}
+	case <-s.closed:
+		s.cutConnection()
+	}
+	return true, nil
+}
+
+func (s *Source) setConn(c net.Conn) {
+	s.mu.Lock()
+	s.conn = c
+	s.mu.Unlock()
+}
+
+// cutConnection closes the network connection under paho, so that the
+// PUBACK for an unsettled message is never sent.
+func (s *Source) cutConnection() {
+	s.mu.Lock()
+	c := s.conn
+	s.mu.Unlock()
+	if c != nil {
+		c.Close()
+	}
+}
+
+// Read returns the next message and the function that settles it.
+func (s *Source) Read(ctx context.Context) (*connectors.Message, connectors.AckFunc, error) {
+	select {
+	case d := <-s.msgs:
+		return d.msg, func(err error) { d.done <- err }, nil
+	case <-s.closed:
+		return nil, nil, connectors.ErrClosed
+	case <-ctx.Done():
+		return nil, nil, ctx.Err()
+	}
+}
+
+// Close disconnects (the session stays on the broker for SessionExpiry) and
+// waits for the connection manager to stop.
+func (s *Source) Close(ctx context.Context) error {
+	var err error
+	s.once.Do(func() {
+		close(s.closed)
+		s.mu.Lock()
+		cm, cancel := s.cm, s.cancel
+		s.mu.Unlock()
+		if cm == nil {
+			return
+		}
+		err = cm.Disconnect(ctx)
+		cancel()
+		select {
+		case <-cm.Done():
+		case <-ctx.Done():
+			err = ctx.Err()
+		}
+		s.subs.Wait()
+	})
+	return err
+}
