@@ -28,12 +28,18 @@ func crossCheck(set *Set) {
 
 // conflict adds to each member of group an error naming the other members.
 func conflict(group []*Document, field func(*Document) string, value func(*Document) string, rule string, msg func(others string) string, hint string) {
+	const named = 3 // name this many others, count the rest: a group can be large
 	for _, d := range group {
 		var others []string
 		for _, o := range group {
-			if o != d {
-				others = append(others, fmt.Sprintf("%s (%s)", orUnnamed(o.Name), o.Source))
+			if o == d {
+				continue
 			}
+			if len(others) == named {
+				others = append(others, fmt.Sprintf("%d more", len(group)-1-named))
+				break
+			}
+			others = append(others, fmt.Sprintf("%s (%s)", orUnnamed(o.Name), o.Source))
 		}
 		path := field(d)
 		d.Errors = append(d.Errors, &FieldError{

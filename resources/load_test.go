@@ -2,6 +2,7 @@ package resources
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -328,3 +329,48 @@ func TestWarnings(t *testing.T) {
 		}
 	}
 }
+
+// TestHostileInputBounded: inputs on which goccy/go-yaml's parser takes
+// quadratic time are refused after the linear lexer, and a file of
+// countless tiny documents stops at the document limit. (No timing
+// assertion: a run that regresses is simply slow, by minutes.)
+func TestHostileInputBounded(t *testing.T) {
+	var keys strings.Builder
+	for i := range maxMappingValues + 1 {
+		keys.WriteString("k" + strings.Repeat("x", i%7) + ": v\n")
+	}
+	tests := []struct {
+		name, doc, rule string
+	}{
+		{"many keys", keys.String(), "yaml-too-complex"},
+		{"deep block sequences", strings.Repeat("- ", 50000) + "x", "yaml-too-complex"},
+		{"deep flow", strings.Repeat("[", 50000), "yaml-too-complex"},
+		{"mapping chain", strings.Repeat("a: ", 50000), "yaml-too-complex"},
+		{"anchors", strings.Repeat("&a ", 50000), "yaml-too-complex"},
+		{"many tokens", strings.Repeat("- [a, b]\n", maxTokens/4), "yaml-too-complex"},
+		{"many documents", strings.Repeat("---\nx\n", maxDocuments+10), "file-too-many-documents"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := loadFiles(t, "x.yaml", tt.doc)
+			errs := Errors(err)
+			if !slices.ContainsFunc(errs, func(e *FieldError) bool { return e.Rule == tt.rule }) {
+				t.Fatalf("no %s error among %d", tt.rule, len(errs))
+			}
+			if len(errs) > maxDocuments+1 {
+				t.Errorf("%d errors", len(errs))
+			}
+		})
+	}
+	// A large legitimate resource stays within the bounds.
+	var b strings.Builder
+	b.WriteString(edit(t, mqttIn, "  routes:\n    - filter: sensors/+/temperature\n", "  routes:\n"))
+	for i := range MaxRoutes {
+		b.WriteString("    - name: r" + strings.Repeat("x", i%5) + string(rune('a'+i%26)) + "-" + itoa(i) + "\n      filter: s/+/" + itoa(i) + "\n")
+	}
+	if _, err := loadFiles(t, "big.yaml", b.String()); err != nil {
+		t.Fatalf("256 routes: %v", err)
+	}
+}
+
+func itoa(i int) string { return fmt.Sprint(i) }
