@@ -139,3 +139,38 @@ func (s Secret) MarshalJSON() ([]byte, error) { return []byte(`"` + redacted + `
 
 // MarshalText implements encoding.TextMarshaler.
 func (s Secret) MarshalText() ([]byte, error) { return []byte(redacted), nil }
+
+// ResolvedCredentials are a resource's [Credentials] with their secrets
+// read. Zero Secrets stand for absent references.
+type ResolvedCredentials struct {
+	Username                         string
+	Password, Token, NKeySeed, Creds Secret
+}
+
+// Credentials resolves every secret c refers to, all or nothing. The error
+// names each field that failed and its reference, never a value.
+func (r Resolver) Credentials(c Credentials) (ResolvedCredentials, error) {
+	out := ResolvedCredentials{Username: c.Username}
+	var errs []error
+	for _, f := range []struct {
+		name string
+		ref  SecretRef
+		dst  *Secret
+	}{
+		{"password", c.Password, &out.Password},
+		{"token", c.Token, &out.Token},
+		{"nkeySeed", c.NKeySeed, &out.NKeySeed},
+		{"creds", c.Creds, &out.Creds},
+	} {
+		s, err := r.Resolve(f.ref)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("credentials.%s: %w", f.name, err))
+			continue
+		}
+		*f.dst = s
+	}
+	if len(errs) > 0 {
+		return ResolvedCredentials{}, errors.Join(errs...)
+	}
+	return out, nil
+}

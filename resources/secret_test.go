@@ -144,3 +144,18 @@ func TestLoadNeverShowsSecrets(t *testing.T) {
 		}
 	}
 }
+
+func TestResolveCredentials(t *testing.T) {
+	r := Resolver{LookupEnv: func(k string) (string, bool) { return canary, k == "P" }}
+	rc, err := r.Credentials(Credentials{Username: "u", Password: SecretRef{Env: "P"}})
+	if err != nil || rc.Username != "u" || rc.Password.Reveal() != canary || !rc.Token.IsZero() {
+		t.Fatalf("%+v %v", rc, err)
+	}
+	_, err = r.Credentials(Credentials{Token: SecretRef{Env: "T"}, Creds: SecretRef{Env: "C"}})
+	if err == nil || !strings.Contains(err.Error(), "credentials.token") || !strings.Contains(err.Error(), "credentials.creds") || !errors.Is(err, ErrSecret) {
+		t.Fatalf("err = %v", err)
+	}
+	if s := fmt.Sprintf("%v %+v %#v", rc, rc, rc); strings.Contains(s, canary) {
+		t.Fatalf("resolved credentials print the secret: %s", s)
+	}
+}
