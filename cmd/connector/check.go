@@ -53,7 +53,7 @@ func cmdCheck(_ context.Context, args []string, _ io.Reader, stdout, stderr io.W
 // valid or INVALID, then either the conversion or the errors, each error
 // with its position first so that editors and terminals can jump to it.
 func writeCheckText(w io.Writer, set *resources.Set) {
-	valid, invalid, nerr := 0, 0, 0
+	valid, invalid, nerr, paths := 0, 0, 0, 0
 	for i, d := range set.Documents {
 		if i > 0 {
 			fmt.Fprintln(w)
@@ -62,17 +62,21 @@ func writeCheckText(w io.Writer, set *resources.Set) {
 		if name == "" {
 			name = "(unnamed)"
 		}
-		if d.Connector != nil {
+		switch {
+		case d.Source.Line == 0: // a path that yielded no resource
+			paths++
+			fmt.Fprintf(w, "%s  INVALID\n", d.Source)
+		case d.Connector != nil:
 			valid++
 			fmt.Fprintf(w, "%s  %s  valid\n", d.Source, name)
 			writeConnector(w, d.Connector)
-		} else {
+		default:
 			invalid++
 			nerr += len(d.Errors)
 			fmt.Fprintf(w, "%s  %s  INVALID: %s\n", d.Source, name, plural(len(d.Errors), "error"))
-			for _, e := range d.Errors {
-				writeDiagnostic(w, "error", e)
-			}
+		}
+		for _, e := range d.Errors {
+			writeDiagnostic(w, "error", e)
 		}
 		for _, e := range d.Warnings {
 			writeDiagnostic(w, "warning", e)
@@ -81,9 +85,12 @@ func writeCheckText(w io.Writer, set *resources.Set) {
 	if len(set.Documents) > 0 {
 		fmt.Fprintln(w)
 	}
-	summary := fmt.Sprintf("%s checked: %d valid", plural(len(set.Documents), "resource"), valid)
+	summary := fmt.Sprintf("%s checked: %d valid", plural(valid+invalid, "resource"), valid)
 	if invalid > 0 {
 		summary += fmt.Sprintf(", %d invalid (%s)", invalid, plural(nerr, "error"))
+	}
+	if paths > 0 {
+		summary += fmt.Sprintf("; %s without resources", plural(paths, "path"))
 	}
 	fmt.Fprintln(w, summary)
 }
@@ -244,7 +251,10 @@ func weidaSummary(c *resources.Connector) []string {
 type checkJSON struct {
 	Valid     bool           `json:"valid"`
 	Resources []resourceJSON `json:"resources"`
-	Summary   summaryJSON    `json:"summary"`
+	// Paths are the errors of paths that yielded no resource (unreadable,
+	// empty, a directory without resource files).
+	Paths   []*resources.FieldError `json:"paths,omitempty"`
+	Summary summaryJSON             `json:"summary"`
 }
 
 type summaryJSON struct {
@@ -252,6 +262,7 @@ type summaryJSON struct {
 	Valid     int `json:"valid"`
 	Invalid   int `json:"invalid"`
 	Errors    int `json:"errors"`
+	Paths     int `json:"paths"` // paths that yielded no resource
 }
 
 type resourceJSON struct {
@@ -287,6 +298,12 @@ type routeJSON struct {
 func writeCheckJSON(w io.Writer, set *resources.Set) error {
 	out := checkJSON{Valid: true, Resources: []resourceJSON{}}
 	for _, d := range set.Documents {
+		if d.Source.Line == 0 { // a path that yielded no resource
+			out.Valid = false
+			out.Paths = append(out.Paths, d.Errors...)
+			out.Summary.Paths++
+			continue
+		}
 		r := resourceJSON{Name: d.Name, Source: d.Source, Valid: d.Connector != nil, Errors: d.Errors, Warnings: d.Warnings}
 		if c := d.Connector; c != nil {
 			out.Summary.Valid++
@@ -303,7 +320,7 @@ func writeCheckJSON(w io.Writer, set *resources.Set) error {
 		}
 		out.Resources = append(out.Resources, r)
 	}
-	out.Summary.Resources = len(set.Documents)
+	out.Summary.Resources = len(out.Resources)
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(out)
