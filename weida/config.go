@@ -20,7 +20,6 @@ const (
 	DefaultIdleTimeout              = 30 * time.Second
 	DefaultKeepAlive                = 10 * time.Second
 	DefaultMaxPayloadBytes          = 16 << 20
-	DefaultReceiveQueue             = 256
 	DefaultMaxConcurrentUniStreams  = 2048
 	DefaultMaxConcurrentBidiStreams = 1024
 	DefaultStreamReceiveWindow      = 1 << 20
@@ -76,15 +75,14 @@ type Limits struct {
 	// counted. Default 16 MiB.
 	MaxPayloadBytes int64
 
-	// ReceiveQueue is the number of arrived copies a Subscriber holds for
-	// Receive (PROTOCOL §10 endpoint_queue). A copy waits in QUIC's buffers,
-	// unread, until Receive takes it, so a slow reader pushes back on the
-	// publisher through QUIC flow control instead of growing memory.
-	// Default 256.
-	ReceiveQueue int
-
 	// MaxConcurrentUniStreams and MaxConcurrentBidiStreams are the QUIC
 	// stream limits granted to the peer. Defaults 2048 and 1024.
+	//
+	// On a Subscriber, MaxConcurrentUniStreams is also the bound on copies
+	// waiting for Receive: a waiting copy stays unread in QUIC's buffers and
+	// keeps its stream credit, so a slow reader pushes back on the
+	// publisher (which then drops copies for it) instead of growing memory
+	// here.
 	MaxConcurrentUniStreams  int64
 	MaxConcurrentBidiStreams int64
 
@@ -116,7 +114,6 @@ func (l Limits) withDefaults() (Limits, error) {
 		{"IdleTimeout", int64(l.IdleTimeout)},
 		{"KeepAlive", int64(l.KeepAlive)},
 		{"MaxPayloadBytes", l.MaxPayloadBytes},
-		{"ReceiveQueue", int64(l.ReceiveQueue)},
 		{"MaxConcurrentUniStreams", l.MaxConcurrentUniStreams},
 		{"MaxConcurrentBidiStreams", l.MaxConcurrentBidiStreams},
 	} {
@@ -153,7 +150,6 @@ func (l Limits) withDefaults() (Limits, error) {
 	defDur(&l.IdleTimeout, DefaultIdleTimeout)
 	defDur(&l.KeepAlive, DefaultKeepAlive)
 	def(&l.MaxPayloadBytes, DefaultMaxPayloadBytes)
-	defInt(&l.ReceiveQueue, DefaultReceiveQueue)
 	def(&l.MaxConcurrentUniStreams, DefaultMaxConcurrentUniStreams)
 	def(&l.MaxConcurrentBidiStreams, DefaultMaxConcurrentBidiStreams)
 	defU(&l.StreamReceiveWindow, DefaultStreamReceiveWindow)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -150,14 +151,52 @@ func (c *conn) helloTimer() {
 	}
 }
 
+// acceptUni accepts the peer's uni streams. Once HELLO is done, a stream
+// whose bytes are already here is handled right on this goroutine, which is
+// the common case (a copy, a SUBSCRIBE) and costs no goroutine; a stream
+// that would make it wait (bytes not yet arrived, the HELLO exchange not
+// done) is handed to a goroutine of its own, so that no stream, however
+// slow or hostile, delays the next. Waiting goroutines are bounded by the
+// peer's stream credit.
 func (c *conn) acceptUni() {
+	sb := newStreamBuf()
 	for {
 		st, err := c.qc.AcceptUniStream(c.ctx)
 		if err != nil {
 			return
 		}
-		c.wg.Go(func() { c.uni(st) })
+		if !c.uniFast(st, sb) {
+			c.wg.Go(func() { c.uni(st, newStreamBuf()) })
+		}
+		sb.reset()
 	}
+}
+
+// fastWait is how long the accept loop lets a stream keep it: enough for
+// bytes QUIC already holds, too short to matter when they are missing.
+const fastWait = 100 * time.Microsecond
+
+// uniFast handles st on the accept loop if that needs no waiting. It
+// returns false, having consumed nothing, when st needs its own goroutine.
+func (c *conn) uniFast(st *quic.ReceiveStream, sb *streamBuf) bool {
+	if !c.negotiated() {
+		return false // HELLO, and parking before it
+	}
+	_ = st.SetReadDeadline(time.Now().Add(fastWait))
+	k, hdr, n, r := c.peekPreamble(st, sb)
+	_ = st.SetReadDeadline(time.Time{})
+	switch r {
+	case peekWait:
+		return false
+	case peekGone:
+		return true
+	}
+	if k == wire.KindHello {
+		c.hello(st, sb, hdr, n) // a second one: a violation
+		return true
+	}
+	c.dispatchUni(st, sb, k, hdr, n, false)
+	return true
 }
 
 func (c *conn) acceptBidi() {
@@ -176,62 +215,74 @@ type peeker interface {
 	Peek(b []byte) (int, error)
 }
 
+type peekResult int
+
+const (
+	peekOK   peekResult = iota
+	peekGone            // a violation closed the connection, or the stream or connection failed
+	peekWait            // the read deadline passed before the bytes arrived; nothing consumed
+)
+
 // peekPreamble reads a stream's preamble and header WITHOUT consuming them:
 // the bytes stay in QUIC's buffer, so the stream is not finished and keeps
 // counting against the peer's stream credit until it is handled. (A
 // consuming read of a copy with an empty payload would see the FIN at once,
 // and QUIC would let the peer open another stream while this one still
 // waits.) It returns the kind, the header (in sb's scratch) and the number
-// of bytes preamble and header occupy. ok is false when the stream is done
-// with: a violation closed the connection, or the stream or connection
-// failed.
-func (c *conn) peekPreamble(st peeker, sb *streamBuf) (k wire.Kind, hdr []byte, n int, ok bool) {
+// of bytes preamble and header occupy.
+func (c *conn) peekPreamble(st peeker, sb *streamBuf) (k wire.Kind, hdr []byte, n int, r peekResult) {
 	max := c.limits.MaxHeaderBytes
-	fail := func(b []byte, err error) (wire.Kind, []byte, int, bool) {
-		if len(b) == 0 && errors.Is(err, io.EOF) {
-			c.violation("stream ends without a preamble")
-			return 0, nil, 0, false
-		}
-		if _, _, _, perr := wire.ParsePreamble(b, max); perr != nil {
-			var we *wire.Error
-			if errors.As(perr, &we) && (errors.Is(err, io.EOF) || we.Rule != wire.RuleTruncatedPreamble) {
-				c.violation("%v", we)
-			}
-		}
-		// Otherwise the stream was reset or the connection closed.
-		return 0, nil, 0, false
-	}
 	// Magic, kind and the first byte of header_len.
 	b := sb.grow(3)
 	if m, err := st.Peek(b); m < len(b) {
-		return fail(b[:m], err)
+		return 0, nil, 0, c.peekFailed(b[:m], err)
 	}
 	if b[0] != wire.Magic || !wire.Kind(b[1]).Defined() {
-		return fail(b[:2], io.EOF) // bad magic or reserved kind: refused before anything else
+		return 0, nil, 0, c.peekFailed(b[:2], io.EOF) // refused before anything else
 	}
 	// The rest of the varint, then the header_len check before any
 	// buffer of that size exists.
 	vlen := 1 << (b[2] >> 6)
 	b = sb.grow(2 + vlen)
 	if m, err := st.Peek(b); m < len(b) {
-		return fail(b[:m], err)
+		return 0, nil, 0, c.peekFailed(b[:m], err)
 	}
 	hl := uint64(b[2] & 0x3f)
 	for _, x := range b[3:] {
 		hl = hl<<8 | uint64(x)
 	}
 	if hl > max {
-		return fail(b, io.EOF) // ParsePreamble reports header_len over the cap
+		return 0, nil, 0, c.peekFailed(b, io.EOF) // header_len over the cap
 	}
 	b = sb.grow(2 + vlen + int(hl))
 	if m, err := st.Peek(b); m < len(b) {
-		return fail(b[:m], err)
+		return 0, nil, 0, c.peekFailed(b[:m], err)
 	}
 	k, hdr, n, err := wire.ParsePreamble(b, max)
 	if err != nil {
-		return fail(b, io.EOF)
+		return 0, nil, 0, c.peekFailed(b, io.EOF)
 	}
-	return k, hdr, n, true
+	return k, hdr, n, peekOK
+}
+
+// peekFailed classifies a preamble that could not be peeked whole: b is
+// what arrived, err why no more did (io.EOF: the stream ended).
+func (c *conn) peekFailed(b []byte, err error) peekResult {
+	if len(b) == 0 && errors.Is(err, io.EOF) {
+		c.violation("stream ends without a preamble")
+		return peekGone
+	}
+	if _, _, _, perr := wire.ParsePreamble(b, c.limits.MaxHeaderBytes); perr != nil {
+		var we *wire.Error
+		if errors.As(perr, &we) && (errors.Is(err, io.EOF) || we.Rule != wire.RuleTruncatedPreamble) {
+			c.violation("%v", we)
+			return peekGone
+		}
+	}
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		return peekWait
+	}
+	return peekGone // the stream was reset or the connection closed
 }
 
 // park holds a stream that arrived before the peer's HELLO until
@@ -250,12 +301,10 @@ func (c *conn) park() bool {
 	}
 }
 
-// uni dispatches one accepted uni stream.
-func (c *conn) uni(st *quic.ReceiveStream) {
-	sb := getStreamBuf()
-	k, hdr, n, ok := c.peekPreamble(st, sb)
-	if !ok {
-		sb.release()
+// uni handles one uni stream on its own goroutine, waiting as needed.
+func (c *conn) uni(st *quic.ReceiveStream, sb *streamBuf) {
+	k, hdr, n, r := c.peekPreamble(st, sb)
+	if r != peekOK {
 		return
 	}
 	if k == wire.KindHello {
@@ -263,9 +312,14 @@ func (c *conn) uni(st *quic.ReceiveStream) {
 		return
 	}
 	if !c.park() {
-		sb.release()
 		return
 	}
+	c.dispatchUni(st, sb, k, hdr, n, true)
+}
+
+// dispatchUni acts on a negotiated uni stream by kind (PROTOCOL §4, §9.4).
+// wait says whether it runs on the stream's own goroutine and may block.
+func (c *conn) dispatchUni(st *quic.ReceiveStream, sb *streamBuf, k wire.Kind, hdr []byte, n int, wait bool) {
 	switch k {
 	case wire.KindData:
 		d, err := wire.DecodeData(hdr)
@@ -275,21 +329,19 @@ func (c *conn) uni(st *quic.ReceiveStream) {
 		case !d.HasEndpoint:
 			c.violation("DATA without endpoint on a uni stream")
 		default:
-			sb.release()
 			c.role.data(c, st, n, &d)
-			return
 		}
 	case wire.KindSubscribe, wire.KindUnsubscribe:
 		s, err := wire.DecodeSubscribe(hdr)
 		if err != nil {
 			c.violation("%v", err)
-			break
+			return
 		}
 		c.role.subscription(c, &s, k == wire.KindSubscribe)
-		c.drainHeaderOnly(st, sb, n)
+		c.finishHeaderOnly(st, sb, n, wait)
 	case wire.KindCredit:
 		// A peer without queues ignores credit (PROTOCOL §4).
-		c.drainHeaderOnly(st, sb, n)
+		c.finishHeaderOnly(st, sb, n, wait)
 	case wire.KindCursor:
 		// We order no reports, so every report id is unknown (PROTOCOL §6.7).
 		st.CancelRead(quic.StreamErrorCode(Canceled))
@@ -298,14 +350,12 @@ func (c *conn) uni(st *quic.ReceiveStream) {
 	case wire.KindError:
 		c.violation("ERROR frame on a uni stream")
 	default:
-		c.violation("frame kind %v on a uni stream", k) // unreachable: ReadPreamble refuses reserved kinds
+		c.violation("frame kind %v on a uni stream", k) // unreachable: peekPreamble refuses reserved kinds
 	}
-	sb.release()
 }
 
 // hello processes the peer's HELLO stream.
 func (c *conn) hello(st *quic.ReceiveStream, sb *streamBuf, hdr []byte, n int) {
-	defer sb.release()
 	if !c.helloSeen.CompareAndSwap(false, true) {
 		c.violation("second HELLO")
 		return
@@ -324,32 +374,45 @@ func (c *conn) hello(st *quic.ReceiveStream, sb *streamBuf, hdr []byte, n int) {
 	}
 	c.agreed = a
 	close(c.helloDone)
-	c.drainHeaderOnly(st, sb, n)
+	c.finishHeaderOnly(st, sb, n, true)
 }
 
-// drainHeaderOnly finishes a header-only stream whose first n bytes are
-// preamble and header: it consumes them and waits for the FIN, so that QUIC
-// returns the stream credit, and stops the peer if anything follows the
-// header (PROTOCOL §4 lets a receiver stop reading there).
-func (c *conn) drainHeaderOnly(st *quic.ReceiveStream, sb *streamBuf, n int) {
+// finishHeaderOnly ends a header-only stream whose first n bytes are
+// preamble and header. If the FIN follows the header, it consumes the
+// stream, so that QUIC returns the stream credit; if bytes follow, it stops
+// the peer (PROTOCOL §4 lets a receiver stop reading after the header).
+// Without wait it gives up after fastWait and finishes on a goroutine of
+// its own.
+func (c *conn) finishHeaderOnly(st *quic.ReceiveStream, sb *streamBuf, n int, wait bool) {
+	if !wait {
+		_ = st.SetReadDeadline(time.Now().Add(fastWait))
+	}
 	b := sb.grow(n + 1)
-	if _, err := io.ReadFull(st, b[:n]); err != nil {
-		return // reset or connection closed
+	m, err := st.Peek(b)
+	if !wait {
+		_ = st.SetReadDeadline(time.Time{})
 	}
-	m, err := st.Read(b[n:])
-	if m == 0 && err != nil {
-		return // the FIN (io.EOF), a reset, or a closed connection
+	switch {
+	case m > n:
+		st.CancelRead(quic.StreamErrorCode(NoError))
+	case errors.Is(err, io.EOF):
+		// Consume the header: reading up to io.EOF finishes the stream.
+		for {
+			if _, err := st.Read(b); err != nil {
+				break
+			}
+		}
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		c.wg.Go(func() { c.finishHeaderOnly(st, newStreamBuf(), n, true) })
 	}
-	st.CancelRead(quic.StreamErrorCode(NoError))
 }
 
 // bidi dispatches one accepted bidi stream. No path of this package serves
 // an exchange, so every well-formed one is refused per PROTOCOL §9.4.
 func (c *conn) bidi(st *quic.Stream) {
-	sb := getStreamBuf()
-	defer sb.release()
-	k, hdr, _, ok := c.peekPreamble(st, sb)
-	if !ok {
+	sb := newStreamBuf()
+	k, hdr, _, r := c.peekPreamble(st, sb)
+	if r != peekOK {
 		return
 	}
 	if !c.park() {
@@ -386,15 +449,15 @@ func (c *conn) refuse(st *quic.ReceiveStream, code Code) {
 	st.CancelRead(quic.StreamErrorCode(code))
 }
 
-// streamBuf is the scratch buffer one stream uses for its preamble and
-// header, and for reading a payload; pooled, because every copy needs one.
+// streamBuf is the scratch buffer a stream worker peeks preambles and
+// headers into; each worker owns one.
 type streamBuf struct{ buf []byte }
 
-const streamBufSize = 4096
+// streamBufSize fits the headers of ordinary copies and control frames;
+// a larger header grows the buffer for as long as the stream needs it.
+const streamBufSize = 256
 
-var streamBufPool = sync.Pool{New: func() any { return &streamBuf{buf: make([]byte, streamBufSize)} }}
-
-func getStreamBuf() *streamBuf { return streamBufPool.Get().(*streamBuf) }
+func newStreamBuf() *streamBuf { return &streamBuf{buf: make([]byte, streamBufSize)} }
 
 // grow returns the first n bytes of the scratch, enlarging it if needed.
 func (sb *streamBuf) grow(n int) []byte {
@@ -404,10 +467,10 @@ func (sb *streamBuf) grow(n int) []byte {
 	return sb.buf[:n]
 }
 
-// release returns sb to the pool; sb must not be used afterwards.
-func (sb *streamBuf) release() {
+// reset drops a grown buffer, so that an idle worker does not pin a
+// peer-sized header.
+func (sb *streamBuf) reset() {
 	if len(sb.buf) > streamBufSize {
-		sb.buf = make([]byte, streamBufSize) // do not pin a peer-sized header
+		sb.buf = make([]byte, streamBufSize)
 	}
-	streamBufPool.Put(sb)
 }

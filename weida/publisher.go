@@ -6,7 +6,6 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"weida.dev/connector/weida/topic"
 	"weida.dev/connector/weida/wire"
 )
 
@@ -93,9 +92,6 @@ func (p *Publisher) Publish(ctx context.Context, m Message) (Result, error) {
 	if p.closed.Load() {
 		return Result{}, fmt.Errorf("weida: publish on %s: %w", p.path, ErrClosed)
 	}
-	if err := topic.ValidateTopic(m.Topic); err != nil {
-		return Result{}, fmt.Errorf("%w: %w", ErrInvalidMessage, err)
-	}
 	f, err := p.l.frames.get(p.path, &m)
 	if err != nil {
 		return Result{}, err
@@ -105,21 +101,42 @@ func (p *Publisher) Publish(ctx context.Context, m Message) (Result, error) {
 		return Result{}, fmt.Errorf("weida: publish on %s: %d bytes of payload and header: %w",
 			p.path, f.charge(), ErrPayloadTooLarge)
 	}
-	var r Result
-	p.ps.idx.Match(m.Topic, func(cp *connPath) bool {
-		r.Matched++
-		if cp.sc.enqueue(f) {
-			r.Queued++
-		} else {
-			r.Dropped++
-		}
-		return true
-	})
+	fo := fanoutPool.Get().(*fanout)
+	fo.f, fo.r = f, Result{}
+	p.ps.idx.Match(m.Topic, fo.yield)
+	r := fo.r
+	fo.f = nil
+	fanoutPool.Put(fo)
 	f.release()
 	st := &p.l.stats
 	st.published.Add(1)
 	st.copiesQueued.Add(uint64(r.Queued))
 	return r, nil
+}
+
+// fanout is the state of one Publish's walk over the matching connections.
+// It is pooled with its yield function bound once, because a closure handed
+// to the index would be allocated on every Publish.
+type fanout struct {
+	f     *frame
+	r     Result
+	yield func(*connPath) bool
+}
+
+var fanoutPool = sync.Pool{New: func() any {
+	fo := new(fanout)
+	fo.yield = fo.visit
+	return fo
+}}
+
+func (fo *fanout) visit(cp *connPath) bool {
+	fo.r.Matched++
+	if cp.sc.enqueue(fo.f) {
+		fo.r.Queued++
+	} else {
+		fo.r.Dropped++
+	}
+	return true
 }
 
 // frame is one encoded DATA copy (preamble, header, payload), shared by

@@ -124,7 +124,7 @@ func TestSlowSubscriber(t *testing.T) {
 	p := publisher(t, l, "/md")
 	// The slow one absorbs little before QUIC pushes back: one waiting
 	// copy, a handful of streams.
-	slow := dial(t, l, "/md", DialConfig{Limits: Limits{ReceiveQueue: 1, MaxConcurrentUniStreams: 4}})
+	slow := dial(t, l, "/md", DialConfig{Limits: Limits{MaxConcurrentUniStreams: 4}})
 	fast := dial(t, l, "/md", DialConfig{})
 	subscribe(t, l, slow, 1, "m.#")
 	subscribe(t, l, fast, 2, "m.#")

@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -35,7 +34,7 @@ type Subscriber struct {
 	tr     *quic.Transport
 	c      *conn
 
-	queue chan *inbound // arrived copies, payload still unread in QUIC
+	queue recvQueue // arrived copies, still unread in QUIC
 
 	subMu   sync.Mutex
 	filters map[string]struct{}
@@ -104,7 +103,7 @@ func Dial(ctx context.Context, rawURL string, cfg DialConfig) (*Subscriber, erro
 		log:     loggerOrDiscard(cfg.Logger).With("url", a.String()),
 		udp:     udp,
 		tr:      tr,
-		queue:   make(chan *inbound, limits.ReceiveQueue),
+		queue:   recvQueue{ready: make(chan struct{}, 1)},
 		filters: make(map[string]struct{}),
 	}
 	s.c = newConn(qc, &s.limits, s.log, s, &connHooks{refused: &s.refused})
@@ -143,15 +142,9 @@ func resolve(ctx context.Context, a address.Address) (*net.UDPAddr, error) {
 func (s *Subscriber) supervise() {
 	<-s.c.ctx.Done()
 	s.c.wait()
-	for {
-		select {
-		case <-s.queue:
-		default:
-			if !s.closing.Load() {
-				s.log.Info("weida: connection to publisher lost", "cause", s.connErr())
-			}
-			return
-		}
+	s.queue.clear()
+	if !s.closing.Load() {
+		s.log.Info("weida: connection to publisher lost", "cause", s.connErr())
 	}
 }
 
@@ -253,13 +246,15 @@ func (s *Subscriber) sendErr(err error) error {
 // Concurrent calls each get different copies.
 func (s *Subscriber) Receive(ctx context.Context) (Message, error) {
 	for {
-		select {
-		case in := <-s.queue:
-			m, err := s.read(ctx, in)
+		if in, ok := s.queue.pop(); ok {
+			m, err := s.read(ctx, &in)
 			if errors.Is(err, errDiscarded) {
 				continue
 			}
 			return m, err
+		}
+		select {
+		case <-s.queue.ready:
 		case <-ctx.Done():
 			return Message{}, ctx.Err()
 		case <-s.c.ctx.Done():
@@ -275,10 +270,8 @@ var (
 
 // read reads one copy's payload to FIN.
 func (s *Subscriber) read(ctx context.Context, in *inbound) (Message, error) {
-	sb := getStreamBuf()
-	defer sb.release()
 	stop := context.AfterFunc(ctx, func() { _ = in.st.SetReadDeadline(time.Unix(1, 0)) })
-	payload, err := readPayload(in.st, sb, in.n, s.limits.MaxPayloadBytes)
+	payload, err := readPayload(in.st, in.n, s.limits.MaxPayloadBytes)
 	stop()
 	if err == nil {
 		s.received.Add(1)
@@ -312,55 +305,40 @@ func (s *Subscriber) read(ctx context.Context, in *inbound) (Message, error) {
 	return Message{}, fmt.Errorf("weida: reading a copy: %w", err)
 }
 
-// readPayload skips the skip bytes of preamble and header and reads the
-// rest of a DATA stream, at most max bytes of it. It reads into sb's
-// scratch first, so that a copy that arrived whole costs one allocation of
-// exactly its size; the advisory content_len never sizes anything
-// (PROTOCOL §6.2).
-func readPayload(st io.Reader, sb *streamBuf, skip int, max int64) ([]byte, error) {
-	if _, err := io.ReadFull(st, sb.grow(skip)); err != nil {
-		if err == io.ErrUnexpectedEOF || err == io.EOF {
-			err = io.ErrUnexpectedEOF // peeked bytes cannot vanish; only a reset takes them
-		}
-		return nil, err
-	}
-	scratch := sb.buf[:cap(sb.buf)]
-	n := 0
-	for n < len(scratch) {
-		m, err := st.Read(scratch[n:])
-		n += m
-		if int64(n) > max {
-			return nil, errTooLarge
-		}
-		if err == io.EOF {
-			return slices.Clone(scratch[:n]), nil
-		}
-		if err != nil {
-			return nil, err
-		}
-	}
-	// A large copy: grow a slice of its own.
-	buf := make([]byte, n, min(int64(2*n), max+1))
-	copy(buf, scratch)
+// readPayload reads a whole DATA stream whose first skip bytes are
+// preamble and header, and returns the payload, at most max bytes of it.
+// Preamble, header and payload are read into one growing buffer, so that a
+// small copy costs one allocation; the payload is its tail. The advisory
+// content_len never sizes anything (PROTOCOL §6.2).
+func readPayload(st io.Reader, skip int, max int64) ([]byte, error) {
+	limit := int64(skip) + max
+	buf := make([]byte, 0, min(int64(skip)+payloadStart, limit+1))
 	for {
 		if len(buf) == cap(buf) {
-			nb := make([]byte, len(buf), min(int64(2*cap(buf)), max+1))
+			nb := make([]byte, len(buf), min(int64(2*cap(buf)), limit+1))
 			copy(nb, buf)
 			buf = nb
 		}
 		m, err := st.Read(buf[len(buf):cap(buf)])
 		buf = buf[:len(buf)+m]
-		if int64(len(buf)) > max {
+		if int64(len(buf)) > limit {
 			return nil, errTooLarge
 		}
 		if err == io.EOF {
-			return buf, nil
+			if len(buf) < skip {
+				return nil, io.ErrUnexpectedEOF // peeked bytes cannot vanish; only a reset takes them
+			}
+			return buf[skip:len(buf):len(buf)], nil
 		}
 		if err != nil {
 			return nil, err
 		}
 	}
 }
+
+// payloadStart is the payload room of the first read buffer: a copy up to
+// this size arrives in one allocation.
+const payloadStart = 1024
 
 // Done is closed when the connection is gone, by Close or by loss.
 func (s *Subscriber) Done() <-chan struct{} { return s.c.ctx.Done() }
@@ -433,19 +411,69 @@ func (s *Subscriber) Close() error {
 	return nil
 }
 
-// data takes a uni DATA stream: a copy for the dialled path is queued for
-// Receive (waiting while the queue is full, which stops reading and so
-// pushes back through QUIC flow control); any other path is refused with
-// UNKNOWN_ENDPOINT (PROTOCOL §9.4).
+// data takes a uni DATA stream: a copy for the dialled path is queued,
+// unread, for Receive; any other path is refused with UNKNOWN_ENDPOINT
+// (PROTOCOL §9.4). The queue needs no bound of its own: every entry holds
+// an unfinished stream, so the peer's stream credit
+// (MaxConcurrentUniStreams) bounds it, and QUIC's windows bound its bytes.
 func (s *Subscriber) data(c *conn, st *quic.ReceiveStream, n int, d *wire.Data) {
 	if d.Endpoint != s.addr.Path {
 		c.refuse(st, UnknownEndpoint)
 		return
 	}
+	s.queue.push(inbound{st: st, n: n, d: *d})
+}
+
+// recvQueue holds arrived copies in arrival order. Its methods are safe for
+// concurrent use.
+type recvQueue struct {
+	mu    sync.Mutex
+	items []inbound // items[head:] wait
+	head  int
+	ready chan struct{} // capacity 1: "items may be waiting"
+}
+
+func (q *recvQueue) push(in inbound) {
+	q.mu.Lock()
+	q.items = append(q.items, in)
+	q.mu.Unlock()
 	select {
-	case s.queue <- &inbound{st: st, n: n, d: *d}:
-	case <-c.ctx.Done():
+	case q.ready <- struct{}{}:
+	default:
 	}
+}
+
+// pop takes the oldest copy, if any. It passes the wake-up on while more
+// wait, so that concurrent Receive calls all make progress.
+func (q *recvQueue) pop() (inbound, bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.head == len(q.items) {
+		return inbound{}, false
+	}
+	in := q.items[q.head]
+	q.items[q.head] = inbound{}
+	q.head++
+	switch {
+	case q.head == len(q.items):
+		q.head, q.items = 0, q.items[:0]
+	case q.head >= 256 && 2*q.head >= len(q.items):
+		n := copy(q.items, q.items[q.head:])
+		clear(q.items[n:])
+		q.head, q.items = 0, q.items[:n]
+	default:
+		select {
+		case q.ready <- struct{}{}:
+		default:
+		}
+	}
+	return in, true
+}
+
+func (q *recvQueue) clear() {
+	q.mu.Lock()
+	q.items, q.head = nil, 0
+	q.mu.Unlock()
 }
 
 // subscription ignores SUBSCRIBE and UNSUBSCRIBE: a subscriber registers no

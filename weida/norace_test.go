@@ -1,0 +1,5 @@
+//go:build !race
+
+package weida
+
+const raceEnabled = false
