@@ -124,7 +124,8 @@ func (d *decoder) resolve(path string, n ast.Node) (_ ast.Node, done func()) {
 			}
 			target, ok := d.anchors[name]
 			if !ok {
-				d.fail(path, d.nodePos(v), "*"+name, "yaml-alias", fmt.Sprintf("alias *%s refers to no anchor defined before it in this document", name), "define &"+name+" earlier in the same document")
+				d.fail(path, d.nodePos(v), "*"+name, "yaml-alias", fmt.Sprintf("alias *%s refers to no anchor defined before it in this document", name),
+					fmt.Sprintf("a value that starts with '*' must be quoted: %q; for an alias, define &%s earlier in the same document", "*"+name, name))
 				return nil, done
 			}
 			if d.aliases >= maxAliasDepth {
@@ -149,7 +150,7 @@ func (d *decoder) resolve(path string, n ast.Node) (_ ast.Node, done func()) {
 			case "!!int", "!!bool", "!!float", "!!map", "!!seq", "!!null":
 				n = v.Value
 			default:
-				d.fail(path, d.nodePos(v), tag, "yaml-tag", fmt.Sprintf("the tag %s is not supported", tag), "remove the tag")
+				d.fail(path, d.nodePos(v), tag, "yaml-tag", fmt.Sprintf("the tag %s is not supported", tag), "a value that starts with '!' must be quoted; otherwise remove the tag")
 				return nil, done
 			}
 		default:
@@ -265,10 +266,15 @@ func (d *decoder) scalarString(path string, at Position, n ast.Node, want string
 	case *ast.StringNode:
 		return s.Value, true
 	case *ast.LiteralNode:
-		if s.Value != nil {
+		if s.Value != nil && s.Value.Value != "" {
 			return s.Value.Value, true
 		}
-		return "", true
+		// "filter: >" is a folded block scalar with nothing in it, not the
+		// NATS wildcard: refuse it rather than pass on "".
+		ind := s.GetToken().Value
+		d.fail(path, at, ind, "yaml-quote", fmt.Sprintf("%s starts a YAML block scalar, and the block is empty", ind),
+			fmt.Sprintf("to write the character %s, quote it: %q", ind, ind))
+		return "", false
 	}
 	d.typeError(path, at, n, want)
 	return "", false

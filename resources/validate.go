@@ -453,7 +453,7 @@ func requiredHint(gpath string) string {
 	case "spec.routes":
 		return `add at least one route: routes: [{filter: "sensors/+/temperature"}]`
 	case "spec.routes[].filter":
-		return "write the filter in the broker's own grammar"
+		return `write the filter in the broker's own grammar, quoted when it starts with '#' (which otherwise starts a YAML comment), '*', '>', '&' or '!': filter: "#"`
 	case "spec.broker.nats.jetstream.stream":
 		return "name the JetStream stream: jetstream: {stream: ORDERS, durable: connector}"
 	}
