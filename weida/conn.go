@@ -23,8 +23,9 @@ import (
 type role interface {
 	// data handles a uni DATA stream whose header decoded and names an
 	// endpoint. Nothing of the stream is consumed yet: its first n bytes
-	// are preamble and header, the payload follows.
-	data(c *conn, st *quic.ReceiveStream, n int, d *wire.Data)
+	// are preamble and header, the payload follows. d is passed by value
+	// so that it does not escape on the hot path.
+	data(c *conn, st *quic.ReceiveStream, n int, d wire.Data)
 	// subscription handles a decoded SUBSCRIBE (add) or UNSUBSCRIBE.
 	subscription(c *conn, s *wire.Subscribe, add bool)
 	// serves reports whether something is registered at path on this side
@@ -240,12 +241,15 @@ func (c *conn) peekPreamble(st peeker, sb *streamBuf) (k wire.Kind, hdr []byte, 
 	if b[0] != wire.Magic || !wire.Kind(b[1]).Defined() {
 		return 0, nil, 0, c.peekFailed(b[:2], io.EOF) // refused before anything else
 	}
-	// The rest of the varint, then the header_len check before any
-	// buffer of that size exists.
+	// The rest of the varint (none for a header under 64 bytes, the common
+	// case), then the header_len check before any buffer of that size
+	// exists.
 	vlen := 1 << (b[2] >> 6)
-	b = sb.grow(2 + vlen)
-	if m, err := st.Peek(b); m < len(b) {
-		return 0, nil, 0, c.peekFailed(b[:m], err)
+	if vlen > 1 {
+		b = sb.grow(2 + vlen)
+		if m, err := st.Peek(b); m < len(b) {
+			return 0, nil, 0, c.peekFailed(b[:m], err)
+		}
 	}
 	hl := uint64(b[2] & 0x3f)
 	for _, x := range b[3:] {
@@ -329,7 +333,7 @@ func (c *conn) dispatchUni(st *quic.ReceiveStream, sb *streamBuf, k wire.Kind, h
 		case !d.HasEndpoint:
 			c.violation("DATA without endpoint on a uni stream")
 		default:
-			c.role.data(c, st, n, &d)
+			c.role.data(c, st, n, d)
 		}
 	case wire.KindSubscribe, wire.KindUnsubscribe:
 		s, err := wire.DecodeSubscribe(hdr)

@@ -391,7 +391,7 @@ func (sc *serverConn) dropSubscriptions() {
 
 // data refuses a uni DATA stream: nothing on a listener accepts one
 // (PROTOCOL §9.4).
-func (sc *serverConn) data(c *conn, st *quic.ReceiveStream, _ int, d *wire.Data) {
+func (sc *serverConn) data(c *conn, st *quic.ReceiveStream, _ int, d wire.Data) {
 	if sc.l.publisherAt(d.Endpoint) {
 		c.refuse(st, Unsupported)
 		return

@@ -270,9 +270,12 @@ var (
 
 // read reads one copy's payload to FIN.
 func (s *Subscriber) read(ctx context.Context, in *inbound) (Message, error) {
-	stop := context.AfterFunc(ctx, func() { _ = in.st.SetReadDeadline(time.Unix(1, 0)) })
-	payload, err := readPayload(in.st, in.n, s.limits.MaxPayloadBytes)
-	stop()
+	st := in.st
+	if ctx.Done() != nil {
+		stop := context.AfterFunc(ctx, func() { _ = st.SetReadDeadline(time.Unix(1, 0)) })
+		defer stop()
+	}
+	payload, err := readPayload(st, in.n, s.limits.MaxPayloadBytes)
 	if err == nil {
 		s.received.Add(1)
 		d := &in.d
@@ -307,12 +310,34 @@ func (s *Subscriber) read(ctx context.Context, in *inbound) (Message, error) {
 
 // readPayload reads a whole DATA stream whose first skip bytes are
 // preamble and header, and returns the payload, at most max bytes of it.
-// Preamble, header and payload are read into one growing buffer, so that a
-// small copy costs one allocation; the payload is its tail. The advisory
-// content_len never sizes anything (PROTOCOL §6.2).
+// It reads into a pooled scratch buffer first, so that a copy that fits
+// there costs one allocation of exactly its size; a larger one grows a
+// slice of its own. The advisory content_len never sizes anything
+// (PROTOCOL §6.2).
 func readPayload(st io.Reader, skip int, max int64) ([]byte, error) {
+	sp := scratchPool.Get().(*[scratchSize]byte)
+	defer scratchPool.Put(sp)
+	scratch := sp[:]
 	limit := int64(skip) + max
-	buf := make([]byte, 0, min(int64(skip)+payloadStart, limit+1))
+	n := 0
+	for n < len(scratch) {
+		m, err := st.Read(scratch[n:])
+		n += m
+		if int64(n) > limit {
+			return nil, errTooLarge
+		}
+		if err == io.EOF {
+			if n < skip {
+				return nil, io.ErrUnexpectedEOF // peeked bytes cannot vanish; only a reset takes them
+			}
+			return append([]byte(nil), scratch[skip:n]...), nil
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	buf := make([]byte, n, min(int64(2*n), limit+1))
+	copy(buf, scratch)
 	for {
 		if len(buf) == cap(buf) {
 			nb := make([]byte, len(buf), min(int64(2*cap(buf)), limit+1))
@@ -325,9 +350,6 @@ func readPayload(st io.Reader, skip int, max int64) ([]byte, error) {
 			return nil, errTooLarge
 		}
 		if err == io.EOF {
-			if len(buf) < skip {
-				return nil, io.ErrUnexpectedEOF // peeked bytes cannot vanish; only a reset takes them
-			}
 			return buf[skip:len(buf):len(buf)], nil
 		}
 		if err != nil {
@@ -336,9 +358,9 @@ func readPayload(st io.Reader, skip int, max int64) ([]byte, error) {
 	}
 }
 
-// payloadStart is the payload room of the first read buffer: a copy up to
-// this size arrives in one allocation.
-const payloadStart = 1024
+const scratchSize = 4096
+
+var scratchPool = sync.Pool{New: func() any { return new([scratchSize]byte) }}
 
 // Done is closed when the connection is gone, by Close or by loss.
 func (s *Subscriber) Done() <-chan struct{} { return s.c.ctx.Done() }
@@ -416,12 +438,12 @@ func (s *Subscriber) Close() error {
 // (PROTOCOL §9.4). The queue needs no bound of its own: every entry holds
 // an unfinished stream, so the peer's stream credit
 // (MaxConcurrentUniStreams) bounds it, and QUIC's windows bound its bytes.
-func (s *Subscriber) data(c *conn, st *quic.ReceiveStream, n int, d *wire.Data) {
+func (s *Subscriber) data(c *conn, st *quic.ReceiveStream, n int, d wire.Data) {
 	if d.Endpoint != s.addr.Path {
 		c.refuse(st, UnknownEndpoint)
 		return
 	}
-	s.queue.push(inbound{st: st, n: n, d: *d})
+	s.queue.push(inbound{st: st, n: n, d: d})
 }
 
 // recvQueue holds arrived copies in arrival order. Its methods are safe for
