@@ -1,0 +1,18 @@
+package main
+
+import (
+	"errors"
+
+	"weida.dev/connector/connectors"
+	"weida.dev/connector/resources"
+)
+
+// amqpDriver is not built yet; its issue replaces this file.
+var amqpDriver = driver{
+	source: func(*resources.Connector, resources.ResolvedCredentials, unitEnv) connectors.SourceFactory {
+		return failingSource(errors.New("the AMQP driver is not built yet"))
+	},
+	sink: func(*resources.Connector, resources.ResolvedCredentials, unitEnv) connectors.SinkFactory {
+		return failingSink(errors.New("the AMQP driver is not built yet"))
+	},
+}
