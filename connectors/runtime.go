@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"reflect"
 	"slices"
 	"sync"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"weida.dev/connector/policy"
+	"weida.dev/connector/resources"
 	"weida.dev/connector/weida"
 )
 
@@ -18,9 +20,9 @@ import (
 // the broker drivers explicitly.
 type Unit struct {
 	Spec Spec
-	// Config is compared on reload: a unit whose Config is deeply equal to
-	// the running one is left running. Put the resource's spec here.
-	Config any
+	// Resource is compared on reload: a running unit whose resource is
+	// Equal to the new one is left running. nil always restarts.
+	Resource *resources.Connector
 
 	// Inbound: the listen address (host:port) and path the connector hosts,
 	// with the listener's settings. Resources sharing an address share one
@@ -83,7 +85,7 @@ func (r *Runtime) Apply(ctx context.Context, units []Unit) error {
 	r.mu.Lock()
 	var stop []*runningUnit
 	for name, ru := range r.running {
-		if u, ok := want[name]; !ok || !reflect.DeepEqual(u.Config, ru.unit.Config) {
+		if u, ok := want[name]; !ok || u.Resource == nil || ru.unit.Resource == nil || !u.Resource.Equal(ru.unit.Resource) {
 			stop = append(stop, ru)
 			delete(r.running, name)
 		}
@@ -163,7 +165,7 @@ func (r *Runtime) acquirePublisher(ctx context.Context, u Unit) (*weida.Publishe
 		r.deps.Logger.Info("weida listener up", "listen", l.Addr().String(), "fingerprint", l.Fingerprint())
 		sl = &sharedListener{l: l, cfg: u.ListenConfig}
 		r.listeners[u.Listen] = sl
-	} else if !reflect.DeepEqual(listenIdentity(sl.cfg), listenIdentity(u.ListenConfig)) {
+	} else if !sameListenIdentity(sl.cfg, u.ListenConfig) {
 		return nil, fmt.Errorf("weida listen %s: already serving other resources with a different certificate or client allowlist", u.Listen)
 	}
 	pub, err := sl.l.Publisher(u.Path)
@@ -178,10 +180,14 @@ func (r *Runtime) acquirePublisher(ctx context.Context, u Unit) (*weida.Publishe
 	return pub, nil
 }
 
-// listenIdentity is the part of a ListenConfig that must agree between
-// resources sharing a listener.
-func listenIdentity(c weida.ListenConfig) [3]any {
-	return [3]any{c.CertFile, c.KeyFile, slices.Clone(c.ClientFingerprints)}
+// sameListenIdentity reports whether two resources may share a listener:
+// the settings weida makes per listener must agree. The resource loader
+// checks this across one load; this check covers a reload that changes one
+// resource on a shared address while another keeps running.
+func sameListenIdentity(a, b weida.ListenConfig) bool {
+	return a.CertFile == b.CertFile && a.KeyFile == b.KeyFile &&
+		slices.Equal(a.ClientFingerprints, b.ClientFingerprints) &&
+		a.Limits == b.Limits
 }
 
 func (r *Runtime) stopUnit(ru *runningUnit) {
@@ -262,4 +268,58 @@ func (r *Runtime) Stop() {
 	}
 	r.mu.Unlock()
 	r.deps.Logger.Log(context.Background(), slog.LevelInfo, "all resources stopped")
+}
+
+// Collector exports the weida listeners' own counters: copies a listener
+// dropped after Publish returned (a subscriber's stream failed, its
+// connection went away), refusals and protocol violations. Register it
+// next to the Metrics.
+func (r *Runtime) Collector() prometheus.Collector { return listenerCollector{r} }
+
+type listenerCollector struct{ r *Runtime }
+
+var (
+	descListenerConns = prometheus.NewDesc("weida_connector_weida_connections",
+		"Open weida connections on a hosted listener.", []string{"listen"}, nil)
+	descListenerSubs = prometheus.NewDesc("weida_connector_weida_subscriptions",
+		"Weida subscriptions (path, filter) held by a hosted listener.", []string{"listen"}, nil)
+	descListenerDropped = prometheus.NewDesc("weida_connector_weida_listener_copies_dropped_total",
+		"Weida copies a hosted listener dropped, by reason (including after Publish returned).", []string{"listen", "reason"}, nil)
+	descListenerEvents = prometheus.NewDesc("weida_connector_weida_listener_events_total",
+		"Connection-level events on a hosted listener: refused connections, refused streams, protocol violations, failed negotiations.", []string{"listen", "event"}, nil)
+)
+
+func (c listenerCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- descListenerConns
+	ch <- descListenerSubs
+	ch <- descListenerDropped
+	ch <- descListenerEvents
+}
+
+func (c listenerCollector) Collect(ch chan<- prometheus.Metric) {
+	c.r.mu.Lock()
+	stats := make(map[string]weida.ListenerStats, len(c.r.listeners))
+	for addr, sl := range c.r.listeners {
+		stats[addr] = sl.l.Stats()
+	}
+	c.r.mu.Unlock()
+	for addr, st := range stats {
+		ch <- prometheus.MustNewConstMetric(descListenerConns, prometheus.GaugeValue, float64(st.Connections), addr)
+		ch <- prometheus.MustNewConstMetric(descListenerSubs, prometheus.GaugeValue, float64(st.Subscriptions), addr)
+		for reason, n := range map[string]uint64{
+			ReasonSubscriberBuf: st.Dropped.BufferFull,
+			"header-too-large":  st.Dropped.HeaderTooLarge,
+			"connection-closed": st.Dropped.ConnectionClosed,
+		} {
+			ch <- prometheus.MustNewConstMetric(descListenerDropped, prometheus.CounterValue, float64(n), addr, reason)
+		}
+		for event, n := range map[string]uint64{
+			"connection-refused":  st.ConnectionsRefused,
+			"stream-refused":      st.StreamsRefused,
+			"protocol-violation":  st.ProtocolViolations,
+			"negotiation-failure": st.NegotiationFailures,
+		} {
+			ch <- prometheus.MustNewConstMetric(descListenerEvents, prometheus.CounterValue, float64(n), addr, event)
+		}
+	}
 }

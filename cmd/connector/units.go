@@ -86,7 +86,7 @@ func buildUnit(c *resources.Connector, env unitEnv) (connectors.Unit, error) {
 		MaxMessageBytes: int(c.Limits.MaxMessageBytes),
 		InFlight:        c.Limits.InFlight,
 	}
-	u := connectors.Unit{Spec: spec, Config: c}
+	u := connectors.Unit{Spec: spec, Resource: c}
 	log := env.log.With("resource", c.Name)
 	if c.Direction == policy.Outbound {
 		url := c.Weida.Endpoint.String()
