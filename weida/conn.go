@@ -230,25 +230,47 @@ const (
 // consuming read of a copy with an empty payload would see the FIN at once,
 // and QUIC would let the peer open another stream while this one still
 // waits.) It returns the kind, the header (in sb's scratch) and the number
-// of bytes preamble and header occupy.
-func (c *conn) peekPreamble(st peeker, sb *streamBuf) (k wire.Kind, hdr []byte, n int, r peekResult) {
-	max := c.limits.MaxHeaderBytes
+// of bytes preamble and header occupy. A violation closes the connection.
+func (c *conn) peekPreamble(st peeker, sb *streamBuf) (wire.Kind, []byte, int, peekResult) {
+	k, hdr, n, err := peekHeader(st, sb, c.limits.MaxHeaderBytes)
+	var we *wire.Error
+	switch {
+	case err == nil:
+		return k, hdr, n, peekOK
+	case errors.Is(err, errEmptyStream):
+		c.violation("stream ends without a preamble")
+	case errors.As(err, &we):
+		c.violation("%v", we)
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		return 0, nil, 0, peekWait
+	}
+	return 0, nil, 0, peekGone // a violation, or the stream was reset or the connection closed
+}
+
+var errEmptyStream = errors.New("weida: stream ends without a preamble")
+
+// peekHeader peeks the preamble and header of st into sb. Its error is a
+// *wire.Error or errEmptyStream for the peer's violations (PROTOCOL §3.1,
+// §3.2), checked as early as the bytes allow: magic and kind before
+// header_len, header_len against max before a buffer of that size exists.
+// Any other error is the stream's own (a reset, a closed connection, a
+// passed read deadline).
+func peekHeader(st peeker, sb *streamBuf, max uint64) (k wire.Kind, hdr []byte, n int, err error) {
 	// Magic, kind and the first byte of header_len.
 	b := sb.grow(3)
 	if m, err := st.Peek(b); m < len(b) {
-		return 0, nil, 0, c.peekFailed(b[:m], err)
+		return 0, nil, 0, peekError(b[:m], err, max)
 	}
 	if b[0] != wire.Magic || !wire.Kind(b[1]).Defined() {
-		return 0, nil, 0, c.peekFailed(b[:2], io.EOF) // refused before anything else
+		return 0, nil, 0, peekError(b[:2], io.EOF, max)
 	}
 	// The rest of the varint (none for a header under 64 bytes, the common
-	// case), then the header_len check before any buffer of that size
-	// exists.
+	// case), then the header_len check.
 	vlen := 1 << (b[2] >> 6)
 	if vlen > 1 {
 		b = sb.grow(2 + vlen)
 		if m, err := st.Peek(b); m < len(b) {
-			return 0, nil, 0, c.peekFailed(b[:m], err)
+			return 0, nil, 0, peekError(b[:m], err, max)
 		}
 	}
 	hl := uint64(b[2] & 0x3f)
@@ -256,37 +278,35 @@ func (c *conn) peekPreamble(st peeker, sb *streamBuf) (k wire.Kind, hdr []byte, 
 		hl = hl<<8 | uint64(x)
 	}
 	if hl > max {
-		return 0, nil, 0, c.peekFailed(b, io.EOF) // header_len over the cap
+		return 0, nil, 0, peekError(b, io.EOF, max)
 	}
 	b = sb.grow(2 + vlen + int(hl))
 	if m, err := st.Peek(b); m < len(b) {
-		return 0, nil, 0, c.peekFailed(b[:m], err)
+		return 0, nil, 0, peekError(b[:m], err, max)
 	}
-	k, hdr, n, err := wire.ParsePreamble(b, max)
+	k, hdr, n, err = wire.ParsePreamble(b, max)
 	if err != nil {
-		return 0, nil, 0, c.peekFailed(b, io.EOF)
+		return 0, nil, 0, err // unreachable: every rule was checked above
 	}
-	return k, hdr, n, peekOK
+	return k, hdr, n, nil
 }
 
-// peekFailed classifies a preamble that could not be peeked whole: b is
-// what arrived, err why no more did (io.EOF: the stream ended).
-func (c *conn) peekFailed(b []byte, err error) peekResult {
+// peekError explains a preamble that could not be peeked whole: b is what
+// arrived, err why no more did (io.EOF: the stream ended there). Bytes that
+// already break a rule are the peer's violation whatever err is.
+func peekError(b []byte, err error, max uint64) error {
 	if len(b) == 0 && errors.Is(err, io.EOF) {
-		c.violation("stream ends without a preamble")
-		return peekGone
+		return errEmptyStream
 	}
-	if _, _, _, perr := wire.ParsePreamble(b, c.limits.MaxHeaderBytes); perr != nil {
-		var we *wire.Error
-		if errors.As(perr, &we) && (errors.Is(err, io.EOF) || we.Rule != wire.RuleTruncatedPreamble) {
-			c.violation("%v", we)
-			return peekGone
-		}
+	_, _, _, perr := wire.ParsePreamble(b, max)
+	var we *wire.Error
+	if errors.As(perr, &we) && (errors.Is(err, io.EOF) || we.Rule != wire.RuleTruncatedPreamble) {
+		return we
 	}
-	if errors.Is(err, os.ErrDeadlineExceeded) {
-		return peekWait
+	if err == nil || errors.Is(err, io.EOF) {
+		return io.ErrUnexpectedEOF // unreachable: a short peek ends with an error
 	}
-	return peekGone // the stream was reset or the connection closed
+	return err
 }
 
 // park holds a stream that arrived before the peer's HELLO until

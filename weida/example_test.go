@@ -1,0 +1,56 @@
+package weida_test
+
+import (
+	"context"
+	"fmt"
+	"log"
+	"time"
+
+	"weida.dev/connector/weida"
+)
+
+// A listener hosts a publisher path; a subscriber dials it, pinning the
+// listener's generated certificate, and receives what its filter selects.
+func Example() {
+	ctx := context.Background()
+	l, err := weida.Listen(ctx, "127.0.0.1:0", weida.ListenConfig{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer l.Close()
+	pub, err := l.Publisher("/sensors")
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	url := fmt.Sprintf("weida://%s@%s/sensors", l.Fingerprint(), l.Addr())
+	sub, err := weida.Dial(ctx, url, weida.DialConfig{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer sub.Close()
+	if err := sub.Subscribe(ctx, "sensors.*.temp"); err != nil {
+		log.Fatal(err)
+	}
+	// weida acknowledges no SUBSCRIBE: wait until the publisher holds it.
+	for pub.Subscribers() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+
+	for _, topic := range []string{"sensors.a.b.temp", "sensors.a.temp"} {
+		r, err := pub.Publish(ctx, weida.Message{Topic: topic, Payload: []byte("21.5")})
+		if err != nil {
+			log.Fatal(err)
+		}
+		fmt.Printf("%s: matched %d\n", topic, r.Matched)
+	}
+	m, err := sub.Receive(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("received %s %s on %s\n", m.Topic, m.Payload, m.Endpoint)
+	// Output:
+	// sensors.a.b.temp: matched 0
+	// sensors.a.temp: matched 1
+	// received sensors.a.temp 21.5 on /sensors
+}
