@@ -22,9 +22,10 @@ const (
 	// messages; the retain flag is dropped and weida keeps nothing for
 	// subscribers that arrive later.
 	LossRetain Loss = "retain"
-	// LossProperties: broker metadata (MQTT 5 user properties, content
-	// type, payload format, correlation data; NATS headers; AMQP headers
-	// and basic properties) is not carried into weida.
+	// LossProperties: broker metadata other than the content type and W3C
+	// trace context (MQTT 5 user properties, payload format, correlation
+	// data; NATS headers; AMQP headers and basic properties) is not
+	// carried into weida.
 	LossProperties Loss = "properties"
 	// LossExpiry: a message's expiry (MQTT Message Expiry Interval, AMQP
 	// expiration) is not carried; weida delivers it whenever it can.
@@ -87,7 +88,7 @@ func lossTable() []LossInfo {
 		{LossDeliveryBestEffort, "weida keeps no session or retained copy: a copy that does not fit a slow subscriber's buffer, or is published while the bridge reconnects, is dropped"},
 		{LossAtMostOnce, "the broker side neither acknowledges nor redelivers (MQTT QoS 0, core NATS): a message in flight when a connection breaks is lost"},
 		{LossRetain, "MQTT retained messages cross as ordinary messages: the retain flag is dropped and later weida subscribers get nothing"},
-		{LossProperties, "broker metadata (MQTT 5 user properties, content type, correlation data; NATS headers; AMQP headers and properties) is not carried"},
+		{LossProperties, "broker metadata other than the content type and W3C trace context (MQTT 5 user properties, payload format, correlation data; NATS headers; AMQP headers and properties) is not carried"},
 		{LossExpiry, "message expiry (MQTT Message Expiry Interval, AMQP expiration) is not carried: weida delivers late messages too"},
 		{LossReplyTo, "the reply address (MQTT Response Topic, NATS reply subject, AMQP reply_to) is not carried: request/reply does not cross"},
 		{LossDottedLevels, "MQTT topics with a '.' inside a level are dropped and counted (mqtt-levels-escaped/v1 carries them)"},

@@ -2,12 +2,551 @@ package main
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
 	"fmt"
 	"io"
+	"log/slog"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/eclipse/paho.golang/paho"
+	mochi "github.com/mochi-mqtt/server/v2"
+	"github.com/mochi-mqtt/server/v2/hooks/auth"
+	"github.com/mochi-mqtt/server/v2/listeners"
+	natsserver "github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"weida.dev/connector/connectors"
+	"weida.dev/connector/policy"
+	"weida.dev/connector/resources"
+	"weida.dev/connector/weida"
 )
 
-// cmdDemo is not built yet; see the issue that introduces it.
-func cmdDemo(_ context.Context, _ []string, _ io.Reader, _, stderr io.Writer) int {
-	fmt.Fprintln(stderr, "connector demo: not implemented yet")
-	return exitFailure
+// cmdDemo runs the whole bridge in one process: an embedded MQTT 5 broker
+// (mochi-mqtt), an embedded NATS server, the connector runtime with demo
+// resources loaded through the same path as `run`, weida subscribers and a
+// weida publisher. It prints what crosses, how each topic converts and what
+// is refused, then a summary. It needs no broker and listens on loopback
+// only.
+func cmdDemo(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) int {
+	fs := newFlagSet("demo", "connector demo [--verbose]", stderr)
+	verbose := fs.Bool("verbose", false, "also print the connector's own log lines")
+	if code, done := parseFlags(fs, args, stdout); done {
+		return code
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "connector demo: unexpected argument %q\n", fs.Arg(0))
+		return exitUsage
+	}
+	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	d := &demo{out: stdout}
+	logOut := io.Discard
+	if *verbose {
+		logOut = stderr
+	}
+	d.log = slog.New(slog.NewTextHandler(logOut, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	defer d.cleanup()
+	if err := d.run(ctx); err != nil {
+		fmt.Fprintf(stderr, "connector demo: %v\n", err)
+		return exitFailure
+	}
+	return exitOK
+}
+
+type demo struct {
+	out      io.Writer
+	log      *slog.Logger
+	closers  []func()
+	mu       sync.Mutex
+	failures []string
+}
+
+func (d *demo) defer_(f func()) { d.closers = append(d.closers, f) }
+
+func (d *demo) cleanup() {
+	for i := len(d.closers) - 1; i >= 0; i-- {
+		d.closers[i]()
+	}
+}
+
+func (d *demo) printf(format string, a ...any) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	fmt.Fprintf(d.out, format, a...)
+}
+
+func (d *demo) fail(format string, a ...any) {
+	msg := fmt.Sprintf(format, a...)
+	d.mu.Lock()
+	d.failures = append(d.failures, msg)
+	d.mu.Unlock()
+	d.printf("  !! %s\n", msg)
+}
+
+// The demo resources, loaded through resources.Load exactly as `run` loads
+// files. %[n]s are filled with ports and paths chosen at start.
+const demoResources = `apiVersion: connector.weida.dev/v1alpha1
+kind: Connector
+metadata: {name: demo-mqtt-sensors-in}
+spec:
+  protocol: mqtt
+  direction: inbound
+  broker:
+    url: mqtt://127.0.0.1:%[1]d
+    clientID: demo-sensors-in
+    mqtt: {qos: 1, cleanStart: true, sessionExpiry: 0s}
+  weida: {listen: "weida://127.0.0.1:%[3]d/sensors", certFile: %[5]s, keyFile: %[6]s}
+  conversion:
+    policy: mqtt-levels/v1
+    losses: [delivery-best-effort, dotted-levels, expiry, ordering, properties, reply-to, retain, topic-length]
+  routes:
+    - {name: temperature, filter: "sensors/+/temperature"}
+    - {name: factory, filter: "factory/#"}
+---
+apiVersion: connector.weida.dev/v1alpha1
+kind: Connector
+metadata: {name: demo-nats-orders-in}
+spec:
+  protocol: nats
+  direction: inbound
+  broker: {url: "nats://127.0.0.1:%[2]d"}
+  weida: {listen: "weida://127.0.0.1:%[3]d/orders", certFile: %[5]s, keyFile: %[6]s}
+  conversion:
+    policy: nats-tokens/v1
+    losses: %[8]s
+  routes:
+    - {name: created, filter: "orders.*.created"}
+---
+apiVersion: connector.weida.dev/v1alpha1
+kind: Connector
+metadata: {name: demo-mqtt-alerts-out}
+spec:
+  protocol: mqtt
+  direction: outbound
+  broker:
+    url: mqtt://127.0.0.1:%[1]d
+    clientID: demo-alerts-out
+    mqtt: {qos: 1}
+  weida: {dial: "weida://%[7]s@127.0.0.1:%[4]d/alerts"}
+  conversion:
+    policy: mqtt-levels/v1
+    losses: %[9]s
+  routes:
+    - {name: alerts, filter: "alerts/#"}
+`
+
+// A resource the demo shows being refused, as `check` and `run` would.
+const demoRefused = `apiVersion: connector.weida.dev/v1alpha1
+kind: Connector
+metadata: {name: demo-nats-all-orders}
+spec:
+  protocol: nats
+  direction: inbound
+  broker: {url: "nats://127.0.0.1:4222"}
+  weida: {listen: "weida://127.0.0.1:7999/all-orders"}
+  conversion: {policy: nats-tokens/v1, losses: %s}
+  routes:
+    - {name: everything, filter: "orders.>"}
+`
+
+func (d *demo) run(ctx context.Context) error {
+	d.printf("weida-connector demo: brokers, connector and weida peers all run in this process, on loopback.\n\n")
+	mqttPort, err := d.startMQTT()
+	if err != nil {
+		return err
+	}
+	natsPort, err := d.startNATS()
+	if err != nil {
+		return err
+	}
+	dir, err := os.MkdirTemp("", "connector-demo")
+	if err != nil {
+		return err
+	}
+	d.defer_(func() { os.RemoveAll(dir) })
+	certFile, keyFile, fingerprint, err := writeDemoCert(dir)
+	if err != nil {
+		return err
+	}
+
+	// A weida application publishing alerts; the outbound resource dials it.
+	app, err := weida.Listen(ctx, "127.0.0.1:0", weida.ListenConfig{CertFile: certFile, KeyFile: keyFile})
+	if err != nil {
+		return err
+	}
+	d.defer_(func() { app.Close() })
+	alerts, err := app.Publisher("/alerts")
+	if err != nil {
+		return err
+	}
+	inPort, err := freeUDPPort()
+	if err != nil {
+		return err
+	}
+	natsLosses, mqttOutLosses := lossesFor("nats", "inbound"), lossesFor("mqtt", "outbound")
+	yaml := fmt.Sprintf(demoResources, mqttPort, natsPort, inPort, app.Addr().(*net.UDPAddr).Port,
+		certFile, keyFile, fingerprint, natsLosses, mqttOutLosses)
+	resFile := filepath.Join(dir, "demo.yaml")
+	refusedFile := filepath.Join(dir, "refused.yaml")
+	if err := os.WriteFile(resFile, []byte(yaml), 0o600); err != nil {
+		return err
+	}
+	if err := os.WriteFile(refusedFile, []byte(fmt.Sprintf(demoRefused, natsLosses)), 0o600); err != nil {
+		return err
+	}
+	d.printf("  embedded MQTT 5 broker (mochi-mqtt)  mqtt://127.0.0.1:%d\n", mqttPort)
+	d.printf("  embedded NATS server                 nats://127.0.0.1:%d\n", natsPort)
+	d.printf("  a weida application publishing       weida://127.0.0.1:%d/alerts\n\n", app.Addr().(*net.UDPAddr).Port)
+
+	// 1. Configuration time: the refused resource never runs.
+	d.printf("1. Checking resources, as `connector check` and `connector run` do\n\n")
+	set, err := resources.Load(refusedFile)
+	if err == nil {
+		d.fail("the resource with route orders.> was accepted")
+	} else {
+		for _, fe := range resources.Errors(err) {
+			d.printf("  REFUSED  %s: %s = %q\n           %s [%s]\n           hint: %s\n", fe.Resource, fe.Field, fe.Value, fe.Message, fe.Rule, fe.Hint)
+		}
+	}
+	set, err = resources.Load(resFile)
+	if err != nil {
+		return fmt.Errorf("demo resources: %w", err)
+	}
+	for _, c := range set.Connectors() {
+		d.printf("  valid    %-22s %-3s %-8s %s\n", c.Name, c.Protocol, c.Direction, c.Policy.Name())
+		for _, r := range c.Routes {
+			d.printf("           route %-12s %-24s -> weida %s\n", r.Name, r.Foreign, r.Weida)
+		}
+		d.printf("           declared losses: %s\n", joinLosses(c))
+	}
+	d.printf("\n")
+
+	// 2. Run them.
+	env := unitEnv{marker: "demo", log: d.log}
+	units, err := buildUnits(set.Connectors(), env)
+	if err != nil {
+		return err
+	}
+	rt := connectors.NewRuntime(connectors.Deps{Metrics: connectors.NewMetrics(prometheus.NewRegistry()), Logger: d.log, Drain: 2 * time.Second})
+	if err := rt.Apply(ctx, units); err != nil {
+		return err
+	}
+	d.defer_(rt.Stop)
+	if err := waitFor(ctx, 15*time.Second, rt.Ready); err != nil {
+		for _, st := range rt.Statuses() {
+			if !st.Ready() {
+				d.fail("%s not ready: %+v", st.Name, st.Conditions)
+			}
+		}
+		return errors.New("the connector did not become ready")
+	}
+	d.printf("2. Running: every resource is Ready (broker connected, weida side up)\n\n")
+
+	// weida subscribers on the two hosted endpoints.
+	sensors, err := d.dialWeida(ctx, fingerprint, inPort, "/sensors", "sensors.#", "factory.#")
+	if err != nil {
+		return err
+	}
+	orders, err := d.dialWeida(ctx, fingerprint, inPort, "/orders", "")
+	if err != nil {
+		return err
+	}
+	alertsOnMQTT, err := d.subscribeMQTT(ctx, mqttPort, "alerts/#")
+	if err != nil {
+		return err
+	}
+	waitFor(ctx, 5*time.Second, func() bool { return alerts.Subscribers() > 0 })
+
+	d.printf("3. Traffic (foreign topic -> weida topic, or why it was dropped)\n\n")
+	mq, err := d.mqttPublisher(ctx, mqttPort)
+	if err != nil {
+		return err
+	}
+	nc, err := nats.Connect(fmt.Sprintf("nats://127.0.0.1:%d", natsPort))
+	if err != nil {
+		return err
+	}
+	d.defer_(nc.Close)
+
+	inbound := []struct {
+		proto, topic, payload string
+		sub                   *weida.Subscriber
+		want                  string // weida topic, or "" when it must be dropped
+	}{
+		{"MQTT", "sensors/kitchen/temperature", `{"c":21.5}`, sensors, "sensors.kitchen.temperature"},
+		{"MQTT", "sensors//temperature", `{"c":19.0}`, sensors, "sensors..temperature"},
+		{"MQTT", "factory", `line stopped`, sensors, "factory"},
+		{"MQTT", "factory/hall-2/press", `{"bar":3}`, sensors, "factory.hall-2.press"},
+		{"MQTT", "sensors/eu.west/temperature", `{"c":9.1}`, sensors, ""},
+		{"NATS", "orders.eu.created", `{"id":1}`, orders, "orders.eu.created"},
+		{"NATS", "orders.eu.fr.created", `{"id":2}`, orders, ""},
+	}
+	for _, m := range inbound {
+		switch m.proto {
+		case "MQTT":
+			if _, err := mq.Publish(ctx, &paho.Publish{Topic: m.topic, QoS: 1, Payload: []byte(m.payload)}); err != nil {
+				return err
+			}
+		case "NATS":
+			if err := nc.Publish(m.topic, []byte(m.payload)); err != nil {
+				return err
+			}
+			nc.Flush()
+		}
+		if m.want == "" {
+			why := "not selected by any route"
+			if m.proto == "MQTT" {
+				why = "dropped and counted: mqtt-dotted-level (a '.' inside a level would become a weida separator)"
+			}
+			if got, ok := receiveWithin(ctx, m.sub, 400*time.Millisecond); ok {
+				d.fail("%s %s reached weida as %q", m.proto, m.topic, got.Topic)
+			} else {
+				d.printf("  %-4s %-30s  x  %s\n", m.proto, m.topic, why)
+			}
+			continue
+		}
+		got, ok := receiveWithin(ctx, m.sub, 5*time.Second)
+		switch {
+		case !ok:
+			d.fail("%s %s did not reach weida", m.proto, m.topic)
+		case got.Topic != m.want || string(got.Payload) != m.payload:
+			d.fail("%s %s arrived as %q %q, want %q", m.proto, m.topic, got.Topic, got.Payload, m.want)
+		default:
+			d.printf("  %-4s %-30s  -> weida %-28s %s\n", m.proto, m.topic, got.Topic, got.Payload)
+		}
+	}
+	for _, a := range []struct{ topic, payload, want string }{
+		{"alerts.fire.hall-2", `evacuate`, "alerts/fire/hall-2"},
+		{"alerts", `all clear`, "alerts"},
+	} {
+		if _, err := alerts.Publish(ctx, weida.Message{Topic: a.topic, Payload: []byte(a.payload)}); err != nil {
+			return err
+		}
+		select {
+		case m := <-alertsOnMQTT:
+			if m.Topic != a.want {
+				d.fail("weida %s arrived on MQTT as %q, want %q", a.topic, m.Topic, a.want)
+			} else {
+				d.printf("  weida %-29s  -> MQTT  %-28s %s\n", a.topic, m.Topic, m.Payload)
+			}
+		case <-time.After(5 * time.Second):
+			d.fail("weida %s did not reach MQTT", a.topic)
+		}
+	}
+
+	d.printf("\n4. Summary (also served as /status and /metrics by `connector run`)\n\n")
+	for _, st := range rt.Statuses() {
+		c := st.Counters
+		d.printf("  %-22s received %d, bridged %d, dropped %s\n", st.Name, c.Received, c.Bridged, formatDrops(c.Dropped))
+	}
+	if len(d.failures) > 0 {
+		return fmt.Errorf("%d expectation(s) failed", len(d.failures))
+	}
+	d.printf("\nEverything behaved as the resources state. Next: README's five-minute tour.\n")
+	return nil
+}
+
+func formatDrops(m map[string]uint64) string {
+	if len(m) == 0 {
+		return "0"
+	}
+	var parts []string
+	for k, v := range m {
+		parts = append(parts, fmt.Sprintf("%d (%s)", v, k))
+	}
+	return strings.Join(parts, ", ")
+}
+
+func joinLosses(c *resources.Connector) string {
+	s := make([]string, len(c.Losses))
+	for i, l := range c.Losses {
+		s[i] = string(l)
+	}
+	return strings.Join(s, ", ")
+}
+
+func waitFor(ctx context.Context, d time.Duration, cond func() bool) error {
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return errors.New("timed out")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return nil
+}
+
+func receiveWithin(ctx context.Context, s *weida.Subscriber, d time.Duration) (weida.Message, bool) {
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	m, err := s.Receive(ctx)
+	return m, err == nil
+}
+
+func freeUDPPort() (int, error) {
+	c, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer c.Close()
+	return c.LocalAddr().(*net.UDPAddr).Port, nil
+}
+
+func freeTCPPort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+func (d *demo) startMQTT() (int, error) {
+	port, err := freeTCPPort()
+	if err != nil {
+		return 0, err
+	}
+	srv := mochi.New(&mochi.Options{InlineClient: false, Logger: slog.New(slog.DiscardHandler)})
+	if err := srv.AddHook(new(auth.AllowHook), nil); err != nil {
+		return 0, err
+	}
+	if err := srv.AddListener(listeners.NewTCP(listeners.Config{ID: "demo", Address: fmt.Sprintf("127.0.0.1:%d", port)})); err != nil {
+		return 0, err
+	}
+	if err := srv.Serve(); err != nil {
+		return 0, fmt.Errorf("embedded MQTT broker: %w", err)
+	}
+	d.defer_(func() { srv.Close() })
+	return port, nil
+}
+
+func (d *demo) startNATS() (int, error) {
+	srv, err := natsserver.NewServer(&natsserver.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true})
+	if err != nil {
+		return 0, err
+	}
+	go srv.Start()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		return 0, errors.New("embedded NATS server did not start")
+	}
+	d.defer_(func() { srv.Shutdown(); srv.WaitForShutdown() })
+	return srv.Addr().(*net.TCPAddr).Port, nil
+}
+
+func (d *demo) dialWeida(ctx context.Context, fingerprint string, port int, path string, filters ...string) (*weida.Subscriber, error) {
+	s, err := weida.Dial(ctx, fmt.Sprintf("weida://%s@127.0.0.1:%d%s", fingerprint, port, path), weida.DialConfig{})
+	if err != nil {
+		return nil, err
+	}
+	d.defer_(func() { s.Close() })
+	for _, f := range filters {
+		if err := s.Subscribe(ctx, f); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+func (d *demo) mqttClient(ctx context.Context, port int, id string, onPublish func(paho.PublishReceived) (bool, error)) (*paho.Client, error) {
+	conn, err := (&net.Dialer{}).DialContext(ctx, "tcp", fmt.Sprintf("127.0.0.1:%d", port))
+	if err != nil {
+		return nil, err
+	}
+	cfg := paho.ClientConfig{ClientID: id, Conn: conn}
+	if onPublish != nil {
+		cfg.OnPublishReceived = []func(paho.PublishReceived) (bool, error){onPublish}
+	}
+	c := paho.NewClient(cfg)
+	if _, err := c.Connect(ctx, &paho.Connect{ClientID: id, CleanStart: true, KeepAlive: 30}); err != nil {
+		conn.Close()
+		return nil, err
+	}
+	d.defer_(func() { c.Disconnect(&paho.Disconnect{}) })
+	return c, nil
+}
+
+func (d *demo) mqttPublisher(ctx context.Context, port int) (*paho.Client, error) {
+	return d.mqttClient(ctx, port, "demo-publisher", nil)
+}
+
+func (d *demo) subscribeMQTT(ctx context.Context, port int, filter string) (<-chan *paho.Publish, error) {
+	ch := make(chan *paho.Publish, 16)
+	c, err := d.mqttClient(ctx, port, "demo-alerts-reader", func(pr paho.PublishReceived) (bool, error) {
+		select {
+		case ch <- pr.Packet:
+		default:
+		}
+		return true, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if _, err := c.Subscribe(ctx, &paho.Subscribe{Subscriptions: []paho.SubscribeOptions{{Topic: filter, QoS: 1}}}); err != nil {
+		return nil, err
+	}
+	return ch, nil
+}
+
+// writeDemoCert writes a self-signed certificate for 127.0.0.1 and returns
+// its files and weida fingerprint.
+func writeDemoCert(dir string) (certFile, keyFile, fingerprint string, err error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return "", "", "", err
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1),
+		Subject:      pkix.Name{CommonName: "weida-connector demo"},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(24 * time.Hour),
+		IPAddresses:  []net.IP{net.ParseIP("127.0.0.1")},
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return "", "", "", err
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		return "", "", "", err
+	}
+	kder, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return "", "", "", err
+	}
+	certFile, keyFile = filepath.Join(dir, "demo.crt"), filepath.Join(dir, "demo.key")
+	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		return "", "", "", err
+	}
+	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), 0o600); err != nil {
+		return "", "", "", err
+	}
+	return certFile, keyFile, weida.Fingerprint(cert), nil
+}
+
+// lossesFor renders, as a YAML flow list, the losses the protocol's default
+// policy incurs with the demo's options (MQTT QoS 1, core NATS): the demo
+// states exactly what its conversions lose, as every resource must.
+func lossesFor(protocol, direction string) string {
+	p := policy.Default(policy.Protocol(protocol))
+	ls := p.Losses(policy.Direction(direction), policy.Options{QoS: 1})
+	s := make([]string, len(ls))
+	for i, l := range ls {
+		s[i] = string(l)
+	}
+	return "[" + strings.Join(s, ", ") + "]"
 }
