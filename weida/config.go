@@ -162,7 +162,6 @@ func (l Limits) withDefaults() (Limits, error) {
 // not advertise max_datagram_frame_size (PROTOCOL §6.1).
 func (l *Limits) quicConfig(dialling bool) *quic.Config {
 	c := &quic.Config{
-		HandshakeIdleTimeout:           l.HelloTimeout,
 		MaxIdleTimeout:                 l.IdleTimeout,
 		MaxIncomingUniStreams:          l.MaxConcurrentUniStreams,
 		MaxIncomingStreams:             l.MaxConcurrentBidiStreams,
