@@ -114,6 +114,9 @@ func Dial(ctx context.Context, rawURL string, cfg DialConfig) (*Subscriber, erro
 		return s, nil
 	case <-s.c.ctx.Done():
 		err = s.connErr()
+		if refusedClient(err) {
+			err = fmt.Errorf("%w (the listener refused the client certificate: it admits only listed fingerprints; see DialConfig.CertFile)", err)
+		}
 	case <-ctx.Done():
 		err = ctx.Err()
 	}
@@ -383,6 +386,16 @@ func (s *Subscriber) closedErr() error {
 
 // connErr converts the connection's close cause.
 func (s *Subscriber) connErr() error { return closeErrorOf(context.Cause(s.c.ctx)) }
+
+// refusedClient reports whether err is the listener's TLS refusal of the
+// client certificate (alerts bad_certificate 42 and certificate_required 116).
+func refusedClient(err error) bool {
+	var te *quic.TransportError
+	if !errors.As(err, &te) || !te.Remote {
+		return false
+	}
+	return te.ErrorCode == 0x100+42 || te.ErrorCode == 0x100+116
+}
 
 // closeErrorOf turns quic-go's connection close cause into a *CloseError.
 func closeErrorOf(cause error) *CloseError {
