@@ -1,0 +1,460 @@
+package amqp
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"weida.dev/connector/connectors"
+)
+
+// LoopHeader is the message header that marks a message an outbound bridge
+// published. An inbound bridge whose marker has the same value reports the
+// message as looped, so that it does not travel broker → weida → broker
+// forever.
+const LoopHeader = "x-weida-connector"
+
+// SeqHeader is the header a [Sink] writes on every message: the publish
+// sequence number on its channel. A returned (unroutable) message carries its
+// headers back, and this one says which publish it was; RabbitMQ sends
+// basic.return without a delivery tag. Consumers may ignore it.
+const SeqHeader = "x-weida-seq"
+
+// Trace context headers, as the W3C names them.
+const (
+	headerTraceparent = "traceparent"
+	headerTracestate  = "tracestate"
+)
+
+// DefaultExchange is the exchange used when Config.Exchange is empty.
+const DefaultExchange = "amq.topic"
+
+// DefaultPrefetch is the prefetch used when Config.Prefetch is zero.
+const DefaultPrefetch = 256
+
+// Config configures one AMQP 0-9-1 connection, for a [Source] or a [Sink].
+// The zero value of each field is the documented default; URL is required.
+// A Config is copied by NewSource and NewSink and not modified afterwards.
+type Config struct {
+	// URL is amqp://host[:port][/vhost] or amqps://host[:port][/vhost].
+	// The path is the virtual host, percent-encoded ("/" or no path: the
+	// default vhost "/"). Credentials belong in Username and Password; when
+	// Username is empty the URL's user information applies, and without
+	// any the library's default (guest).
+	URL      string
+	Username string
+	// Password is the resolved secret; it is sent with SASL PLAIN and
+	// never logged.
+	Password string
+	// TLS is used for amqps://; nil means the system roots and the URL's
+	// host as server name. It is cloned for every connection attempt.
+	TLS *tls.Config
+
+	// Exchange is the topic exchange routes bind to (Source) or publish to
+	// (Sink); "" means amq.topic. A name starting with "amq." is declared
+	// passively (it must exist, and RabbitMQ reserves the prefix); any
+	// other name is declared as a durable topic exchange, which succeeds
+	// when it already exists with those properties and fails, reported
+	// and retried, when it exists as another type.
+	Exchange string
+	// Queue is the queue a Source consumes; a Sink ignores it.
+	Queue Queue
+	// Prefetch bounds the deliveries a Source holds unacknowledged (AMQP
+	// basic.qos): the backpressure bound of an inbound bridge. Zero means
+	// [DefaultPrefetch]; at most 65535.
+	Prefetch int
+
+	// ConnectionName is the connection_name client property, which
+	// RabbitMQ shows in its management UI and `rabbitmqctl
+	// list_connections`.
+	ConnectionName string
+	// LoopMarker is the value of [LoopHeader] a Sink writes and a Source
+	// recognises; empty disables loop marking.
+	LoopMarker string
+
+	// Heartbeat is the AMQP heartbeat interval; zero means 10 s. A silent
+	// peer is declared lost after about three intervals.
+	Heartbeat time.Duration
+	// ConnectTimeout bounds the TCP, TLS and AMQP handshakes of one
+	// attempt, and closing a connection; zero means 10 s.
+	ConnectTimeout time.Duration
+	// Backoff is the wait before reconnect attempt n (n ≥ 1); nil means
+	// exponential from 100 ms to 10 s.
+	Backoff func(n int) time.Duration
+	// Logger receives the driver's logs; nil discards them.
+	Logger *slog.Logger
+
+	// dialed, when set (tests only), is told about every new network
+	// connection, so that a test can cut it.
+	dialed func(net.Conn)
+}
+
+// Queue is the queue a [Source] consumes.
+//
+// A named durable queue outlives the connector and RabbitMQ restarts: what
+// arrives while no connector consumes it waits there. An empty Name asks
+// RabbitMQ to name the queue; such a queue is exclusive to one connection
+// and deleted with it, so whatever is published while the connector is
+// disconnected is lost.
+type Queue struct {
+	// Name is the queue's name; "" asks the broker for a fresh exclusive
+	// queue on every connection.
+	Name string
+	// Durable makes the queue (and its bindings) survive a broker
+	// restart. It needs a Name and excludes Exclusive.
+	Durable bool
+	// Exclusive makes the queue private to the connector's connection and
+	// deletes it when the connection ends. Always true when Name is "".
+	Exclusive bool
+}
+
+func (c *Config) validate() error {
+	if c.URL == "" {
+		return errors.New("amqp: a broker URL is required")
+	}
+	uri, err := amqp.ParseURI(c.URL)
+	if err != nil {
+		return fmt.Errorf("amqp: broker url: %w", err)
+	}
+	if uri.Scheme != "amqp" && uri.Scheme != "amqps" {
+		return fmt.Errorf("amqp: broker url: scheme %q, want amqp or amqps", uri.Scheme)
+	}
+	if c.Queue.Name == "" && c.Queue.Durable {
+		return errors.New("amqp: a durable queue needs a name")
+	}
+	if c.Queue.Durable && c.Queue.Exclusive {
+		return fmt.Errorf("amqp: queue %q cannot be both durable and exclusive: an exclusive queue is deleted with its connection", c.Queue.Name)
+	}
+	if strings.HasPrefix(c.Queue.Name, "amq.") {
+		return fmt.Errorf("amqp: queue %q: the prefix amq. is reserved by the broker", c.Queue.Name)
+	}
+	if c.Prefetch < 0 || c.Prefetch > 65535 {
+		return fmt.Errorf("amqp: prefetch %d out of range 0–65535", c.Prefetch)
+	}
+	if len(c.exchange()) > 255 {
+		return fmt.Errorf("amqp: exchange name longer than 255 bytes")
+	}
+	return nil
+}
+
+func (c *Config) exchange() string {
+	if c.Exchange == "" {
+		return DefaultExchange
+	}
+	return c.Exchange
+}
+
+func (c *Config) prefetch() int {
+	if c.Prefetch == 0 {
+		return DefaultPrefetch
+	}
+	return c.Prefetch
+}
+
+func (c *Config) connectTimeout() time.Duration {
+	if c.ConnectTimeout > 0 {
+		return c.ConnectTimeout
+	}
+	return 10 * time.Second
+}
+
+func (c *Config) backoff(n int) time.Duration {
+	if c.Backoff != nil {
+		return c.Backoff(n)
+	}
+	return connectors.ExponentialBackoff(100*time.Millisecond, 10*time.Second)(n)
+}
+
+func (c *Config) logger() *slog.Logger {
+	if c.Logger == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return c.Logger
+}
+
+// declareExchange makes sure the configured exchange exists (see
+// Config.Exchange).
+func (c *Config) declareExchange(ch *amqp.Channel) error {
+	name := c.exchange()
+	var err error
+	if strings.HasPrefix(name, "amq.") {
+		err = ch.ExchangeDeclarePassive(name, amqp.ExchangeTopic, true, false, false, false, nil)
+	} else {
+		err = ch.ExchangeDeclare(name, amqp.ExchangeTopic, true, false, false, false, nil)
+	}
+	if err != nil {
+		return fmt.Errorf("amqp: declare exchange %q: %w", name, err)
+	}
+	return nil
+}
+
+// ---- one connection and its channel ----
+
+// link is one AMQP connection with the one channel the driver uses on it.
+// It is lost at most once: when the connection or the channel closes, the
+// consumer is cancelled by the broker, or the owner tears it down.
+type link struct {
+	conn *amqp.Connection
+	ch   *amqp.Channel
+
+	lostOnce sync.Once
+	lost     chan struct{} // closed when the link is lost
+	why      lossReason    // written once, before lost is closed
+
+	blocked atomic.Bool // connection.blocked received and not yet unblocked
+	wg      sync.WaitGroup
+}
+
+// lossReason says why a link ended, for status and logs.
+type lossReason struct {
+	reason string // ConnState.Reason
+	err    error
+}
+
+// errStopping ends a link its owner tears down on purpose.
+var errStopping = errors.New("amqp: closing")
+
+func (l *link) markLost(reason string, err error) {
+	l.lostOnce.Do(func() {
+		l.why = lossReason{reason: reason, err: err}
+		close(l.lost)
+	})
+}
+
+func (l *link) isLost() bool {
+	select {
+	case <-l.lost:
+		return true
+	default:
+		return false
+	}
+}
+
+// dial opens a connection and a channel. A cancelled ctx aborts the TCP
+// connect and the handshake.
+func (c *Config) dial(ctx context.Context) (*link, error) {
+	timeout := c.connectTimeout()
+	var stopAbort func() bool
+	acfg := amqp.Config{
+		Heartbeat:  c.Heartbeat,
+		Properties: amqp.NewConnectionProperties(),
+		Dial: func(network, addr string) (net.Conn, error) {
+			d := net.Dialer{Timeout: timeout}
+			conn, err := d.DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			// The library clears this deadline once the AMQP handshake is
+			// done; until then it bounds TLS and AMQP negotiation.
+			if err := conn.SetDeadline(time.Now().Add(timeout)); err != nil {
+				conn.Close()
+				return nil, err
+			}
+			stopAbort = context.AfterFunc(ctx, func() { conn.Close() })
+			if c.dialed != nil {
+				c.dialed(conn)
+			}
+			return conn, nil
+		},
+	}
+	if c.ConnectionName != "" {
+		acfg.Properties.SetClientConnectionName(c.ConnectionName)
+	}
+	if c.TLS != nil {
+		acfg.TLSClientConfig = c.TLS.Clone()
+	}
+	if c.Username != "" {
+		acfg.SASL = []amqp.Authentication{&amqp.PlainAuth{Username: c.Username, Password: c.Password}}
+	}
+	conn, err := amqp.DialConfig(c.URL, acfg)
+	if stopAbort != nil {
+		stopAbort()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("amqp: connect to %s: %w", redactURL(c.URL), err)
+	}
+	ch, err := conn.Channel()
+	if err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("amqp: open channel: %w", err)
+	}
+	return &link{conn: conn, ch: ch, lost: make(chan struct{})}, nil
+}
+
+// redactURL removes user information from u for messages.
+func redactURL(u string) string {
+	uri, err := amqp.ParseURI(u)
+	if err != nil {
+		return "the broker"
+	}
+	return fmt.Sprintf("%s://%s", uri.Scheme, net.JoinHostPort(uri.Host, fmt.Sprint(uri.Port)))
+}
+
+// watch starts the goroutine that drains the connection's and channel's
+// notifications for as long as the library keeps them open: a notify
+// channel nobody reads can wedge the library's reader. The first close,
+// consumer cancellation (cancels may be nil) or teardown marks the link
+// lost; blocked is called when the broker blocks or unblocks publishing
+// (nil: ignored).
+func (l *link) watch(log *slog.Logger, cancels chan string, blocked func(bool, string)) {
+	connClose := l.conn.NotifyClose(make(chan *amqp.Error, 1))
+	chClose := l.ch.NotifyClose(make(chan *amqp.Error, 1))
+	blocks := l.conn.NotifyBlocked(make(chan amqp.Blocking, 4))
+	l.wg.Add(1)
+	go func() {
+		defer l.wg.Done()
+		for connClose != nil || chClose != nil || blocks != nil || cancels != nil {
+			select {
+			case err, ok := <-connClose:
+				if !ok {
+					connClose = nil
+					l.markLost("ConnectionLost", errors.New("connection closed"))
+					continue
+				}
+				l.markLost("ConnectionLost", err)
+			case err, ok := <-chClose:
+				if !ok {
+					chClose = nil
+					l.markLost("ChannelClosed", errors.New("channel closed"))
+					continue
+				}
+				l.markLost("ChannelClosed", err)
+			case tag, ok := <-cancels:
+				if !ok {
+					cancels = nil
+					continue
+				}
+				log.Warn("amqp: the broker cancelled the consumer (was the queue deleted?); reconnecting", "consumer", tag)
+				l.markLost("ConsumerCancelled", fmt.Errorf("the broker cancelled consumer %q; the queue may have been deleted", tag))
+			case b, ok := <-blocks:
+				if !ok {
+					blocks = nil
+					continue
+				}
+				l.blocked.Store(b.Active)
+				if blocked != nil {
+					blocked(b.Active, b.Reason)
+				}
+			}
+		}
+	}()
+}
+
+// close tears the link down within timeout and waits for its watchers.
+func (l *link) close(timeout time.Duration) {
+	l.markLost("Closing", errStopping)
+	if !l.conn.IsClosed() {
+		_ = l.conn.CloseDeadline(time.Now().Add(timeout))
+	}
+	l.wg.Wait()
+}
+
+// ---- supervision ----
+
+// supervisor keeps one link up: it connects, lets its owner declare and
+// subscribe, waits until the link is lost, and starts over with backoff,
+// until its context ends. It reports every change through report.
+type supervisor struct {
+	cfg    *Config
+	report connectors.StateFunc
+	log    *slog.Logger
+
+	// setup declares what the owner needs on a fresh link and starts its
+	// watchers; it returns the detail for the Connected state.
+	setup func(ctx context.Context, l *link) (detail string, err error)
+	// up publishes a ready link to the owner; down withdraws it (called
+	// before the link is closed).
+	up, down func(l *link)
+
+	first chan struct{} // closed at the first successful setup
+	done  chan struct{} // closed when run returns
+}
+
+func (sv *supervisor) run(ctx context.Context) {
+	defer close(sv.done)
+	firstUp := false
+	for attempt := 0; ; attempt++ {
+		if attempt > 0 && !sleep(ctx, sv.cfg.backoff(attempt)) {
+			return
+		}
+		l, err := sv.cfg.dial(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			sv.report(connectors.ConnState{Reason: "ConnectFailed", Detail: err.Error()})
+			sv.log.Warn("amqp: connecting failed; retrying", "err", err, "attempt", attempt+1)
+			continue
+		}
+		detail, err := sv.setup(ctx, l)
+		if err != nil {
+			l.close(sv.cfg.connectTimeout())
+			if ctx.Err() != nil {
+				return
+			}
+			sv.report(connectors.ConnState{Reason: "DeclareFailed", Detail: err.Error()})
+			sv.log.Warn("amqp: declaring on the broker failed; retrying", "err", err, "attempt", attempt+1)
+			continue
+		}
+		sv.up(l)
+		if l.blocked.Load() {
+			// connection.blocked arrived during setup; the watcher
+			// reports the unblocking.
+			sv.report(connectors.ConnState{Reason: "Blocked", Detail: "the broker blocks publishing"})
+		} else {
+			sv.report(connectors.ConnState{Up: true, Reason: "Connected", Detail: detail})
+		}
+		sv.log.Info("amqp: connected", "detail", detail)
+		if !firstUp {
+			firstUp = true
+			close(sv.first)
+		}
+		select {
+		case <-l.lost:
+		case <-ctx.Done():
+		}
+		sv.down(l)
+		l.close(sv.cfg.connectTimeout())
+		if ctx.Err() != nil {
+			return
+		}
+		why := l.why
+		sv.report(connectors.ConnState{Reason: why.reason, Detail: fmt.Sprint(why.err)})
+		sv.log.Warn("amqp: connection lost; reconnecting", "reason", why.reason, "err", why.err)
+		attempt = 0 // the next pass waits backoff(1)
+	}
+}
+
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// ---- metadata ----
+
+// headerString returns the header key as a string when it holds one (AMQP
+// long strings decode as string; byte arrays as []byte).
+func headerString(h amqp.Table, key string) string {
+	switch v := h[key].(type) {
+	case string:
+		return v
+	case []byte:
+		return string(v)
+	}
+	return ""
+}

@@ -1,0 +1,176 @@
+package amqp
+
+import (
+	"context"
+	"net"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"go.uber.org/goleak"
+
+	"weida.dev/connector/connectors"
+	"weida.dev/connector/connectors/conntest"
+	"weida.dev/connector/policy"
+)
+
+// brokerAddr is the loopback RabbitMQ that scripts/brokers starts.
+const (
+	brokerAddr = "127.0.0.1:5672"
+	brokerURL  = "amqp://" + brokerAddr + "/"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// quic-go keeps one package-level goroutine for its connection ID
+		// generator's timer wheel on some platforms.
+		goleak.IgnoreAnyFunction("github.com/quic-go/quic-go.(*Transport).listen"),
+	)
+}
+
+func requireBroker(t testing.TB) {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", brokerAddr, 2*time.Second)
+	if err != nil {
+		t.Fatalf("RabbitMQ is not listening on %s (run scripts/brokers): %v", brokerAddr, err)
+	}
+	c.Close()
+}
+
+// testConfig is a Config for the loopback broker with fast retries.
+func testConfig(name, marker string) Config {
+	return Config{
+		URL:            brokerURL,
+		Username:       "guest",
+		Password:       "guest",
+		ConnectionName: name,
+		LoopMarker:     marker,
+		Backoff:        connectors.ExponentialBackoff(20*time.Millisecond, 500*time.Millisecond),
+	}
+}
+
+// directChannel opens a connection and channel that bypass the driver;
+// both close when the test ends.
+func directChannel(t testing.TB) (*amqp.Connection, *amqp.Channel) {
+	t.Helper()
+	conn, err := amqp.Dial("amqp://guest:guest@" + brokerAddr + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return conn, ch
+}
+
+// deleteQueue removes a queue the test made, whatever state it is in.
+func deleteQueue(t testing.TB, name string) {
+	t.Helper()
+	conn, err := amqp.Dial("amqp://guest:guest@" + brokerAddr + "/")
+	if err != nil {
+		t.Errorf("deleting queue %q: %v", name, err)
+		return
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Errorf("deleting queue %q: %v", name, err)
+		return
+	}
+	if _, err := ch.QueueDelete(name, false, false, false); err != nil {
+		t.Errorf("deleting queue %q: %v", name, err)
+	}
+}
+
+type harness struct {
+	t  *testing.T
+	ch *amqp.Channel
+}
+
+func newHarness(t *testing.T) conntest.Harness {
+	requireBroker(t)
+	_, ch := directChannel(t)
+	return &harness{t: t, ch: ch}
+}
+
+func (h *harness) Protocol() policy.Protocol { return policy.AMQP }
+
+func (h *harness) NewSource(name, marker string, report connectors.StateFunc) (connectors.Source, error) {
+	cfg := testConfig(name, marker)
+	cfg.Queue = Queue{Name: "conntest-" + name, Durable: true}
+	h.t.Cleanup(func() { deleteQueue(h.t, cfg.Queue.Name) })
+	return NewSource(cfg, report)
+}
+
+func (h *harness) NewSink(name, marker string, report connectors.StateFunc) (connectors.Sink, error) {
+	return NewSink(testConfig(name+"-out", marker), report)
+}
+
+// Topics: a non-UTF-8 word is a routing key RabbitMQ routes and weida
+// cannot carry.
+func (h *harness) Topics() (filter, selected, other, unconvertible string) {
+	u := conntest.Unique()
+	return u + ".*.temp", u + ".a.temp", u + ".a.b.temp", u + ".\xff.temp"
+}
+
+func (h *harness) Capabilities() conntest.Capabilities {
+	return conntest.Capabilities{Metadata: true, Redelivery: true}
+}
+
+func (h *harness) Publish(ctx context.Context, m *connectors.Message) error {
+	pub := amqp.Publishing{ContentType: m.ContentType, Body: m.Payload, Headers: amqp.Table{}}
+	if m.Traceparent != "" {
+		pub.Headers[headerTraceparent] = m.Traceparent
+	}
+	if m.Tracestate != "" {
+		pub.Headers[headerTracestate] = m.Tracestate
+	}
+	return h.ch.PublishWithContext(ctx, DefaultExchange, m.Topic, false, false, pub)
+}
+
+func (h *harness) Subscribe(ctx context.Context, filter string) (<-chan *connectors.Message, func(), error) {
+	conn, err := amqp.Dial("amqp://guest:guest@" + brokerAddr + "/")
+	if err != nil {
+		return nil, nil, err
+	}
+	ch, err := conn.Channel()
+	if err == nil {
+		var q amqp.Queue
+		q, err = ch.QueueDeclare("", false, true, true, false, nil)
+		if err == nil {
+			err = ch.QueueBind(q.Name, filter, DefaultExchange, false, nil)
+		}
+		var ds <-chan amqp.Delivery
+		if err == nil {
+			ds, err = ch.Consume(q.Name, "", true, true, false, false, nil)
+		}
+		if err == nil {
+			out := make(chan *connectors.Message, 64)
+			go func() {
+				for d := range ds {
+					m := &connectors.Message{
+						Topic:       d.RoutingKey,
+						Payload:     d.Body,
+						ContentType: d.ContentType,
+						Traceparent: headerString(d.Headers, headerTraceparent),
+						Tracestate:  headerString(d.Headers, headerTracestate),
+					}
+					select {
+					case out <- m:
+					default:
+					}
+				}
+			}()
+			return out, func() { conn.Close() }, nil
+		}
+	}
+	conn.Close()
+	return nil, nil, err
+}
+
+func TestConformance(t *testing.T) {
+	requireBroker(t)
+	conntest.Run(t, newHarness)
+}

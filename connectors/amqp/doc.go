@@ -1,0 +1,111 @@
+// Package amqp is the AMQP 0-9-1 (RabbitMQ) driver of the bridge runtime: a
+// [connectors.Source] that consumes a queue bound to a topic exchange for
+// inbound resources, and a [connectors.Sink] that publishes to the exchange
+// with publisher confirms for outbound ones. It uses amqp091-go. The runtime
+// owns conversion (policy amqp-words/v1), routing, counting and retries; this
+// package owns the broker connection, the queue and its bindings, and the
+// mapping of AMQP metadata.
+//
+// # Reconnection
+//
+// amqp091-go does not reconnect on its own (its experimental Recovery option
+// is left off: it gives up after a fixed number of attempts, and the driver
+// must know when delivery tags become void). Each Source and Sink runs one
+// supervisor goroutine that keeps one connection with one channel up:
+//
+//   - it connects (TCP, TLS for amqps://, AMQP handshake, bounded by
+//     Config.ConnectTimeout), opens the channel and declares what the
+//     resource owns: the exchange (passively for amq.* names, otherwise as a
+//     durable topic exchange), and for a Source the queue, one binding per
+//     route binding key, basic.qos and the consumer; for a Sink, confirm
+//     mode;
+//   - it drains every notification the library offers for as long as the
+//     library keeps it open (connection and channel close, consumer cancel,
+//     connection blocked, returns, confirms): amqp091 delivers them from its
+//     one reader goroutine, and a notification nobody reads stalls it;
+//   - when the connection or the channel closes (broker restart, network
+//     failure, missed heartbeats, a channel error) or the broker cancels the
+//     consumer (the queue was deleted), it closes what is left and starts
+//     over after Config.Backoff (exponential, 100 ms to 10 s by default),
+//     declaring and binding again and resuming consumption or publishing.
+//
+// Every state change reaches the runtime through the [connectors.StateFunc]
+// (Connected, ConnectFailed, DeclareFailed, ConnectionLost, ChannelClosed,
+// ConsumerCancelled, Blocked), and so /status and the up and reconnects
+// metrics. A declaration the broker refuses (a queue that exists with other
+// properties, an exchange of another type, a missing amq.* exchange, no
+// permission) is reported as DeclareFailed with the broker's reply and
+// retried: the fix is on the broker, and the connector resumes once it is
+// made.
+//
+// # Inbound
+//
+// The Source consumes with manual acknowledgements. The runtime settles a
+// message after every weida copy is queued (or after it dropped and counted
+// the message on purpose): basic.ack; if it cannot (the connector is
+// stopping), basic.nack with requeue. Config.Prefetch bounds the deliveries
+// held unacknowledged, which is the backpressure between RabbitMQ and weida.
+// Delivery tags are valid only on the channel that delivered them: after a
+// reconnection, settling a delivery of the lost channel does nothing, since
+// RabbitMQ has requeued it and will deliver it again (with the redelivered
+// flag). Inbound delivery is therefore at least once towards the connector;
+// weida itself delivers at most once to each subscriber.
+//
+// Which queue to consume is the resource's choice:
+//
+//   - A named durable queue (queue.name set, durable: true) survives
+//     connector restarts and RabbitMQ restarts, and so do its bindings.
+//     Messages that arrive while no connector consumes wait in it; a
+//     restarted connector, or RabbitMQ coming back, loses nothing the queue
+//     held. For this to include the messages RabbitMQ had not yet written
+//     to disk, publishers must publish them persistent (delivery mode 2).
+//   - A named non-durable queue survives connector restarts but not a
+//     RabbitMQ restart.
+//   - An exclusive queue, and in particular a server-named one (no
+//     queue.name), belongs to one connection and is deleted with it. Every
+//     reconnection declares a new, empty queue: **whatever is published
+//     while the connector is disconnected or restarting is lost**, and so
+//     are the messages the old queue still held.
+//
+// The queue's bindings are never removed by the connector: a durable queue
+// keeps the bindings of routes deleted from the resource since, and the
+// runtime drops what they bring in as no-route (counted). Unbind such keys
+// with rabbitmqctl or the management UI.
+//
+// Scale-out: several connector replicas running the same resource consume
+// the one named queue as competing consumers; RabbitMQ gives each message to
+// one of them (round-robin within each consumer's prefetch window), and
+// weida subscribers dial every replica's endpoint. Exclusive queues cannot be
+// shared. Ordering across replicas is not kept (it is not kept across weida
+// either: the ordering loss).
+//
+// # Outbound
+//
+// The Sink publishes each message to the exchange with the converted weida
+// topic as routing key, persistent (delivery mode 2), with the mandatory flag,
+// and waits for the publisher confirm. Every Write waits for its own confirm,
+// so the runtime's bound on concurrent writes (spec.limits.inFlight) bounds the
+// unconfirmed messages. A message no binding routes comes back (basic.return)
+// before its confirm; Write then returns an [*UnroutableError], which the
+// runtime counts as unroutable. While the connection is down, or the broker
+// has blocked publishing (a memory or disk alarm), Write returns an error
+// wrapping [connectors.ErrNotConnected] and the runtime holds the message and
+// tries again. A connection lost after a publish and before its confirm
+// leaves the outcome unknown; the runtime publishes again, so outbound
+// delivery is at least once and a consumer may see a duplicate.
+//
+// # Metadata and losses
+//
+// Carried both ways: the payload, unchanged; content_type; W3C trace context
+// in the headers "traceparent" and "tracestate". The Sink also writes the
+// header [LoopHeader] (the connector's loop marker) and [SeqHeader] (its
+// publish sequence number, to match returns with confirms).
+//
+// Not carried, and declared by the resource as losses: priority, expiration
+// (expiry), reply_to (reply-to), correlation_id, message_id, timestamp, type,
+// user_id, app_id, content_encoding and every other header (properties);
+// the delivery mode of inbound messages (outbound publishes are persistent);
+// ordering; the empty routing key, which the runtime drops in both
+// directions (empty-routing-key); routing keys that are not UTF-8
+// (non-utf8-names); weida topics longer than 255 bytes (topic-length).
+package amqp

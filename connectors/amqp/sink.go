@@ -1,0 +1,361 @@
+package amqp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"weida.dev/connector/connectors"
+)
+
+// UnroutableError is returned by [Sink.Write] when the broker accepted a
+// message but no queue was bound to receive it (a mandatory publish came
+// back with basic.return). It implements [connectors.Unroutable], so the
+// runtime counts the message instead of retrying it.
+type UnroutableError struct {
+	Exchange   string
+	RoutingKey string
+	Code       uint16 // the AMQP reply code, 312 NO_ROUTE
+	Reason     string // the broker's reply text
+}
+
+func (e *UnroutableError) Error() string {
+	return fmt.Sprintf("amqp: exchange %q returned routing key %q: %d %s", e.Exchange, e.RoutingKey, e.Code, e.Reason)
+}
+
+// Unroutable implements [connectors.Unroutable].
+func (e *UnroutableError) Unroutable() bool { return true }
+
+// ErrNacked is wrapped by the error Write returns when the broker
+// negatively confirmed a message (basic.nack): it could not take
+// responsibility for it. The runtime retries it.
+var ErrNacked = errors.New("amqp: the broker nacked the message")
+
+// Sink publishes an outbound resource's messages to the topic exchange, with
+// publisher confirms and the mandatory flag: Write returns once the broker
+// has confirmed the message, which for a persistent message routed to a
+// durable queue means it is on disk. Messages are published persistent
+// (delivery mode 2).
+//
+// Write may be called from many goroutines at once; each waits for its own
+// confirm, so the number of unconfirmed messages is the number of Writes
+// under way, which the runtime bounds (spec.limits.inFlight). Publishes
+// themselves are serialised on the one channel: confirms are matched to
+// Writes by the channel's publish sequence number.
+type Sink struct {
+	cfg    Config
+	report connectors.StateFunc
+	log    *slog.Logger
+
+	closed    chan struct{}
+	closeOnce sync.Once
+
+	mu      sync.Mutex
+	started bool
+	cancel  context.CancelFunc
+	sv      *supervisor
+	cur     *publisher // nil while disconnected
+	pending *publisher // built by setup, published by up
+}
+
+// publisher is one confirming channel and the Writes waiting on it.
+type publisher struct {
+	*link
+	sem chan struct{} // one token: serialises sequence number and publish
+
+	mu      sync.Mutex
+	waiting map[uint64]*waiter // by publish sequence number
+}
+
+type waiter struct {
+	done     chan error // buffered 1; receives the outcome once
+	returned *amqp.Return
+}
+
+var _ connectors.Sink = (*Sink)(nil)
+
+// NewSink returns a Sink for cfg; it connects on Start. report receives every
+// change of the broker connection's state and must not block.
+func NewSink(cfg Config, report connectors.StateFunc) (*Sink, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if report == nil {
+		report = func(connectors.ConnState) {}
+	}
+	return &Sink{cfg: cfg, report: report, log: cfg.logger(), closed: make(chan struct{})}, nil
+}
+
+// Start connects, declares the exchange and puts the channel in confirm
+// mode. It returns once that is done the first time, or when ctx ends; the
+// Sink keeps reconnecting by itself until Close. Start may be called once.
+func (s *Sink) Start(ctx context.Context) error {
+	s.mu.Lock()
+	if s.started {
+		s.mu.Unlock()
+		return errors.New("amqp: Sink started twice")
+	}
+	select {
+	case <-s.closed:
+		s.mu.Unlock()
+		return connectors.ErrClosed
+	default:
+	}
+	s.started = true
+	runCtx, cancel := context.WithCancel(context.Background())
+	sv := &supervisor{
+		cfg:    &s.cfg,
+		report: s.report,
+		log:    s.log,
+		setup:  func(ctx context.Context, l *link) (string, error) { return s.setup(l) },
+		up:     s.up,
+		down:   s.down,
+		first:  make(chan struct{}),
+		done:   make(chan struct{}),
+	}
+	s.cancel, s.sv = cancel, sv
+	go sv.run(runCtx)
+	s.mu.Unlock()
+	select {
+	case <-sv.first:
+		return nil
+	case <-s.closed:
+		return connectors.ErrClosed
+	case <-ctx.Done():
+		return fmt.Errorf("amqp: publishing to %s: %w", redactURL(s.cfg.URL), ctx.Err())
+	}
+}
+
+func (s *Sink) setup(l *link) (string, error) {
+	p := &publisher{link: l, sem: make(chan struct{}, 1), waiting: make(map[uint64]*waiter)}
+	// Listeners are registered before confirm mode, so that no confirm
+	// or return can be missed.
+	returns := l.ch.NotifyReturn(make(chan amqp.Return, 64))
+	confirms := l.ch.NotifyPublish(make(chan amqp.Confirmation, 256))
+	l.watch(s.log, nil, s.blocked)
+	l.wg.Add(1)
+	go p.settle(returns, confirms)
+	if err := s.cfg.declareExchange(l.ch); err != nil {
+		return "", err
+	}
+	if err := l.ch.Confirm(false); err != nil {
+		return "", fmt.Errorf("amqp: confirm.select: %w", err)
+	}
+	s.mu.Lock()
+	s.pending = p
+	s.mu.Unlock()
+	return fmt.Sprintf("publishing to exchange %q with confirms", s.cfg.exchange()), nil
+}
+
+func (s *Sink) blocked(active bool, reason string) {
+	if active {
+		s.report(connectors.ConnState{Reason: "Blocked", Detail: "the broker blocks publishing: " + reason})
+		s.log.Warn("amqp: the broker blocks publishing", "reason", reason)
+		return
+	}
+	s.report(connectors.ConnState{Up: true, Reason: "Connected", Detail: "the broker unblocked publishing"})
+	s.log.Info("amqp: the broker unblocked publishing")
+}
+
+func (s *Sink) up(*link) {
+	s.mu.Lock()
+	s.cur, s.pending = s.pending, nil
+	s.mu.Unlock()
+}
+
+func (s *Sink) down(*link) {
+	s.mu.Lock()
+	s.cur = nil
+	s.mu.Unlock()
+}
+
+// settle matches the channel's confirms and returns to the Writes waiting on
+// them. It drains both notification channels until the library closes them,
+// then fails every Write still waiting.
+//
+// RabbitMQ sends a mandatory message's basic.return before its basic.ack,
+// and the library's one reader goroutine hands both over in that order. So
+// when a confirm arrives, its return (if any) is already in the returns
+// buffer: draining that buffer first attributes it correctly.
+func (p *publisher) settle(returns <-chan amqp.Return, confirms <-chan amqp.Confirmation) {
+	defer p.wg.Done()
+	for returns != nil || confirms != nil {
+		select {
+		case r, ok := <-returns:
+			if !ok {
+				returns = nil
+				continue
+			}
+			p.returned(r)
+		case c, ok := <-confirms:
+			if !ok {
+				confirms = nil
+				continue
+			}
+			for drained := false; !drained && returns != nil; {
+				select {
+				case r, ok := <-returns:
+					if !ok {
+						returns = nil
+						break
+					}
+					p.returned(r)
+				default:
+					drained = true
+				}
+			}
+			p.confirmed(c)
+		}
+	}
+	p.mu.Lock()
+	waiting := p.waiting
+	p.waiting = nil
+	p.mu.Unlock()
+	for _, w := range waiting {
+		w.done <- fmt.Errorf("amqp: the connection was lost before the broker confirmed: %w", connectors.ErrNotConnected)
+	}
+}
+
+func (p *publisher) returned(r amqp.Return) {
+	seq, ok := r.Headers[SeqHeader].(int64)
+	if !ok || seq <= 0 {
+		return
+	}
+	p.mu.Lock()
+	if w := p.waiting[uint64(seq)]; w != nil {
+		w.returned = &r
+	}
+	p.mu.Unlock()
+}
+
+func (p *publisher) confirmed(c amqp.Confirmation) {
+	p.mu.Lock()
+	w := p.waiting[c.DeliveryTag]
+	delete(p.waiting, c.DeliveryTag)
+	p.mu.Unlock()
+	switch {
+	case w == nil:
+		// Its Write gave up (context ended).
+	case !c.Ack:
+		w.done <- ErrNacked
+	case w.returned != nil:
+		r := w.returned
+		w.done <- &UnroutableError{Exchange: r.Exchange, RoutingKey: r.RoutingKey, Code: r.ReplyCode, Reason: r.ReplyText}
+	default:
+		w.done <- nil
+	}
+}
+
+// Write publishes m to the exchange with m.Topic as routing key and waits for
+// the broker's confirm. It returns nil once the broker confirmed the message,
+// an *[UnroutableError] when no queue was bound for it, an error wrapping
+// [ErrNacked] when the broker refused it, and an error wrapping
+// [connectors.ErrNotConnected] while the connection is down or blocked by
+// the broker, or when it was lost before the confirm arrived (the message
+// may then have been delivered: the runtime's retry makes delivery
+// at-least-once). After Close it returns [connectors.ErrClosed].
+func (s *Sink) Write(ctx context.Context, m *connectors.Message) error {
+	s.mu.Lock()
+	p := s.cur
+	s.mu.Unlock()
+	if p == nil {
+		select {
+		case <-s.closed:
+			return connectors.ErrClosed
+		default:
+		}
+		return fmt.Errorf("amqp: %w", connectors.ErrNotConnected)
+	}
+	if p.blocked.Load() {
+		return fmt.Errorf("amqp: the broker blocks publishing: %w", connectors.ErrNotConnected)
+	}
+	select {
+	case p.sem <- struct{}{}:
+	case <-p.lost:
+		return fmt.Errorf("amqp: %w", connectors.ErrNotConnected)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	seq := p.ch.GetNextPublishSeqNo()
+	w := &waiter{done: make(chan error, 1)}
+	p.mu.Lock()
+	if p.waiting == nil { // settle has ended: the channel is gone
+		p.mu.Unlock()
+		<-p.sem
+		return fmt.Errorf("amqp: %w", connectors.ErrNotConnected)
+	}
+	p.waiting[seq] = w
+	p.mu.Unlock()
+	err := p.ch.Publish(s.cfg.exchange(), m.Topic, true, false, s.publishing(m, seq))
+	<-p.sem
+	if err != nil {
+		p.forget(seq)
+		if p.isLost() || p.ch.IsClosed() || errors.Is(err, amqp.ErrClosed) {
+			return fmt.Errorf("amqp: publish %q: %w", m.Topic, connectors.ErrNotConnected)
+		}
+		return fmt.Errorf("amqp: publish %q: %w", m.Topic, err)
+	}
+	select {
+	case err := <-w.done:
+		if errors.Is(err, ErrNacked) {
+			return fmt.Errorf("amqp: publish %q: %w", m.Topic, err)
+		}
+		return err
+	case <-ctx.Done():
+		p.forget(seq)
+		return ctx.Err()
+	}
+}
+
+func (p *publisher) forget(seq uint64) {
+	p.mu.Lock()
+	delete(p.waiting, seq)
+	p.mu.Unlock()
+}
+
+// publishing maps m onto an AMQP message.
+func (s *Sink) publishing(m *connectors.Message, seq uint64) amqp.Publishing {
+	h := amqp.Table{SeqHeader: int64(seq)}
+	if m.Traceparent != "" {
+		h[headerTraceparent] = m.Traceparent
+	}
+	if m.Tracestate != "" {
+		h[headerTracestate] = m.Tracestate
+	}
+	if s.cfg.LoopMarker != "" {
+		h[LoopHeader] = s.cfg.LoopMarker
+	}
+	return amqp.Publishing{
+		Headers:      h,
+		ContentType:  m.ContentType,
+		DeliveryMode: amqp.Persistent,
+		Body:         m.Payload,
+	}
+}
+
+// Close closes the connection, waiting up to ctx for the close handshake and
+// the Sink's goroutines. Writes still waiting for a confirm return an error
+// wrapping [connectors.ErrNotConnected]. Close may be called more than once.
+func (s *Sink) Close(ctx context.Context) error {
+	var err error
+	s.closeOnce.Do(func() {
+		close(s.closed)
+		s.mu.Lock()
+		cancel, sv := s.cancel, s.sv
+		s.mu.Unlock()
+		if cancel == nil {
+			return
+		}
+		cancel()
+		select {
+		case <-sv.done:
+		case <-ctx.Done():
+			err = fmt.Errorf("amqp: closing: %w", ctx.Err())
+		}
+	})
+	return err
+}

@@ -1,0 +1,291 @@
+package amqp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"weida.dev/connector/connectors"
+)
+
+// Source consumes an inbound resource's queue: it declares the queue, binds
+// it to the exchange once per route binding key, and consumes it with manual
+// acknowledgements, at most Config.Prefetch of them outstanding.
+//
+// Settling: an AckFunc called with nil sends basic.ack; with an error it
+// sends basic.nack with requeue, so the broker delivers the message again.
+// Delivery tags belong to the channel that delivered them: after a
+// reconnection, an AckFunc of a delivery from the lost channel does nothing
+// (the broker has already requeued that message and will deliver it again),
+// and is never sent on the new channel, where the same tag names another
+// message.
+//
+// Read and the AckFuncs it returns may be called from any goroutine.
+type Source struct {
+	cfg    Config
+	report connectors.StateFunc
+	log    *slog.Logger
+
+	closed    chan struct{}
+	closeOnce sync.Once
+	cancel    context.CancelFunc // ends the supervisor; nil before Start
+	sv        *supervisor
+
+	mu      sync.Mutex
+	started bool
+	cur     *session      // nil while disconnected
+	changed chan struct{} // closed and replaced whenever cur changes
+	pending *session      // built by setup, published by up
+}
+
+// session is one consuming channel.
+type session struct {
+	*link
+	deliveries <-chan amqp.Delivery
+	queue      string
+}
+
+var _ connectors.Source = (*Source)(nil)
+
+// NewSource returns a Source for cfg; it connects on Start. report receives
+// every change of the broker connection's state and must not block.
+func NewSource(cfg Config, report connectors.StateFunc) (*Source, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if report == nil {
+		report = func(connectors.ConnState) {}
+	}
+	return &Source{
+		cfg:     cfg,
+		report:  report,
+		log:     cfg.logger(),
+		closed:  make(chan struct{}),
+		changed: make(chan struct{}),
+	}, nil
+}
+
+// Start connects, declares the exchange and the queue, binds the queue once
+// per binding key in filters and starts consuming. It returns once that is
+// done the first time, or when ctx ends; a failed attempt is reported and
+// retried with backoff meanwhile. After Start, the Source reconnects, declares
+// and binds again and resumes consuming by itself after every loss, until
+// Close. Start may be called once.
+func (s *Source) Start(ctx context.Context, filters []string) error {
+	s.mu.Lock()
+	if s.started {
+		s.mu.Unlock()
+		return errors.New("amqp: Source started twice")
+	}
+	select {
+	case <-s.closed:
+		s.mu.Unlock()
+		return connectors.ErrClosed
+	default:
+	}
+	s.started = true
+	keys := append([]string(nil), filters...)
+	runCtx, cancel := context.WithCancel(context.Background())
+	sv := &supervisor{
+		cfg:    &s.cfg,
+		report: s.report,
+		log:    s.log,
+		setup:  func(ctx context.Context, l *link) (string, error) { return s.setup(l, keys) },
+		up:     s.up,
+		down:   s.down,
+		first:  make(chan struct{}),
+		done:   make(chan struct{}),
+	}
+	s.cancel, s.sv = cancel, sv
+	// Started under the lock, so that a concurrent Close either stops
+	// Start here or finds the supervisor to wait for.
+	go sv.run(runCtx)
+	s.mu.Unlock()
+	select {
+	case <-sv.first:
+		return nil
+	case <-s.closed:
+		return connectors.ErrClosed
+	case <-ctx.Done():
+		return fmt.Errorf("amqp: consuming from %s: %w", redactURL(s.cfg.URL), ctx.Err())
+	}
+}
+
+// setup declares and binds the queue and starts the consumer on a fresh
+// link. The session it builds is handed over by up.
+func (s *Source) setup(l *link, keys []string) (string, error) {
+	cancels := l.ch.NotifyCancel(make(chan string, 1))
+	l.watch(s.log, cancels, nil)
+	if err := l.ch.Qos(s.cfg.prefetch(), 0, false); err != nil {
+		return "", fmt.Errorf("amqp: basic.qos %d: %w", s.cfg.prefetch(), err)
+	}
+	if err := s.cfg.declareExchange(l.ch); err != nil {
+		return "", err
+	}
+	q := s.cfg.Queue
+	exclusive := q.Exclusive || q.Name == ""
+	decl, err := l.ch.QueueDeclare(q.Name, q.Durable, false, exclusive, false, nil)
+	if err != nil {
+		return "", fmt.Errorf("amqp: declare queue %q: %w", q.Name, err)
+	}
+	ex := s.cfg.exchange()
+	for _, k := range keys {
+		if err := l.ch.QueueBind(decl.Name, k, ex, false, nil); err != nil {
+			return "", fmt.Errorf("amqp: bind queue %q to exchange %q with key %q: %w", decl.Name, ex, k, err)
+		}
+	}
+	deliveries, err := l.ch.Consume(decl.Name, "", false, false, false, false, nil)
+	if err != nil {
+		return "", fmt.Errorf("amqp: consume queue %q: %w", decl.Name, err)
+	}
+	s.mu.Lock()
+	s.pending = &session{link: l, deliveries: deliveries, queue: decl.Name}
+	s.mu.Unlock()
+	kind := "server-named exclusive"
+	switch {
+	case q.Name != "" && q.Durable:
+		kind = "durable"
+	case q.Name != "" && exclusive:
+		kind = "exclusive"
+	case q.Name != "":
+		kind = "transient"
+	}
+	return fmt.Sprintf("consuming %s queue %q, %d bindings on exchange %q, prefetch %d, %d messages waiting",
+		kind, decl.Name, len(keys), ex, s.cfg.prefetch(), decl.Messages), nil
+}
+
+func (s *Source) up(l *link) {
+	s.mu.Lock()
+	sess := s.pending
+	s.pending = nil
+	s.setCurrentLocked(sess)
+	s.mu.Unlock()
+}
+
+func (s *Source) down(*link) {
+	s.mu.Lock()
+	if s.cur != nil {
+		// Acks still under way for this channel's tags are skipped from
+		// here on: the broker requeues whatever was unacknowledged.
+		s.cur.markLost("Closing", errStopping)
+	}
+	s.setCurrentLocked(nil)
+	s.mu.Unlock()
+}
+
+func (s *Source) setCurrentLocked(sess *session) {
+	s.cur = sess
+	close(s.changed)
+	s.changed = make(chan struct{})
+}
+
+func (s *Source) current() (*session, <-chan struct{}) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cur, s.changed
+}
+
+// Read returns the next delivery and the function that settles it. It
+// blocks while the Source is reconnecting.
+func (s *Source) Read(ctx context.Context) (*connectors.Message, connectors.AckFunc, error) {
+	for {
+		select {
+		case <-s.closed:
+			return nil, nil, connectors.ErrClosed
+		default:
+		}
+		sess, changed := s.current()
+		var deliveries <-chan amqp.Delivery
+		if sess != nil {
+			deliveries = sess.deliveries
+		}
+		select {
+		case d, ok := <-deliveries:
+			if !ok {
+				// The consumer ended with its channel; wait for the next.
+				select {
+				case <-changed:
+				case <-s.closed:
+				case <-ctx.Done():
+					return nil, nil, ctx.Err()
+				}
+				continue
+			}
+			if sess.isLost() {
+				// Buffered from a channel that is gone: the broker has
+				// requeued it and delivers it again.
+				continue
+			}
+			return s.message(&d), s.acker(sess, d.DeliveryTag), nil
+		case <-changed:
+		case <-s.closed:
+			return nil, nil, connectors.ErrClosed
+		case <-ctx.Done():
+			return nil, nil, ctx.Err()
+		}
+	}
+}
+
+// message maps a delivery onto a connectors.Message. The payload is not
+// copied: the delivery is not used again.
+func (s *Source) message(d *amqp.Delivery) *connectors.Message {
+	m := &connectors.Message{
+		Topic:       d.RoutingKey,
+		Payload:     d.Body,
+		ContentType: d.ContentType,
+	}
+	if d.Headers != nil {
+		m.Traceparent = headerString(d.Headers, headerTraceparent)
+		m.Tracestate = headerString(d.Headers, headerTracestate)
+		if s.cfg.LoopMarker != "" && headerString(d.Headers, LoopHeader) == s.cfg.LoopMarker {
+			m.Looped = true
+		}
+	}
+	return m
+}
+
+// acker returns the AckFunc of delivery tag on sess's channel.
+func (s *Source) acker(sess *session, tag uint64) connectors.AckFunc {
+	return func(err error) {
+		if sess.isLost() {
+			s.log.Debug("amqp: not settling a delivery of a lost channel; the broker delivers it again", "tag", tag)
+			return
+		}
+		var e error
+		if err == nil {
+			e = sess.ch.Ack(tag, false)
+		} else {
+			e = sess.ch.Nack(tag, false, true)
+		}
+		if e != nil {
+			s.log.Debug("amqp: settling a delivery failed; the broker delivers it again", "tag", tag, "err", e)
+		}
+	}
+}
+
+// Close stops consuming and closes the connection, waiting up to ctx for the
+// close handshake and the Source's goroutines. Deliveries read and not
+// settled are requeued by the broker. Close may be called more than once.
+func (s *Source) Close(ctx context.Context) error {
+	var err error
+	s.closeOnce.Do(func() {
+		close(s.closed)
+		s.mu.Lock()
+		cancel, sv := s.cancel, s.sv
+		s.mu.Unlock()
+		if cancel == nil {
+			return
+		}
+		cancel()
+		select {
+		case <-sv.done:
+		case <-ctx.Done():
+			err = fmt.Errorf("amqp: closing: %w", ctx.Err())
+		}
+	})
+	return err
+}
