@@ -55,8 +55,11 @@ type AckFunc func(err error)
 // called from different goroutines.
 type Source interface {
 	// Start connects and subscribes the broker filters (already validated
-	// by the policy). It returns once the first subscription is in place,
-	// or ctx ends; ctx bounds only this first attempt.
+	// by the policy). It returns once the first connection is up, or ctx
+	// ends; ctx bounds only this first attempt. It may return before the
+	// broker has granted the subscriptions (a resumed session can deliver
+	// held messages first, and they must be readable); the driver reports
+	// Up through its StateFunc once they are granted.
 	Start(ctx context.Context, filters []string) error
 	// Read returns the next message. It blocks until one arrives, ctx
 	// ends, or the Source is closed ([ErrClosed]).

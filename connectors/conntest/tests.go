@@ -177,13 +177,7 @@ func testRedelivery(t *testing.T, h Harness) {
 	filter, selected, _, _ := h.Topics()
 	name := "redeliver-" + Unique()
 	ctx := ctxFor(t, 30*time.Second)
-	src, err := h.NewSource(name, "", func(connectors.ConnState) {})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := src.Start(ctx, []string{filter}); err != nil {
-		t.Fatal(err)
-	}
+	src := startSource(t, ctx, h, name, filter)
 	if err := h.Publish(ctx, &connectors.Message{Topic: selected, Payload: []byte("again")}); err != nil {
 		t.Fatal(err)
 	}
@@ -195,14 +189,8 @@ func testRedelivery(t *testing.T, h Harness) {
 	if err := src.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
-	src2, err := h.NewSource(name, "", func(connectors.ConnState) {})
-	if err != nil {
-		t.Fatal(err)
-	}
+	src2 := startSource(t, ctx, h, name, filter)
 	defer src2.Close(context.Background())
-	if err := src2.Start(ctx, []string{filter}); err != nil {
-		t.Fatal(err)
-	}
 	rctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
 	m2, ack2, err := src2.Read(rctx)
@@ -220,13 +208,7 @@ func testRedelivery(t *testing.T, h Harness) {
 func testCloseTwice(t *testing.T, h Harness) {
 	filter, _, _, _ := h.Topics()
 	ctx := ctxFor(t, 20*time.Second)
-	src, err := h.NewSource("close-"+Unique(), "", func(connectors.ConnState) {})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := src.Start(ctx, []string{filter}); err != nil {
-		t.Fatal(err)
-	}
+	src := startSource(t, ctx, h, "close-"+Unique(), filter)
 	if err := src.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -249,4 +231,31 @@ func testCloseTwice(t *testing.T, h Harness) {
 	if err := sink.Close(ctx); err != nil {
 		t.Fatalf("second sink Close: %v", err)
 	}
+}
+
+// startSource starts a Source on filter and waits until it reports itself
+// up: Start may return before the broker has granted the subscription.
+func startSource(t *testing.T, ctx context.Context, h Harness, name, filter string) connectors.Source {
+	t.Helper()
+	up := make(chan struct{}, 1)
+	src, err := h.NewSource(name, "", func(s connectors.ConnState) {
+		if s.Up {
+			select {
+			case up <- struct{}{}:
+			default:
+			}
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := src.Start(ctx, []string{filter}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-up:
+	case <-ctx.Done():
+		t.Fatal("source never reported itself up")
+	}
+	return src
 }

@@ -76,6 +76,13 @@ func (s *Source) subscription(filter string) string {
 
 // Start connects and subscribes filters, then keeps re-subscribing on
 // every reconnection (a broker that lost its session has lost them too).
+//
+// Start returns once the first connection is up, without waiting for the
+// SUBACK: a resumed session may deliver held messages before it, and paho
+// reads packets in order, so waiting here while nobody calls Read would
+// deadlock. Whether the subscription took is reported through the
+// StateFunc (Connected once the broker granted every filter,
+// SubscribeFailed otherwise).
 func (s *Source) Start(ctx context.Context, filters []string) error {
 	cc, err := s.cfg.clientConfig(s.report, s.log, s.setConn)
 	if err != nil {
@@ -84,7 +91,6 @@ func (s *Source) Start(ctx context.Context, filters []string) error {
 	s.filters = filters
 	cc.EnableManualAcknowledgment = false
 	cc.OnPublishReceived = []func(paho.PublishReceived) (bool, error){s.onPublish}
-	subscribed := make(chan error, 1)
 	runCtx, cancel := context.WithCancel(context.Background())
 	s.mu.Lock()
 	s.runCtx, s.cancel = runCtx, cancel
@@ -94,21 +100,18 @@ func (s *Source) Start(ctx context.Context, filters []string) error {
 		s.subs.Add(1)
 		go func() {
 			defer s.subs.Done()
-			err := s.subscribe(runCtx, cm)
-			if err != nil {
-				s.report(connectors.ConnState{Reason: "SubscribeFailed", Detail: err.Error()})
-				s.log.Error("mqtt subscribe failed", "err", err)
-			} else {
-				detail := fmt.Sprintf("%d subscriptions", len(s.filters))
-				if ca.SessionPresent {
-					detail += ", session resumed"
+			if err := s.subscribe(runCtx, cm); err != nil {
+				if runCtx.Err() == nil {
+					s.report(connectors.ConnState{Reason: "SubscribeFailed", Detail: err.Error()})
+					s.log.Error("mqtt subscribe failed", "err", err)
 				}
-				s.report(connectors.ConnState{Up: true, Reason: "Connected", Detail: detail})
+				return
 			}
-			select {
-			case subscribed <- err:
-			default:
+			detail := fmt.Sprintf("%d subscriptions", len(s.filters))
+			if ca.SessionPresent {
+				detail += ", session resumed"
 			}
+			s.report(connectors.ConnState{Up: true, Reason: "Connected", Detail: detail})
 		}()
 	}
 	cc.OnConnectionDown = func() bool {
@@ -123,12 +126,10 @@ func (s *Source) Start(ctx context.Context, filters []string) error {
 	s.mu.Lock()
 	s.cm = cm
 	s.mu.Unlock()
-	select {
-	case err := <-subscribed:
-		return err
-	case <-ctx.Done():
-		return ctx.Err()
+	if err := cm.AwaitConnection(ctx); err != nil {
+		return fmt.Errorf("mqtt: connecting to %s: %w", s.cfg.URL, err)
 	}
+	return nil
 }
 
 func (s *Source) subscribe(ctx context.Context, cm *autopaho.ConnectionManager) error {

@@ -1,0 +1,491 @@
+package nats
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	natsgo "github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
+
+	"weida.dev/connector/connectors"
+)
+
+// Header names this driver reads and writes. NATS headers are
+// case-sensitive on the wire; a Source also accepts any other spelling of
+// these names (a publisher writing "content-type" is understood).
+const (
+	// LoopHeader marks a message an outbound bridge published; its value
+	// is [Config.LoopMarker]. An inbound bridge with the same marker does
+	// not bridge it again.
+	LoopHeader = "x-weida-connector"
+	// ContentTypeHeader carries weida's content_type. It is spelled as in
+	// HTTP, which is what NATS tooling (the nats CLI, Synadia's services)
+	// writes.
+	ContentTypeHeader = "Content-Type"
+	// TraceparentHeader and TracestateHeader carry W3C trace context, in
+	// the spelling the W3C recommendation uses for HTTP.
+	TraceparentHeader = "traceparent"
+	TracestateHeader  = "tracestate"
+)
+
+// ReasonReconnectBuffer counts publishes nats.go refused because its
+// reconnect buffer was full. They are not lost: the Sink returns an error
+// wrapping [connectors.ErrNotConnected] and the runtime publishes them again
+// once connected. The counter shows how often that happened.
+const ReasonReconnectBuffer = "reconnect-buffer-full"
+
+// Defaults for the zero values of [Config].
+const (
+	DefaultConnectTimeout       = 5 * time.Second
+	DefaultFlushTimeout         = 10 * time.Second
+	DefaultReconnectBufferBytes = 8 << 20
+	DefaultPendingMessages      = 65536
+	DefaultPendingBytes         = 64 << 20
+	DefaultPullMessages         = 256
+)
+
+// JetStream selects JetStream instead of core NATS.
+type JetStream struct {
+	// Stream is the stream an inbound resource consumes from, or the stream
+	// an outbound resource's publishes must land in (the server refuses a
+	// publish another stream would capture). The stream must exist: its
+	// subjects, retention and storage belong to the operator, not to the
+	// connector.
+	Stream string
+	// Durable is the durable pull consumer an inbound resource consumes
+	// with; required inbound, unused outbound.
+	Durable string
+}
+
+// Config configures one connection to nats-server. The zero value of each
+// optional field is the documented default. Secrets are passed already
+// resolved; a Config must not be logged as a whole (its [Config.LogValue]
+// redacts them, %v does not).
+type Config struct {
+	// URL is nats://host:port, or tls://host:port for TLS. Several URLs of
+	// one cluster may be given separated by commas.
+	URL string
+	// Name is the connection name the server shows in its monitoring.
+	Name string
+
+	// At most one of the following authentication methods is used:
+	// User and Password; Token; NKeySeed (an "SU..." user seed); Creds
+	// (the contents of a .creds file: a user JWT and its seed).
+	User     string
+	Password string
+	Token    string
+	NKeySeed string
+	Creds    []byte
+
+	// TLS configures tls:// URLs; nil means the system roots and the URL's
+	// host as server name. A non-nil TLS also secures a nats:// URL.
+	TLS *tls.Config
+
+	// QueueGroup, when set, makes every core subscription a member of this
+	// queue group: replicas of one resource split the messages, each going
+	// to one of them. Unused with JetStream, where replicas sharing a
+	// durable consumer split the messages anyway.
+	QueueGroup string
+	// JetStream is nil for core NATS.
+	JetStream *JetStream
+
+	// LoopMarker is the value of [LoopHeader] this connector writes and
+	// recognises; empty disables loop marking.
+	LoopMarker string
+	Logger     *slog.Logger
+
+	// Backoff is the wait before reconnect attempt n (n ≥ 1); nil means
+	// exponential from 100 ms to 10 s. The connection is retried forever,
+	// also when the first attempt fails.
+	Backoff func(n int) time.Duration
+	// ConnectTimeout bounds one connection attempt (TCP, TLS and the
+	// CONNECT handshake); zero means [DefaultConnectTimeout].
+	ConnectTimeout time.Duration
+	// ReconnectBufferBytes bounds what nats.go buffers while reconnecting.
+	// Zero means [DefaultReconnectBufferBytes]; negative disables the
+	// buffer. A publish that does not fit is counted under
+	// [ReasonReconnectBuffer] and handed back to the runtime as not
+	// connected, never lost silently.
+	ReconnectBufferBytes int
+	// PendingMessages and PendingBytes bound, per core subscription, what
+	// nats.go holds for the bridge to read. Beyond them nats.go drops
+	// messages (a "slow consumer"): they are counted under
+	// [connectors.ReasonBrokerDropped], logged and reported to OnDrop.
+	// Zero means [DefaultPendingMessages] and [DefaultPendingBytes].
+	PendingMessages int
+	PendingBytes    int
+	// FlushTimeout bounds how long a Sink waits for the server to confirm
+	// a publish (a PONG for core NATS, a PubAck for JetStream); zero means
+	// [DefaultFlushTimeout].
+	FlushTimeout time.Duration
+	// PullMessages is how many JetStream messages the Source asks for at a
+	// time and buffers; zero means [DefaultPullMessages].
+	PullMessages int
+	// MaxAckPending is the consumer's limit of delivered, unacknowledged
+	// messages when the Source creates the durable consumer; zero means
+	// the server's default. An existing consumer keeps its own.
+	MaxAckPending int
+
+	// OnDrop, when set, is told about messages the client library dropped
+	// before the bridge could see them: filter is the route's subscription,
+	// reason is [connectors.ReasonBrokerDropped], n how many. It is called
+	// from the Source's goroutines and must not block.
+	OnDrop func(filter, reason string, n int)
+}
+
+// LogValue describes c for a log without its secrets.
+func (c Config) LogValue() slog.Value {
+	attrs := []slog.Attr{slog.String("url", c.URL), slog.String("name", c.Name), slog.String("auth", c.authMethod())}
+	if c.QueueGroup != "" {
+		attrs = append(attrs, slog.String("queue_group", c.QueueGroup))
+	}
+	if c.JetStream != nil {
+		attrs = append(attrs, slog.String("stream", c.JetStream.Stream), slog.String("durable", c.JetStream.Durable))
+	}
+	return slog.GroupValue(attrs...)
+}
+
+func (c *Config) authMethod() string {
+	switch {
+	case c.Creds != nil:
+		return "creds"
+	case c.NKeySeed != "":
+		return "nkey"
+	case c.Token != "":
+		return "token"
+	case c.User != "" || c.Password != "":
+		return "user-password"
+	}
+	return "none"
+}
+
+func (c *Config) logger() *slog.Logger {
+	if c.Logger == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return c.Logger
+}
+
+func (c *Config) connectTimeout() time.Duration {
+	if c.ConnectTimeout > 0 {
+		return c.ConnectTimeout
+	}
+	return DefaultConnectTimeout
+}
+
+func (c *Config) flushTimeout() time.Duration {
+	if c.FlushTimeout > 0 {
+		return c.FlushTimeout
+	}
+	return DefaultFlushTimeout
+}
+
+func (c *Config) pending() (msgs, bytes int) {
+	msgs, bytes = c.PendingMessages, c.PendingBytes
+	if msgs <= 0 {
+		msgs = DefaultPendingMessages
+	}
+	if bytes <= 0 {
+		bytes = DefaultPendingBytes
+	}
+	return msgs, bytes
+}
+
+func (c *Config) pullMessages() int {
+	if c.PullMessages > 0 {
+		return c.PullMessages
+	}
+	return DefaultPullMessages
+}
+
+// validate checks what does not need a connection.
+func (c *Config) validate(inbound bool) error {
+	if c.URL == "" {
+		return errors.New("nats: a server URL is required")
+	}
+	for _, s := range strings.Split(c.URL, ",") {
+		u, err := url.Parse(strings.TrimSpace(s))
+		if err != nil {
+			return fmt.Errorf("nats: server url: %w", err)
+		}
+		switch u.Scheme {
+		case "nats", "tls":
+		default:
+			return fmt.Errorf("nats: server url %q: scheme must be nats or tls", u.Redacted())
+		}
+		if u.User != nil {
+			return fmt.Errorf("nats: server url %q: credentials belong in the Config, not in the URL", u.Redacted())
+		}
+	}
+	methods := 0
+	for _, set := range []bool{c.User != "" || c.Password != "", c.Token != "", c.NKeySeed != "", c.Creds != nil} {
+		if set {
+			methods++
+		}
+	}
+	if methods > 1 {
+		return errors.New("nats: more than one authentication method is set (user/password, token, nkey seed, creds)")
+	}
+	if c.NKeySeed != "" {
+		if _, err := nkeys.FromSeed([]byte(c.NKeySeed)); err != nil {
+			return fmt.Errorf("nats: nkey seed: %w", err)
+		}
+	}
+	if js := c.JetStream; js != nil {
+		if js.Stream == "" {
+			return errors.New("nats: jetstream: a stream name is required")
+		}
+		if inbound && js.Durable == "" {
+			return errors.New("nats: jetstream: an inbound resource needs a durable consumer name")
+		}
+		if err := checkJSName("stream", js.Stream); err != nil {
+			return err
+		}
+		if js.Durable != "" {
+			if err := checkJSName("durable", js.Durable); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// checkJSName applies the server's rule for stream and consumer names: they
+// become tokens of API subjects.
+func checkJSName(what, name string) error {
+	if strings.ContainsAny(name, ".*> \t\r\n\f/\\") {
+		return fmt.Errorf("nats: jetstream: %s name %q must not contain '.', '*', '>', '/', '\\' or whitespace", what, name)
+	}
+	return nil
+}
+
+// options builds nats.go's connection options. Every handler reports to
+// report, or logs; the slow-consumer handler is onAsyncErr.
+func (c *Config) options(report connectors.StateFunc, log *slog.Logger, closed chan<- struct{}, onAsyncErr natsgo.ErrHandler) ([]natsgo.Option, error) {
+	backoff := c.Backoff
+	if backoff == nil {
+		backoff = connectors.ExponentialBackoff(100*time.Millisecond, 10*time.Second)
+	}
+	reconnectBuf := c.ReconnectBufferBytes
+	if reconnectBuf == 0 {
+		reconnectBuf = DefaultReconnectBufferBytes
+	}
+	opts := []natsgo.Option{
+		natsgo.Name(c.Name),
+		natsgo.Timeout(c.connectTimeout()),
+		natsgo.MaxReconnects(-1),
+		natsgo.RetryOnFailedConnect(true),
+		natsgo.ReconnectBufSize(reconnectBuf),
+		natsgo.CustomReconnectDelay(func(attempts int) time.Duration {
+			if attempts < 1 {
+				attempts = 1
+			}
+			return backoff(attempts)
+		}),
+		natsgo.DisconnectErrHandler(func(_ *natsgo.Conn, err error) {
+			detail := "reconnecting"
+			if err != nil {
+				detail = err.Error() + "; reconnecting"
+			}
+			report(connectors.ConnState{Reason: "ConnectionLost", Detail: detail})
+		}),
+		natsgo.ReconnectErrHandler(func(_ *natsgo.Conn, err error) {
+			report(connectors.ConnState{Reason: "ConnectFailed", Detail: errString(err)})
+		}),
+		natsgo.ReconnectHandler(func(nc *natsgo.Conn) {
+			report(connectors.ConnState{Up: true, Reason: "Connected", Detail: "reconnected to " + nc.ConnectedServerId()})
+		}),
+		natsgo.ClosedHandler(func(nc *natsgo.Conn) {
+			detail := "closed"
+			if err := nc.LastError(); err != nil {
+				detail = err.Error()
+			}
+			report(connectors.ConnState{Reason: "Closed", Detail: detail})
+			close(closed)
+		}),
+		natsgo.ErrorHandler(onAsyncErr),
+		natsgo.LameDuckModeHandler(func(*natsgo.Conn) {
+			log.Warn("nats server entered lame duck mode; it will close the connection soon")
+		}),
+	}
+	switch {
+	case c.User != "" || c.Password != "":
+		opts = append(opts, natsgo.UserInfo(c.User, c.Password))
+	case c.Token != "":
+		opts = append(opts, natsgo.Token(c.Token))
+	case c.NKeySeed != "":
+		kp, err := nkeys.FromSeed([]byte(c.NKeySeed))
+		if err != nil {
+			return nil, fmt.Errorf("nats: nkey seed: %w", err)
+		}
+		pub, err := kp.PublicKey()
+		if err != nil {
+			return nil, fmt.Errorf("nats: nkey seed: %w", err)
+		}
+		opts = append(opts, natsgo.Nkey(pub, kp.Sign))
+	case c.Creds != nil:
+		opts = append(opts, natsgo.UserCredentialBytes(c.Creds))
+	}
+	if c.TLS != nil {
+		opts = append(opts, natsgo.Secure(c.TLS))
+	} else if strings.HasPrefix(c.URL, "tls://") {
+		opts = append(opts, natsgo.Secure())
+	}
+	return opts, nil
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+// connect dials with retries in the background and waits until the first
+// connection is up, the connection is closed for good (authentication
+// refused twice), or ctx ends.
+func connect(ctx context.Context, c *Config, opts []natsgo.Option) (*natsgo.Conn, error) {
+	nc, err := natsgo.Connect(c.URL, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("nats: connecting to %s: %w", c.URL, err)
+	}
+	if nc.IsConnected() {
+		return nc, nil
+	}
+	ch := nc.StatusChanged(natsgo.CONNECTED, natsgo.CLOSED)
+	defer nc.RemoveStatusListener(ch)
+	for {
+		switch nc.Status() {
+		case natsgo.CONNECTED:
+			return nc, nil
+		case natsgo.CLOSED:
+			return nc, fmt.Errorf("nats: connecting to %s: %w", c.URL, closedErr(nc))
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return nc, fmt.Errorf("nats: connecting to %s: %w", c.URL, context.Cause(ctx))
+		}
+	}
+}
+
+func closedErr(nc *natsgo.Conn) error {
+	if err := nc.LastError(); err != nil {
+		return err
+	}
+	return natsgo.ErrConnectionClosed
+}
+
+// headers is the metadata this driver maps from NATS headers.
+type headers struct {
+	contentType, traceparent, tracestate, loop string
+}
+
+// readHeaders extracts the mapped headers from h: the exact spelling
+// first, then any spelling that differs only in case.
+func readHeaders(h natsgo.Header) headers {
+	var out headers
+	if len(h) == 0 {
+		return out
+	}
+	out.contentType = h.Get(ContentTypeHeader)
+	out.traceparent = h.Get(TraceparentHeader)
+	out.tracestate = h.Get(TracestateHeader)
+	out.loop = h.Get(LoopHeader)
+	if out.contentType != "" && out.traceparent != "" && out.tracestate != "" && out.loop != "" {
+		return out
+	}
+	for k, v := range h {
+		if len(v) == 0 {
+			continue
+		}
+		switch {
+		case out.contentType == "" && strings.EqualFold(k, ContentTypeHeader):
+			out.contentType = v[0]
+		case out.traceparent == "" && strings.EqualFold(k, TraceparentHeader):
+			out.traceparent = v[0]
+		case out.tracestate == "" && strings.EqualFold(k, TracestateHeader):
+			out.tracestate = v[0]
+		case out.loop == "" && strings.EqualFold(k, LoopHeader):
+			out.loop = v[0]
+		}
+	}
+	return out
+}
+
+// toMessage maps a received NATS message. The payload is not copied:
+// nats.go gives every message its own buffer.
+func toMessage(subject string, data []byte, h natsgo.Header, marker string) *connectors.Message {
+	hs := readHeaders(h)
+	return &connectors.Message{
+		Topic:       subject,
+		Payload:     data,
+		ContentType: hs.contentType,
+		Traceparent: hs.traceparent,
+		Tracestate:  hs.tracestate,
+		Looped:      marker != "" && hs.loop == marker,
+	}
+}
+
+// fromMessage builds the NATS message for m, with only the headers that
+// carry something.
+func fromMessage(m *connectors.Message, marker string) *natsgo.Msg {
+	out := &natsgo.Msg{Subject: m.Topic, Data: m.Payload}
+	if m.ContentType == "" && m.Traceparent == "" && m.Tracestate == "" && marker == "" {
+		return out
+	}
+	h := make(natsgo.Header, 4)
+	if m.ContentType != "" {
+		h[ContentTypeHeader] = []string{m.ContentType}
+	}
+	if m.Traceparent != "" {
+		h[TraceparentHeader] = []string{m.Traceparent}
+	}
+	if m.Tracestate != "" {
+		h[TracestateHeader] = []string{m.Tracestate}
+	}
+	if marker != "" {
+		h[LoopHeader] = []string{marker}
+	}
+	out.Header = h
+	return out
+}
+
+// rateLog logs the first event of a key at once and then at most one line
+// per interval, carrying how many were suppressed.
+type rateLog struct {
+	log      *slog.Logger
+	interval time.Duration
+
+	mu   sync.Mutex
+	last map[string]time.Time
+	supp map[string]int
+}
+
+func newRateLog(log *slog.Logger, interval time.Duration) *rateLog {
+	return &rateLog{log: log, interval: interval, last: map[string]time.Time{}, supp: map[string]int{}}
+}
+
+func (r *rateLog) Log(level slog.Level, key, msg string, attrs ...slog.Attr) {
+	now := time.Now()
+	r.mu.Lock()
+	if t, ok := r.last[key]; ok && now.Sub(t) < r.interval {
+		r.supp[key]++
+		r.mu.Unlock()
+		return
+	}
+	n := r.supp[key]
+	r.last[key], r.supp[key] = now, 0
+	r.mu.Unlock()
+	if n > 0 {
+		attrs = append(attrs, slog.Int("suppressed_since_last", n))
+	}
+	r.log.LogAttrs(context.Background(), level, msg, attrs...)
+}

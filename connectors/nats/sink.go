@@ -1,0 +1,313 @@
+package nats
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	natsgo "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"weida.dev/connector/connectors"
+)
+
+// Sink publishes an outbound resource's messages to nats-server.
+//
+// Core NATS: Write returns once the server has read the publish, proved by
+// a PING/PONG round trip after it on the same connection. Concurrent Writes
+// share round trips: one PING confirms every publish made before it, so
+// many writers cost few round trips. The server delivering the message to
+// no subscriber is not an error (core NATS cannot tell).
+//
+// JetStream (Config.JetStream set): Write publishes asynchronously and
+// returns once the stream's PubAck arrives; the publish must land in
+// Config.JetStream.Stream (the server refuses it otherwise).
+//
+// While the connection is down Write fails at once with an error wrapping
+// [connectors.ErrNotConnected], and the runtime holds the message and tries
+// again. A publish whose confirmation the connection's loss made uncertain
+// is reported the same way, so a message may reach the server twice but is
+// never reported published when it was not.
+//
+// Write may be called from many goroutines at once.
+type Sink struct {
+	cfg    Config
+	report connectors.StateFunc
+	log    *slog.Logger
+	rlog   *rateLog
+
+	closed   chan struct{}
+	cbClosed chan struct{}
+	once     sync.Once
+
+	mu      sync.Mutex
+	nc      *natsgo.Conn
+	js      jetstream.JetStream
+	running bool // Start succeeded
+
+	// Flush rounds (core NATS).
+	fmu      sync.Mutex
+	next     *flushRound // the round not yet started, joined by new Writes
+	stopped  bool        // the flusher has exited
+	kick     chan struct{}
+	stopping chan struct{}
+	flusher  sync.WaitGroup
+
+	bufferFull atomic.Uint64
+}
+
+// flushRound is one PING/PONG round trip shared by the Writes that joined
+// it before it started.
+type flushRound struct {
+	done chan struct{}
+	err  error // valid once done is closed
+}
+
+var _ connectors.Sink = (*Sink)(nil)
+
+// NewSink checks cfg and returns a Sink; it connects on Start.
+func NewSink(cfg Config, report connectors.StateFunc) (*Sink, error) {
+	if err := cfg.validate(false); err != nil {
+		return nil, err
+	}
+	log := cfg.logger()
+	return &Sink{
+		cfg:      cfg,
+		report:   report,
+		log:      log,
+		rlog:     newRateLog(log, 10*time.Second),
+		closed:   make(chan struct{}),
+		cbClosed: make(chan struct{}),
+		kick:     make(chan struct{}, 1),
+		stopping: make(chan struct{}),
+	}, nil
+}
+
+// ReconnectBufferFull returns how many publishes nats.go refused because its
+// reconnect buffer was full ([ReasonReconnectBuffer]). The runtime published
+// each of them again later.
+func (s *Sink) ReconnectBufferFull() uint64 { return s.bufferFull.Load() }
+
+// Start connects and returns once connected (and, for JetStream, once the
+// stream is known to exist), or ctx ends.
+func (s *Sink) Start(ctx context.Context) error {
+	opts, err := s.cfg.options(s.report, s.log, s.cbClosed, s.onAsyncError)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	if s.nc != nil {
+		s.mu.Unlock()
+		return errors.New("nats: Sink started twice")
+	}
+	s.mu.Unlock()
+	nc, err := connect(ctx, &s.cfg, opts)
+	if nc != nil {
+		s.mu.Lock()
+		s.nc = nc
+		s.mu.Unlock()
+		select {
+		case <-s.closed:
+			nc.Close()
+			return connectors.ErrClosed
+		default:
+		}
+	}
+	if err != nil {
+		return err
+	}
+	detail := "core NATS"
+	if jcfg := s.cfg.JetStream; jcfg != nil {
+		js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(s.cfg.flushTimeout()))
+		if err != nil {
+			return fmt.Errorf("nats: jetstream: %w", err)
+		}
+		sctx, cancel := context.WithTimeout(ctx, s.cfg.flushTimeout())
+		_, err = js.Stream(sctx, jcfg.Stream)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("nats: jetstream stream %q: %w", jcfg.Stream, err)
+		}
+		s.mu.Lock()
+		s.js = js
+		s.mu.Unlock()
+		detail = "JetStream stream " + jcfg.Stream
+	} else {
+		s.flusher.Add(1)
+		go s.runFlusher(nc)
+	}
+	s.mu.Lock()
+	s.running = true
+	s.mu.Unlock()
+	s.report(connectors.ConnState{Up: true, Reason: "Connected", Detail: detail})
+	return nil
+}
+
+func (s *Sink) onAsyncError(_ *natsgo.Conn, _ *natsgo.Subscription, err error) {
+	s.rlog.Log(slog.LevelWarn, "async:"+err.Error(), "nats asynchronous error", slog.Any("err", err))
+}
+
+// Write publishes m and waits for the server's confirmation.
+func (s *Sink) Write(ctx context.Context, m *connectors.Message) error {
+	select {
+	case <-s.closed:
+		return connectors.ErrClosed
+	default:
+	}
+	s.mu.Lock()
+	nc, js, running := s.nc, s.js, s.running
+	s.mu.Unlock()
+	if !running {
+		return fmt.Errorf("nats: publish %q: the Sink has not started: %w", m.Topic, connectors.ErrNotConnected)
+	}
+	if !nc.IsConnected() {
+		if nc.IsClosed() {
+			return connectors.ErrClosed
+		}
+		return fmt.Errorf("nats: publish %q: %w", m.Topic, connectors.ErrNotConnected)
+	}
+	msg := fromMessage(m, s.cfg.LoopMarker)
+	if js != nil {
+		return s.writeJetStream(ctx, nc, js, msg)
+	}
+	// A publish that sat in nats.go's write buffer when the connection
+	// broke is discarded, while a PING queued after the break is sent on
+	// the next connection: only an unchanged reconnect count proves that
+	// the PONG confirms this publish.
+	gen := nc.Stats().Reconnects
+	if err := nc.PublishMsg(msg); err != nil {
+		return s.publishErr(nc, m.Topic, err)
+	}
+	if err := s.awaitFlush(ctx); err != nil {
+		if errors.Is(err, natsgo.ErrConnectionClosed) && !nc.IsClosed() || errors.Is(err, natsgo.ErrTimeout) && !nc.IsConnected() {
+			return fmt.Errorf("nats: publish %q: connection lost before the server confirmed it: %w", m.Topic, connectors.ErrNotConnected)
+		}
+		return fmt.Errorf("nats: publish %q: %w", m.Topic, err)
+	}
+	if nc.Stats().Reconnects != gen {
+		return fmt.Errorf("nats: publish %q: the connection was replaced before the server confirmed it: %w", m.Topic, connectors.ErrNotConnected)
+	}
+	return nil
+}
+
+func (s *Sink) publishErr(nc *natsgo.Conn, subject string, err error) error {
+	switch {
+	case errors.Is(err, natsgo.ErrReconnectBufExceeded):
+		n := s.bufferFull.Add(1)
+		s.rlog.Log(slog.LevelWarn, ReasonReconnectBuffer, "the nats reconnect buffer is full; the message is held and published again once connected",
+			slog.String("reason", ReasonReconnectBuffer), slog.Uint64("total", n))
+		return fmt.Errorf("nats: publish %q: reconnect buffer full: %w", subject, connectors.ErrNotConnected)
+	case errors.Is(err, natsgo.ErrConnectionClosed):
+		return connectors.ErrClosed
+	case !nc.IsConnected() && !nc.IsClosed():
+		return fmt.Errorf("nats: publish %q: %w: %w", subject, err, connectors.ErrNotConnected)
+	}
+	return fmt.Errorf("nats: publish %q: %w", subject, err)
+}
+
+// awaitFlush joins the next flush round and waits for it.
+func (s *Sink) awaitFlush(ctx context.Context) error {
+	s.fmu.Lock()
+	if s.stopped {
+		s.fmu.Unlock()
+		return connectors.ErrClosed
+	}
+	r := s.next
+	if r == nil {
+		r = &flushRound{done: make(chan struct{})}
+		s.next = r
+		select {
+		case s.kick <- struct{}{}:
+		default: // the flusher is already due to look
+		}
+	}
+	s.fmu.Unlock()
+	select {
+	case <-r.done:
+		return r.err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// runFlusher runs flush rounds one after another. A round is taken (so
+// that later Writes start a new one) before its PING is queued, hence after
+// every publish of the Writes that joined it.
+func (s *Sink) runFlusher(nc *natsgo.Conn) {
+	defer s.flusher.Done()
+	for {
+		stop := false
+		select {
+		case <-s.kick:
+		case <-s.stopping:
+			stop = true
+		}
+		s.fmu.Lock()
+		r := s.next
+		s.next = nil
+		if stop {
+			s.stopped = true
+		}
+		s.fmu.Unlock()
+		if r != nil {
+			r.err = nc.FlushTimeout(s.cfg.flushTimeout())
+			close(r.done)
+		}
+		if stop {
+			return
+		}
+	}
+}
+
+func (s *Sink) writeJetStream(ctx context.Context, nc *natsgo.Conn, js jetstream.JetStream, msg *natsgo.Msg) error {
+	f, err := js.PublishMsgAsync(msg, jetstream.WithExpectStream(s.cfg.JetStream.Stream))
+	if err != nil {
+		return s.publishErr(nc, msg.Subject, err)
+	}
+	select {
+	case <-f.Ok():
+		return nil
+	case err := <-f.Err():
+		if !nc.IsConnected() && !nc.IsClosed() {
+			return fmt.Errorf("nats: publish %q: no PubAck before the connection broke (%v): %w", msg.Subject, err, connectors.ErrNotConnected)
+		}
+		return fmt.Errorf("nats: jetstream publish %q: %w", msg.Subject, err)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Close confirms what was published (core: a last round trip; JetStream:
+// the outstanding PubAcks) within ctx, disconnects and waits for the Sink's
+// goroutines.
+func (s *Sink) Close(ctx context.Context) error {
+	var err error
+	s.once.Do(func() {
+		close(s.closed)
+		close(s.stopping)
+		s.flusher.Wait()
+		s.mu.Lock()
+		nc, js := s.nc, s.js
+		s.mu.Unlock()
+		if nc == nil {
+			return
+		}
+		if js != nil {
+			select {
+			case <-js.PublishAsyncComplete():
+			case <-ctx.Done():
+			}
+		}
+		nc.Close()
+		select {
+		case <-s.cbClosed:
+		case <-ctx.Done():
+			err = fmt.Errorf("nats: closing: %w", ctx.Err())
+		}
+	})
+	return err
+}
