@@ -508,8 +508,15 @@ func (s *Source) rebind(ctx context.Context, attempt *int) (jetstream.MessagesCo
 	}
 }
 
-// acker settles one JetStream message: ACK after hand-off, NAK (deliver
-// again now) when the runtime could not hand it off. A failed ACK or NAK
+// nakDelay is how long the server waits before delivering a NAKed message
+// again. The runtime NAKs only when the bridge stops mid-message; without a
+// delay the server would hand the message straight back to this Source's
+// outstanding pull, which is about to close, and it would come back only
+// after the consumer's ack wait.
+const nakDelay = time.Second
+
+// acker settles one JetStream message: ACK after hand-off, NAK with
+// [nakDelay] when the runtime could not hand it off. A failed ACK or NAK
 // only means the server delivers the message again after its ack wait.
 func (s *Source) acker(msg jetstream.Msg) connectors.AckFunc {
 	return func(err error) {
@@ -517,7 +524,7 @@ func (s *Source) acker(msg jetstream.Msg) connectors.AckFunc {
 		if err == nil {
 			aerr = msg.Ack()
 		} else {
-			aerr = msg.Nak()
+			aerr = msg.NakWithDelay(nakDelay)
 		}
 		if aerr != nil {
 			s.rlog.Log(slog.LevelWarn, "ack", "settling a JetStream message failed; the server will deliver it again", slog.Any("err", aerr))
