@@ -60,11 +60,11 @@ type Config struct {
 	TLS *tls.Config
 
 	// Exchange is the topic exchange routes bind to (Source) or publish to
-	// (Sink); "" means amq.topic. A name starting with "amq." is declared
-	// passively (it must exist, and RabbitMQ reserves the prefix); any
-	// other name is declared as a durable topic exchange, which succeeds
-	// when it already exists with those properties and fails, reported
-	// and retried, when it exists as another type.
+	// (Sink); "" means amq.topic. It is declared, on every connection, as
+	// a durable topic exchange: created when missing, accepted when it
+	// exists so, refused by the broker (reported, and retried) when it
+	// exists as another type or durability, or is a missing name under
+	// the reserved prefix "amq.".
 	Exchange string
 	// Queue is the queue a Source consumes; a Sink ignores it.
 	Queue Queue
@@ -181,18 +181,17 @@ func (c *Config) logger() *slog.Logger {
 	return c.Logger
 }
 
-// declareExchange makes sure the configured exchange exists (see
-// Config.Exchange).
+// declareExchange declares the configured exchange as a durable topic
+// exchange. RabbitMQ answers declare-ok when it exists with those
+// properties (amq.topic does), creates it when it does not (except names
+// under the reserved prefix amq.: 403 ACCESS_REFUSED), and refuses with 406
+// PRECONDITION_FAILED when it exists as another type or durability, which
+// a passive declaration would not notice: topic binding keys on a direct
+// exchange would silently match only themselves.
 func (c *Config) declareExchange(ch *amqp.Channel) error {
 	name := c.exchange()
-	var err error
-	if strings.HasPrefix(name, "amq.") {
-		err = ch.ExchangeDeclarePassive(name, amqp.ExchangeTopic, true, false, false, false, nil)
-	} else {
-		err = ch.ExchangeDeclare(name, amqp.ExchangeTopic, true, false, false, false, nil)
-	}
-	if err != nil {
-		return fmt.Errorf("amqp: declare exchange %q: %w", name, err)
+	if err := ch.ExchangeDeclare(name, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
+		return fmt.Errorf("amqp: declare topic exchange %q: %w", name, err)
 	}
 	return nil
 }

@@ -15,8 +15,8 @@
 //
 //   - it connects (TCP, TLS for amqps://, AMQP handshake, bounded by
 //     Config.ConnectTimeout), opens the channel and declares what the
-//     resource owns: the exchange (passively for amq.* names, otherwise as a
-//     durable topic exchange), and for a Source the queue, one binding per
+//     resource owns: the exchange, as a durable topic exchange (amq.topic
+//     qualifies; a name that exists as another type is refused), and for a Source the queue, one binding per
 //     route binding key, basic.qos and the consumer; for a Sink, confirm
 //     mode;
 //   - it drains every notification the library offers for as long as the
@@ -33,8 +33,8 @@
 // (Connected, ConnectFailed, DeclareFailed, ConnectionLost, ChannelClosed,
 // ConsumerCancelled, Blocked), and so /status and the up and reconnects
 // metrics. A declaration the broker refuses (a queue that exists with other
-// properties, an exchange of another type, a missing amq.* exchange, no
-// permission) is reported as DeclareFailed with the broker's reply and
+// properties, an exchange of another type or durability, a missing name
+// under the reserved prefix amq., no permission) is reported as DeclareFailed with the broker's reply and
 // retried: the fix is on the broker, and the connector resumes once it is
 // made.
 //

@@ -1,0 +1,620 @@
+package amqp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"pgregory.net/rapid"
+
+	"weida.dev/connector/connectors"
+	"weida.dev/connector/connectors/conntest"
+)
+
+// recorder collects a driver's state reports.
+type recorder struct {
+	mu  sync.Mutex
+	all []connectors.ConnState
+}
+
+func (r *recorder) report(s connectors.ConnState) {
+	r.mu.Lock()
+	r.all = append(r.all, s)
+	r.mu.Unlock()
+}
+
+// count returns how many reports satisfy pred.
+func (r *recorder) count(pred func(connectors.ConnState) bool) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, s := range r.all {
+		if pred(s) {
+			n++
+		}
+	}
+	return n
+}
+
+func (r *recorder) String() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return fmt.Sprint(r.all)
+}
+
+func isUp(s connectors.ConnState) bool { return s.Up }
+
+func reason(want string) func(connectors.ConnState) bool {
+	return func(s connectors.ConnState) bool { return s.Reason == want }
+}
+
+// waitFor polls cond every 10 ms for up to 20 s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// cutter records the driver's network connections so that a test can cut
+// them, as a failing network would.
+type cutter struct {
+	mu    sync.Mutex
+	conns []net.Conn
+}
+
+func (c *cutter) dialed(conn net.Conn) {
+	c.mu.Lock()
+	c.conns = append(c.conns, conn)
+	c.mu.Unlock()
+}
+
+func (c *cutter) cut() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, conn := range c.conns {
+		conn.Close()
+	}
+	c.conns = nil
+}
+
+func testCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func closeSource(t *testing.T, s *Source) {
+	t.Helper()
+	if err := s.Close(testCtx(t)); err != nil {
+		t.Errorf("Source.Close: %v", err)
+	}
+}
+
+func closeSink(t *testing.T, s *Sink) {
+	t.Helper()
+	if err := s.Close(testCtx(t)); err != nil {
+		t.Errorf("Sink.Close: %v", err)
+	}
+}
+
+// queueDepth returns the ready messages of a queue, passively.
+func queueDepth(t *testing.T, ch *amqp.Channel, name string) int {
+	t.Helper()
+	q, err := ch.QueueDeclarePassive(name, true, false, false, false, nil)
+	if err != nil {
+		t.Fatalf("inspecting queue %q: %v", name, err)
+	}
+	return q.Messages
+}
+
+func publish(t *testing.T, ch *amqp.Channel, key, body string) {
+	t.Helper()
+	if err := ch.PublishWithContext(testCtx(t), DefaultExchange, key, false, false, amqp.Publishing{Body: []byte(body)}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// durableSource starts a Source on a fresh durable queue bound with key.
+func durableSource(t *testing.T, key string, mod func(*Config)) (*Source, *recorder, string) {
+	t.Helper()
+	requireBroker(t)
+	name := "drv-" + conntest.Unique()
+	cfg := testConfig(name, "")
+	cfg.Queue = Queue{Name: name, Durable: true}
+	if mod != nil {
+		mod(&cfg)
+	}
+	t.Cleanup(func() { deleteQueue(t, name) })
+	rec := &recorder{}
+	src, err := NewSource(cfg, rec.report)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { closeSource(t, src) })
+	if err := src.Start(testCtx(t), []string{key}); err != nil {
+		t.Fatal(err)
+	}
+	return src, rec, name
+}
+
+func TestConfigValidate(t *testing.T) {
+	tests := []struct {
+		name string
+		cfg  Config
+		want string // substring of the error; "" for valid
+	}{
+		{"minimal", Config{URL: "amqp://127.0.0.1"}, ""},
+		{"vhost and tls", Config{URL: "amqps://broker.example:5671/prod%2Feu"}, ""},
+		{"named durable", Config{URL: brokerURL, Queue: Queue{Name: "q", Durable: true}}, ""},
+		{"named exclusive", Config{URL: brokerURL, Queue: Queue{Name: "q", Exclusive: true}}, ""},
+		{"max prefetch", Config{URL: brokerURL, Prefetch: 65535}, ""},
+		{"no url", Config{}, "URL is required"},
+		{"bad scheme", Config{URL: "mqtt://127.0.0.1"}, "broker url"},
+		{"unparsable", Config{URL: "amqp://[::1"}, "broker url"},
+		{"durable without name", Config{URL: brokerURL, Queue: Queue{Durable: true}}, "needs a name"},
+		{"durable and exclusive", Config{URL: brokerURL, Queue: Queue{Name: "q", Durable: true, Exclusive: true}}, "both durable and exclusive"},
+		{"reserved queue", Config{URL: brokerURL, Queue: Queue{Name: "amq.q"}}, "reserved"},
+		{"negative prefetch", Config{URL: brokerURL, Prefetch: -1}, "prefetch"},
+		{"prefetch too large", Config{URL: brokerURL, Prefetch: 65536}, "prefetch"},
+		{"exchange too long", Config{URL: brokerURL, Exchange: strings.Repeat("x", 256)}, "exchange"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := NewSource(tc.cfg, nil)
+			_, err2 := NewSink(tc.cfg, nil)
+			if (err == nil) != (err2 == nil) {
+				t.Fatalf("NewSource and NewSink disagree: %v / %v", err, err2)
+			}
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatalf("unexpected error: %v", err)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+				t.Fatalf("error %v, want one containing %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestConfigSecretNotInErrors(t *testing.T) {
+	cfg := Config{URL: "amqp://user:hunter2@127.0.0.1:1/", Password: "hunter2", Username: "user",
+		ConnectTimeout: time.Second, Backoff: func(int) time.Duration { return time.Hour }}
+	rec := &recorder{}
+	s, err := NewSink(cfg, rec.report)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeSink(t, s)
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if err := s.Start(ctx); err == nil {
+		t.Fatal("Start succeeded against a closed port")
+	}
+	waitFor(t, "a ConnectFailed report", func() bool { return rec.count(reason("ConnectFailed")) > 0 })
+	if strings.Contains(rec.String(), "hunter2") {
+		t.Fatalf("a state report reveals the password: %s", rec)
+	}
+}
+
+// TestSourceVoidTagsAfterReconnect: a delivery read on a channel that was
+// lost cannot be settled on the next channel, where its tag names another
+// delivery; the broker requeues it and delivers it again.
+func TestSourceVoidTagsAfterReconnect(t *testing.T) {
+	var c cutter
+	key := conntest.Unique() + ".void"
+	src, rec, queue := durableSource(t, key, func(cfg *Config) { cfg.dialed = c.dialed })
+	_, ch := directChannel(t)
+	ctx := testCtx(t)
+
+	publish(t, ch, key, "one")
+	m, oldAck, err := src.Read(ctx)
+	if err != nil || string(m.Payload) != "one" {
+		t.Fatalf("first read: %v %v", m, err)
+	}
+	c.cut()
+	waitFor(t, "a reconnection", func() bool { return rec.count(isUp) >= 2 })
+	if rec.count(reason("ConnectionLost"))+rec.count(reason("ChannelClosed")) == 0 {
+		t.Fatalf("the loss was not reported: %s", rec)
+	}
+
+	m2, ack2, err := src.Read(ctx)
+	if err != nil || string(m2.Payload) != "one" {
+		t.Fatalf("redelivery: %v %v", m2, err)
+	}
+	// The old AckFunc must not ack tag 1 of the new channel, which is the
+	// redelivered message we have not settled yet.
+	oldAck(nil)
+	closeSource(t, src)
+	_ = ack2 // deliberately never settled: the broker requeues it on close
+	waitFor(t, "the unsettled redelivery back in the queue", func() bool { return queueDepth(t, ch, queue) == 1 })
+}
+
+func TestSourceNackRequeues(t *testing.T) {
+	key := conntest.Unique() + ".nack"
+	src, _, queue := durableSource(t, key, nil)
+	_, ch := directChannel(t)
+	ctx := testCtx(t)
+	publish(t, ch, key, "again")
+	_, ack, err := src.Read(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ack(errors.New("weida hand-off failed"))
+	m, ack2, err := src.Read(ctx)
+	if err != nil || string(m.Payload) != "again" {
+		t.Fatalf("after nack: %v %v", m, err)
+	}
+	ack2(nil)
+	waitFor(t, "an empty queue", func() bool { return queueDepth(t, ch, queue) == 0 })
+}
+
+// TestSourcePrefetchBound: with prefetch 3 and nothing settled, the broker
+// delivers three messages and keeps the rest.
+func TestSourcePrefetchBound(t *testing.T) {
+	key := conntest.Unique() + ".prefetch"
+	src, _, queue := durableSource(t, key, func(cfg *Config) { cfg.Prefetch = 3 })
+	_, ch := directChannel(t)
+	for i := range 10 {
+		publish(t, ch, key, fmt.Sprint(i))
+	}
+	ctx := testCtx(t)
+	var acks []connectors.AckFunc
+	for range 3 {
+		_, ack, err := src.Read(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		acks = append(acks, ack)
+	}
+	waitFor(t, "seven messages held back", func() bool { return queueDepth(t, ch, queue) == 7 })
+	short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	if m, _, err := src.Read(short); err == nil {
+		t.Fatalf("a fourth delivery %q arrived with three unsettled and prefetch 3", m.Payload)
+	}
+	for _, a := range acks {
+		a(nil)
+	}
+	for range 7 {
+		_, ack, err := src.Read(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ack(nil)
+	}
+}
+
+// TestSourceQueueDeleted: the broker cancels the consumer of a deleted
+// queue; the Source declares, binds and consumes again by itself.
+func TestSourceQueueDeleted(t *testing.T) {
+	key := conntest.Unique() + ".deleted"
+	src, rec, queue := durableSource(t, key, nil)
+	_, ch := directChannel(t)
+	if _, err := ch.QueueDelete(queue, false, false, false); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "a re-declaration", func() bool { return rec.count(isUp) >= 2 })
+	if rec.count(reason("ConsumerCancelled")) == 0 {
+		t.Fatalf("the cancellation was not reported: %s", rec)
+	}
+	publish(t, ch, key, "after")
+	m, ack, err := src.Read(testCtx(t))
+	if err != nil || string(m.Payload) != "after" {
+		t.Fatalf("after re-declaration: %v %v", m, err)
+	}
+	ack(nil)
+}
+
+// TestSourceDeclareRefusedThenFixed: a queue that exists with other
+// properties is refused by the broker; the Source reports it and retries,
+// and resumes once the conflict is gone.
+func TestSourceDeclareRefusedThenFixed(t *testing.T) {
+	requireBroker(t)
+	_, ch := directChannel(t)
+	name := "drv-" + conntest.Unique()
+	if _, err := ch.QueueDeclare(name, false, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { deleteQueue(t, name) })
+	cfg := testConfig(name, "")
+	cfg.Queue = Queue{Name: name, Durable: true}
+	rec := &recorder{}
+	src, err := NewSource(cfg, rec.report)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeSource(t, src)
+	started := make(chan error, 1)
+	go func() { started <- src.Start(testCtx(t), []string{"x.#"}) }()
+	waitFor(t, "a DeclareFailed report", func() bool { return rec.count(reason("DeclareFailed")) > 0 })
+	if !strings.Contains(rec.String(), "PRECONDITION_FAILED") {
+		t.Fatalf("the broker's reply is not in the report: %s", rec)
+	}
+	if _, err := ch.QueueDelete(name, false, false, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-started; err != nil {
+		t.Fatalf("Start after the fix: %v", err)
+	}
+}
+
+func TestSourceStartCancelled(t *testing.T) {
+	cfg := testConfig("unreachable", "")
+	cfg.URL = "amqp://127.0.0.1:1/"
+	src, err := NewSource(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if err := src.Start(ctx, []string{"a"}); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Start = %v, want DeadlineExceeded", err)
+	}
+	if err := src.Start(context.Background(), []string{"a"}); err == nil {
+		t.Fatal("second Start succeeded")
+	}
+	closeSource(t, src)
+	if _, _, err := src.Read(context.Background()); err != connectors.ErrClosed {
+		t.Fatalf("Read after Close = %v", err)
+	}
+}
+
+func TestSourceServerNamedQueue(t *testing.T) {
+	requireBroker(t)
+	key := conntest.Unique() + ".anon"
+	rec := &recorder{}
+	src, err := NewSource(testConfig("anon", ""), rec.report)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeSource(t, src)
+	if err := src.Start(testCtx(t), []string{key}); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(rec.String(), "server-named exclusive queue \"amq.gen-") {
+		t.Fatalf("state does not name the server-named queue: %s", rec)
+	}
+	_, ch := directChannel(t)
+	publish(t, ch, key, "hi")
+	m, ack, err := src.Read(testCtx(t))
+	if err != nil || string(m.Payload) != "hi" {
+		t.Fatalf("%v %v", m, err)
+	}
+	ack(nil)
+}
+
+// TestSinkConfirmsAndReturns: many concurrent Writes, half of them to a
+// routing key no queue is bound for; each Write learns its own outcome.
+func TestSinkConfirmsAndReturns(t *testing.T) {
+	requireBroker(t)
+	prefix := conntest.Unique()
+	_, ch := directChannel(t)
+	q, err := ch.QueueDeclare("", false, true, true, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.QueueBind(q.Name, prefix+".routed", DefaultExchange, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	deliveries, err := ch.Consume(q.Name, "", true, true, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sink, err := NewSink(testConfig("confirms", ""), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeSink(t, sink)
+	ctx := testCtx(t)
+	if err := sink.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	const n = 400
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			key := prefix + ".routed"
+			if i%2 == 1 {
+				key = prefix + ".nowhere"
+			}
+			errs[i] = sink.Write(ctx, &connectors.Message{Topic: key, Payload: []byte(fmt.Sprint(i))})
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		var u connectors.Unroutable
+		isU := errors.As(err, &u) && u.Unroutable()
+		if i%2 == 0 && err != nil {
+			t.Errorf("write %d (routed): %v", i, err)
+		}
+		if i%2 == 1 && !isU {
+			t.Errorf("write %d (unroutable) = %v, want an Unroutable error", i, err)
+		}
+	}
+	got := map[string]bool{}
+	for len(got) < n/2 {
+		select {
+		case d := <-deliveries:
+			got[string(d.Body)] = true
+		case <-ctx.Done():
+			t.Fatalf("received %d of %d routed messages", len(got), n/2)
+		}
+	}
+}
+
+func TestSinkNotConnected(t *testing.T) {
+	cfg := testConfig("down", "")
+	cfg.URL = "amqp://127.0.0.1:1/"
+	sink, err := NewSink(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if err := sink.Start(ctx); err == nil {
+		t.Fatal("Start succeeded against a closed port")
+	}
+	if err := sink.Write(context.Background(), &connectors.Message{Topic: "a"}); !errors.Is(err, connectors.ErrNotConnected) {
+		t.Fatalf("Write while down = %v, want ErrNotConnected", err)
+	}
+	closeSink(t, sink)
+	if err := sink.Write(context.Background(), &connectors.Message{Topic: "a"}); err != connectors.ErrClosed {
+		t.Fatalf("Write after Close = %v, want ErrClosed", err)
+	}
+}
+
+// TestSinkReconnects: after the network connection is cut, Writes fail with
+// ErrNotConnected until the Sink has reconnected by itself, then succeed.
+func TestSinkReconnects(t *testing.T) {
+	requireBroker(t)
+	var c cutter
+	cfg := testConfig("reconnect", "")
+	cfg.dialed = c.dialed
+	rec := &recorder{}
+	sink, err := NewSink(cfg, rec.report)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeSink(t, sink)
+	ctx := testCtx(t)
+	if err := sink.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	_, ch := directChannel(t)
+	q, err := ch.QueueDeclare("", false, true, true, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := conntest.Unique() + ".re"
+	if err := ch.QueueBind(q.Name, key, DefaultExchange, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	c.cut()
+	waitFor(t, "a reconnection", func() bool { return rec.count(isUp) >= 2 })
+	var werr error
+	waitFor(t, "a confirmed write", func() bool {
+		werr = sink.Write(ctx, &connectors.Message{Topic: key, Payload: []byte("x")})
+		if werr != nil && !errors.Is(werr, connectors.ErrNotConnected) {
+			t.Fatalf("Write: %v", werr)
+		}
+		return werr == nil
+	})
+	waitFor(t, "the message in the queue", func() bool { return queueDepth(t, ch, q.Name) == 1 })
+}
+
+// TestSinkRefusedExchange: an exchange of another type is refused by the
+// broker on every attempt, and reported.
+func TestSinkRefusedExchange(t *testing.T) {
+	requireBroker(t)
+	cfg := testConfig("direct", "")
+	cfg.Exchange = "amq.direct"
+	rec := &recorder{}
+	sink, err := NewSink(cfg, rec.report)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeSink(t, sink)
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	if err := sink.Start(ctx); err == nil {
+		t.Fatal("Start succeeded on a direct exchange")
+	}
+	waitFor(t, "a DeclareFailed report", func() bool { return rec.count(reason("DeclareFailed")) > 0 })
+	if !strings.Contains(rec.String(), "inequivalent arg 'type'") {
+		t.Fatalf("the broker's reply is not in the report: %s", rec)
+	}
+}
+
+// TestCustomExchange: a custom exchange is declared durable topic and used
+// by both sides.
+func TestCustomExchange(t *testing.T) {
+	requireBroker(t)
+	ex := "weida-test-" + conntest.Unique()
+	_, ch := directChannel(t)
+	t.Cleanup(func() { ch.ExchangeDelete(ex, false, false) })
+	key := "orders.eu.new"
+	src, _, _ := durableSource(t, "orders.*.new.#", func(cfg *Config) { cfg.Exchange = ex })
+	sink, err := NewSink(Config{URL: brokerURL, Exchange: ex}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeSink(t, sink)
+	ctx := testCtx(t)
+	if err := sink.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := sink.Write(ctx, &connectors.Message{Topic: key, Payload: []byte("o")}); err != nil {
+		t.Fatal(err)
+	}
+	m, ack, err := src.Read(ctx)
+	if err != nil || m.Topic != key {
+		t.Fatalf("%v %v", m, err)
+	}
+	ack(nil)
+	if err := ch.ExchangeDeclarePassive(ex, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
+		t.Fatalf("the exchange is missing: %v", err)
+	}
+}
+
+// TestMetadataRoundTrip: what a Sink writes, a Source reads back: content
+// type, trace context and payload unchanged, and the loop mark exactly when
+// both use the same non-empty marker.
+func TestMetadataRoundTrip(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		m := &connectors.Message{
+			Topic:       rapid.String().Draw(t, "topic"),
+			Payload:     rapid.SliceOf(rapid.Byte()).Draw(t, "payload"),
+			ContentType: rapid.String().Draw(t, "contentType"),
+			Traceparent: rapid.String().Draw(t, "traceparent"),
+			Tracestate:  rapid.String().Draw(t, "tracestate"),
+		}
+		out := rapid.SampledFrom([]string{"", "a", "b"}).Draw(t, "sinkMarker")
+		in := rapid.SampledFrom([]string{"", "a", "b"}).Draw(t, "sourceMarker")
+		seq := rapid.Uint64Range(1, 1<<40).Draw(t, "seq")
+		sink := &Sink{cfg: Config{LoopMarker: out}}
+		p := sink.publishing(m, seq)
+		if err := p.Headers.Validate(); err != nil {
+			t.Fatalf("invalid headers: %v", err)
+		}
+		if p.DeliveryMode != amqp.Persistent {
+			t.Fatalf("delivery mode %d", p.DeliveryMode)
+		}
+		if got, _ := p.Headers[SeqHeader].(int64); uint64(got) != seq {
+			t.Fatalf("sequence header %v, want %d", p.Headers[SeqHeader], seq)
+		}
+		src := &Source{cfg: Config{LoopMarker: in}}
+		got := src.message(&amqp.Delivery{RoutingKey: m.Topic, Body: p.Body, ContentType: p.ContentType, Headers: p.Headers})
+		if got.Topic != m.Topic || string(got.Payload) != string(m.Payload) || got.ContentType != m.ContentType ||
+			got.Traceparent != m.Traceparent || got.Tracestate != m.Tracestate {
+			t.Fatalf("round trip changed the message: %+v → %+v", m, got)
+		}
+		if want := in != "" && in == out; got.Looped != want {
+			t.Fatalf("Looped = %v with markers %q → %q", got.Looped, out, in)
+		}
+	})
+}
+
+func TestHeaderString(t *testing.T) {
+	h := amqp.Table{"s": "text", "b": []byte("bytes"), "i": int32(7), "n": nil}
+	for key, want := range map[string]string{"s": "text", "b": "bytes", "i": "", "n": "", "missing": ""} {
+		if got := headerString(h, key); got != want {
+			t.Errorf("headerString(%q) = %q, want %q", key, got, want)
+		}
+	}
+	if got := headerString(nil, "s"); got != "" {
+		t.Errorf("nil table: %q", got)
+	}
+}
