@@ -1,0 +1,237 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	"pgregory.net/rapid"
+
+	"weida.dev/connector/weida/wire"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// TestFrame: the raw rig writes what a weida publisher writes for a
+// message on Path and Topic: a DATA preamble, a header a subscriber
+// accepts, and the payload.
+func TestFrame(t *testing.T) {
+	for _, size := range []int{0, 1, 256, 70000} {
+		f := Frame(size)
+		kind, hdr, n, err := wire.ParsePreamble(f, wire.DefaultMaxHeaderBytes)
+		if err != nil || kind != wire.KindData {
+			t.Fatalf("size %d: ParsePreamble = %v, %v", size, kind, err)
+		}
+		d, err := wire.DecodeData(hdr)
+		if err != nil {
+			t.Fatalf("size %d: DecodeData: %v", size, err)
+		}
+		if d.Endpoint != Path || d.Topic != Topic || d.ContentLen != uint64(size) {
+			t.Errorf("size %d: header %+v", size, d)
+		}
+		if got := len(f) - n; got != size {
+			t.Errorf("size %d: %d payload bytes", size, got)
+		}
+	}
+}
+
+func TestLoadCheck(t *testing.T) {
+	for _, tc := range []struct {
+		load Load
+		ok   bool
+	}{
+		{Load{}, false},
+		{Load{Messages: -1}, false},
+		{Load{Duration: -time.Second}, false},
+		{Load{Messages: 1}, true},
+		{Load{Duration: time.Millisecond}, true},
+		{Load{Messages: 1, Duration: time.Millisecond}, true},
+	} {
+		if err := tc.load.check(); (err == nil) != tc.ok {
+			t.Errorf("%+v: check = %v, want ok %v", tc.load, err, tc.ok)
+		}
+	}
+}
+
+func TestOptions(t *testing.T) {
+	o, err := Options{}.withDefaults()
+	if err != nil || o.Size != DefaultSize || o.Window != DefaultWindow {
+		t.Errorf("zero Options = %+v, %v", o, err)
+	}
+	for _, bad := range []Options{{Size: -1}, {Window: -1}} {
+		if _, err := bad.withDefaults(); err == nil {
+			t.Errorf("%+v accepted", bad)
+		}
+	}
+}
+
+func TestMedian(t *testing.T) {
+	for _, tc := range []struct {
+		in   []float64
+		want float64
+	}{
+		{nil, 0},
+		{[]float64{3}, 3},
+		{[]float64{3, 1}, 2},
+		{[]float64{5, 1, 3}, 3},
+		{[]float64{4, 1, 3, 2}, 2.5},
+	} {
+		in := slices.Clone(tc.in)
+		if got := Median(in); got != tc.want {
+			t.Errorf("Median(%v) = %v, want %v", tc.in, got, tc.want)
+		}
+		if !slices.Equal(in, tc.in) {
+			t.Errorf("Median modified its input: %v", in)
+		}
+	}
+}
+
+// TestMedianProperty: the median does not depend on order, lies between
+// the extremes, and has as many values at or below it as at or above it.
+func TestMedianProperty(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		v := rapid.SliceOfN(rapid.Float64Range(-1e6, 1e6), 1, 50).Draw(t, "v")
+		m := Median(v)
+		p := slices.Clone(v)
+		for i := len(p) - 1; i > 0; i-- {
+			j := rapid.IntRange(0, i).Draw(t, "j")
+			p[i], p[j] = p[j], p[i]
+		}
+		if Median(p) != m {
+			t.Fatalf("Median(%v) = %v, of a permutation %v", v, m, Median(p))
+		}
+		if m < slices.Min(v) || m > slices.Max(v) {
+			t.Fatalf("Median(%v) = %v, outside the range", v, m)
+		}
+		var below, above int
+		for _, x := range v {
+			if x <= m {
+				below++
+			}
+			if x >= m {
+				above++
+			}
+		}
+		if 2*below < len(v) || 2*above < len(v) {
+			t.Fatalf("Median(%v) = %v: %d at or below, %d at or above", v, m, below, above)
+		}
+	})
+}
+
+// TestRigs runs each rig with a small window, so that the sender waits
+// for credits, under both kinds of load: every message sent is received by
+// every receiver, and the counters agree.
+func TestRigs(t *testing.T) {
+	ctx := context.Background()
+	opts := Options{Size: 100, Window: 4}
+	raw, err := NewRaw(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	one, err := NewWeida(ctx, 1, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer one.Close()
+	three, err := NewWeida(ctx, 3, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer three.Close()
+	for _, rig := range []Rig{raw, one, three} {
+		t.Run(rig.Name(), func(t *testing.T) {
+			s, err := rig.Run(ctx, Load{Messages: 200})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if s.Messages != 200 || s.Copies != 200*int64(rig.Receivers()) {
+				t.Errorf("count load: %+v", s)
+			}
+			if s.Elapsed <= 0 || s.MessagesPerSecond() <= 0 || s.CopiesPerSecond() < s.MessagesPerSecond() {
+				t.Errorf("rates of %+v", s)
+			}
+			s, err = rig.Run(ctx, Load{Duration: 20 * time.Millisecond})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if s.Messages == 0 || s.Copies != s.Messages*int64(rig.Receivers()) {
+				t.Errorf("duration load: %+v", s)
+			}
+		})
+	}
+	if st := three.Listener().Stats(); st.Dropped.Total() != 0 || st.CopiesWritten != st.CopiesQueued {
+		t.Errorf("listener stats after the runs: %+v", st)
+	}
+}
+
+func TestRunErrors(t *testing.T) {
+	ctx := context.Background()
+	w, err := NewWeida(ctx, 1, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if _, err := w.Run(ctx, Load{}); err == nil {
+		t.Error("Run with an empty load succeeded")
+	}
+	canceled, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, err := w.Run(canceled, Load{Messages: 10_000}); !errors.Is(err, context.Canceled) {
+		t.Errorf("Run with a canceled ctx = %v", err)
+	}
+	if _, err := NewWeida(ctx, 0, Options{}); err == nil {
+		t.Error("NewWeida with no subscribers succeeded")
+	}
+}
+
+func TestCompare(t *testing.T) {
+	var calls int
+	rep, err := Compare(context.Background(), Plan{
+		Options:     Options{Window: 8},
+		Load:        Load{Messages: 50},
+		Subscribers: []int{1, 2},
+		Rounds:      2,
+		Progress:    func(round, series int, s Sample) { calls++ },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Series) != 3 || calls != 6 || len(rep.Ratios) != 2 {
+		t.Fatalf("report: %d series, %d progress calls, ratios %v", len(rep.Series), calls, rep.Ratios)
+	}
+	for i, want := range []int{1, 1, 2} {
+		s := rep.Series[i]
+		if s.Receivers != want || len(s.Samples) != 2 {
+			t.Errorf("series %d: %s, %d receivers, %d samples", i, s.Name, s.Receivers, len(s.Samples))
+		}
+		for _, x := range s.Samples {
+			if x.Messages != 50 || x.Copies != 50*int64(want) {
+				t.Errorf("series %s: sample %+v", s.Name, x)
+			}
+		}
+	}
+	if one, ok := rep.Single(); !ok || one.Name != "weida, 1 subscriber" {
+		t.Errorf("Single = %v, %v", one.Name, ok)
+	}
+	if _, ok := rep.CPURatio(); !ok && processCPU() > 0 {
+		t.Error("no CPU ratio although the platform reports CPU time")
+	}
+
+	rep, err = Compare(context.Background(), Plan{Load: Load{Messages: 10}, Subscribers: []int{2}, Rounds: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Ratios) != 0 {
+		t.Errorf("ratios without a one-subscriber rig: %v", rep.Ratios)
+	}
+	if _, ok := rep.CPURatio(); ok {
+		t.Error("CPU ratio without a one-subscriber rig")
+	}
+	if _, err := Compare(context.Background(), Plan{Rounds: -1}); err == nil {
+		t.Error("negative rounds accepted")
+	}
+}

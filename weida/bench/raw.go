@@ -1,0 +1,174 @@
+package bench
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"errors"
+	"fmt"
+	"io"
+	"math/big"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/quic-go/quic-go"
+
+	"weida.dev/connector/weida"
+)
+
+// rawALPN keeps the raw rig apart from weida: it speaks no weida at all.
+const rawALPN = "weida-bench-raw"
+
+// Raw is the transport's own limit for the work of a [Weida] rig with one
+// subscriber: one quic-go connection over loopback, configured with weida's
+// default windows and stream limits, on which each message is one uni
+// stream carrying [Frame] and a FIN, accepted and read to its FIN by the
+// other side. Nothing parses the bytes.
+//
+// Create it with [NewRaw]; it is a [Rig]. Run must not be called
+// concurrently with itself.
+type Raw struct {
+	opts  Options
+	frame []byte
+	ln    *quic.Listener
+	srv   *quic.Conn // opens the streams, like a weida publisher
+	cli   *quic.Conn // accepts them, like a weida subscriber
+}
+
+// NewRaw listens and dials over 127.0.0.1; ctx bounds only the setup.
+func NewRaw(ctx context.Context, opts Options) (*Raw, error) {
+	opts, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	cert, err := selfSigned()
+	if err != nil {
+		return nil, err
+	}
+	srvTLS := &tls.Config{Certificates: []tls.Certificate{cert}, NextProtos: []string{rawALPN}, MinVersion: tls.VersionTLS13}
+	ln, err := quic.ListenAddr("127.0.0.1:0", srvTLS, rawQUICConfig(false))
+	if err != nil {
+		return nil, fmt.Errorf("bench: raw listen: %w", err)
+	}
+	r := &Raw{opts: opts, frame: Frame(opts.Size), ln: ln}
+	// Only the raw rig's own listener is dialled: nothing to verify.
+	cliTLS := &tls.Config{InsecureSkipVerify: true, NextProtos: []string{rawALPN}, MinVersion: tls.VersionTLS13} //nolint:gosec
+	if r.cli, err = quic.DialAddr(ctx, ln.Addr().String(), cliTLS, rawQUICConfig(true)); err != nil {
+		_ = r.Close()
+		return nil, fmt.Errorf("bench: raw dial: %w", err)
+	}
+	if r.srv, err = ln.Accept(ctx); err != nil {
+		_ = r.Close()
+		return nil, fmt.Errorf("bench: raw accept: %w", err)
+	}
+	return r, nil
+}
+
+// rawQUICConfig mirrors the QUIC configuration package weida uses with its
+// default limits, so that the two rigs differ only by weida itself.
+func rawQUICConfig(dialling bool) *quic.Config {
+	c := &quic.Config{
+		MaxIdleTimeout:                 weida.DefaultIdleTimeout,
+		MaxIncomingUniStreams:          weida.DefaultMaxConcurrentUniStreams,
+		MaxIncomingStreams:             weida.DefaultMaxConcurrentBidiStreams,
+		InitialStreamReceiveWindow:     min(weida.DefaultStreamReceiveWindow, 512<<10),
+		MaxStreamReceiveWindow:         weida.DefaultStreamReceiveWindow,
+		InitialConnectionReceiveWindow: min(weida.DefaultConnectionReceiveWindow, 1<<20),
+		MaxConnectionReceiveWindow:     weida.DefaultConnectionReceiveWindow,
+	}
+	if dialling {
+		c.KeepAlivePeriod = weida.DefaultKeepAlive
+	}
+	return c
+}
+
+// Name implements [Rig].
+func (r *Raw) Name() string { return "raw quic-go" }
+
+// Receivers implements [Rig]: one.
+func (r *Raw) Receivers() int { return 1 }
+
+// Run implements [Rig].
+func (r *Raw) Run(ctx context.Context, load Load) (Sample, error) {
+	if err := load.check(); err != nil {
+		return Sample{}, err
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	c := newCredits(1, r.opts.Window)
+	var copies atomic.Int64
+	wg.Go(func() {
+		buf := make([]byte, 4096)
+		for {
+			st, err := r.cli.AcceptUniStream(rctx)
+			if err != nil {
+				if rctx.Err() == nil {
+					c.fail(fmt.Errorf("bench: raw accept stream: %w", err))
+				}
+				return
+			}
+			for {
+				_, err = st.Read(buf)
+				if err != nil {
+					break
+				}
+			}
+			if !errors.Is(err, io.EOF) {
+				c.fail(fmt.Errorf("bench: raw read: %w", err))
+				return
+			}
+			copies.Add(1)
+			c.give(0)
+		}
+	})
+	m := startMeter()
+	n, err := sendLoop(ctx, load, c, func() error {
+		st, err := r.srv.OpenUniStreamSync(ctx)
+		if err != nil {
+			return fmt.Errorf("bench: raw open stream: %w", err)
+		}
+		if _, err := st.Write(r.frame); err != nil {
+			return fmt.Errorf("bench: raw write: %w", err)
+		}
+		return st.Close()
+	})
+	return m.stop(n, copies.Load()), err
+}
+
+// Close closes both connections and the listener.
+func (r *Raw) Close() error {
+	if r.cli != nil {
+		_ = r.cli.CloseWithError(0, "")
+	}
+	if r.srv != nil {
+		_ = r.srv.CloseWithError(0, "")
+	}
+	return r.ln.Close()
+}
+
+// selfSigned makes the raw listener's certificate.
+func selfSigned() (tls.Certificate, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return tls.Certificate{}, fmt.Errorf("bench: key: %w", err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1),
+		Subject:      pkix.Name{CommonName: "weida bench raw quic-go"},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(24 * time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return tls.Certificate{}, fmt.Errorf("bench: certificate: %w", err)
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, nil
+}
