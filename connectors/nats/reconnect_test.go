@@ -1,0 +1,314 @@
+package nats
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os/exec"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	natsgo "github.com/nats-io/nats.go"
+
+	"weida.dev/connector/connectors"
+	"weida.dev/connector/connectors/conntest"
+)
+
+const natsServerBin = "/usr/sbin/nats-server"
+
+func freePort(t testing.TB) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
+}
+
+// privateServer is a nats-server process of one test, which the test may
+// kill and start again on the same port and store.
+type privateServer struct {
+	t    testing.TB
+	port string
+	dir  string
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+func startPrivateServer(t testing.TB) *privateServer {
+	t.Helper()
+	if _, err := exec.LookPath(natsServerBin); err != nil {
+		t.Skipf("%s is not installed", natsServerBin)
+	}
+	s := &privateServer{t: t, port: freePort(t), dir: t.TempDir()}
+	s.start()
+	t.Cleanup(s.kill)
+	return s
+}
+
+func (s *privateServer) URL() string { return "nats://127.0.0.1:" + s.port }
+
+func (s *privateServer) start() {
+	s.t.Helper()
+	s.cmd = exec.Command(natsServerBin, "-a", "127.0.0.1", "-p", s.port, "-js", "-sd", s.dir)
+	if err := s.cmd.Start(); err != nil {
+		s.t.Fatal(err)
+	}
+	s.done = make(chan struct{})
+	go func(cmd *exec.Cmd, done chan struct{}) { cmd.Wait(); close(done) }(s.cmd, s.done)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		nc, err := natsgo.Connect(s.URL(), natsgo.Timeout(time.Second))
+		if err == nil {
+			nc.Close()
+			return
+		}
+		if time.Now().After(deadline) {
+			s.t.Fatalf("private nats-server on %s did not start: %v", s.port, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// kill stops the server abruptly, as a crash would.
+func (s *privateServer) kill() {
+	if s.cmd == nil || s.cmd.Process == nil {
+		return
+	}
+	s.cmd.Process.Kill()
+	<-s.done
+	s.cmd = nil
+}
+
+// states records what a driver reports.
+type states struct {
+	mu  sync.Mutex
+	all []connectors.ConnState
+}
+
+func (s *states) report(c connectors.ConnState) {
+	s.mu.Lock()
+	s.all = append(s.all, c)
+	s.mu.Unlock()
+}
+
+func (s *states) last() connectors.ConnState {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.all) == 0 {
+		return connectors.ConnState{}
+	}
+	return s.all[len(s.all)-1]
+}
+
+func (s *states) seen(reason string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, c := range s.all {
+		if c.Reason == reason {
+			return true
+		}
+	}
+	return false
+}
+
+func eventually(t testing.TB, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", d, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestReconnect: after the server dies and comes back, the Source's
+// subscription and the Sink's publishing work again without any call from
+// the runtime, the state changes are reported, and Write fails with
+// ErrNotConnected while the server is away.
+func TestReconnect(t *testing.T) {
+	srv := startPrivateServer(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	backoff := func(int) time.Duration { return 50 * time.Millisecond }
+
+	var srcStates, sinkStates states
+	src, err := NewSource(Config{URL: srv.URL(), Name: "src", Backoff: backoff}, srcStates.report)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close(context.Background())
+	if err := src.Start(ctx, []string{"re.*"}); err != nil {
+		t.Fatal(err)
+	}
+	sink, err := NewSink(Config{URL: srv.URL(), Name: "sink", Backoff: backoff}, sinkStates.report)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sink.Close(context.Background())
+	if err := sink.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !srcStates.last().Up || !sinkStates.last().Up {
+		t.Fatalf("not up after Start: %+v %+v", srcStates.last(), sinkStates.last())
+	}
+	roundTrip := func(payload string) {
+		t.Helper()
+		if err := sink.Write(ctx, &connectors.Message{Topic: "re.x", Payload: []byte(payload)}); err != nil {
+			t.Fatalf("Write: %v", err)
+		}
+		m, _, err := src.Read(ctx)
+		if err != nil || string(m.Payload) != payload {
+			t.Fatalf("Read = %v, %v; want %q", m, err, payload)
+		}
+	}
+	roundTrip("before")
+
+	srv.kill()
+	eventually(t, 10*time.Second, "both sides to report the loss", func() bool {
+		return !srcStates.last().Up && !sinkStates.last().Up
+	})
+	err = sink.Write(ctx, &connectors.Message{Topic: "re.x", Payload: []byte("while down")})
+	if !errors.Is(err, connectors.ErrNotConnected) {
+		t.Fatalf("Write while down = %v, want ErrNotConnected", err)
+	}
+
+	srv.start()
+	eventually(t, 20*time.Second, "both sides to reconnect", func() bool {
+		return srcStates.last().Up && sinkStates.last().Up
+	})
+	roundTrip("after")
+	if !srcStates.seen("ConnectionLost") || !sinkStates.seen("ConnectionLost") {
+		t.Errorf("ConnectionLost not reported: %+v / %+v", srcStates.all, sinkStates.all)
+	}
+}
+
+// TestSlowConsumerCounted: messages nats.go drops because the bridge does
+// not read are counted, reported to OnDrop and logged, so that what was
+// read plus what was dropped is what was published.
+func TestSlowConsumerCounted(t *testing.T) {
+	requireServer(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	subject := "slow." + conntest.Unique()
+	var mu sync.Mutex
+	onDrop := map[string]int{}
+	src, err := NewSource(Config{
+		URL: "nats://" + serverAddr, PendingMessages: 10,
+		OnDrop: func(filter, reason string, n int) {
+			mu.Lock()
+			onDrop[filter+" "+reason] += n
+			mu.Unlock()
+		},
+	}, func(connectors.ConnState) {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close(context.Background())
+	if err := src.Start(ctx, []string{subject}); err != nil {
+		t.Fatal(err)
+	}
+	const sent = 2000
+	nc := dial(t)
+	defer nc.Close()
+	for i := range sent {
+		if err := nc.Publish(subject, []byte(strconv.Itoa(i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := nc.FlushWithContext(ctx); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "drops to be counted", func() bool { return src.Dropped() > 0 })
+	read := 0
+	eventually(t, 20*time.Second, "read + dropped to equal sent", func() bool {
+		for {
+			rctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+			_, ack, err := src.Read(rctx)
+			cancel()
+			if err != nil {
+				break
+			}
+			ack(nil)
+			read++
+		}
+		return read+int(src.Dropped()) == sent
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	key := subject + " " + connectors.ReasonBrokerDropped
+	if uint64(onDrop[key]) != src.Dropped() {
+		t.Fatalf("OnDrop saw %v, Dropped() = %d", onDrop, src.Dropped())
+	}
+	t.Logf("sent %d, read %d, dropped %d", sent, read, src.Dropped())
+}
+
+// TestSinkConcurrentWrites: many writers share flush rounds and every
+// message they were told was published arrives.
+func TestSinkConcurrentWrites(t *testing.T) {
+	requireServer(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	subject := "conc." + conntest.Unique()
+	nc := dial(t)
+	defer nc.Close()
+	got := make(chan *natsgo.Msg, 10000)
+	if _, err := nc.ChanSubscribe(subject, got); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.FlushWithContext(ctx); err != nil {
+		t.Fatal(err)
+	}
+	sink, err := NewSink(Config{URL: "nats://" + serverAddr}, func(connectors.ConnState) {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sink.Close(context.Background())
+	if err := sink.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	const writers, each = 32, 100
+	var wg sync.WaitGroup
+	errs := make(chan error, writers)
+	for w := range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range each {
+				if err := sink.Write(ctx, &connectors.Message{Topic: subject, Payload: fmt.Appendf(nil, "%d-%d", w, i)}); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	// Every Write returned after a PONG that followed its publish, and the
+	// server sends the PONG after it routed the publish: a PING of our own
+	// after that proves the deliveries are in.
+	if err := nc.FlushWithContext(ctx); err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for len(got) > 0 {
+		seen[string((<-got).Data)] = true
+	}
+	if len(seen) != writers*each {
+		t.Fatalf("received %d distinct messages, want %d", len(seen), writers*each)
+	}
+	if err := sink.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := sink.Write(ctx, &connectors.Message{Topic: subject}); !errors.Is(err, connectors.ErrClosed) {
+		t.Fatalf("Write after Close = %v, want ErrClosed", err)
+	}
+}
