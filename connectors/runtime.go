@@ -79,8 +79,16 @@ func NewRuntime(deps Deps) *Runtime {
 // with the reason, and the others run; the error joins every such failure.
 func (r *Runtime) Apply(ctx context.Context, units []Unit) error {
 	want := make(map[string]Unit, len(units))
+	// Listeners the new set still uses with the same identity survive
+	// the restart of their resources: their subscribers stay connected
+	// (weida keeps their subscriptions for the next publisher of a path)
+	// and a generated certificate keeps the fingerprint they pinned.
+	keep := make(map[string]weida.ListenConfig)
 	for _, u := range units {
 		want[u.Spec.Name] = u
+		if u.Spec.Direction != policy.Outbound && u.Listen != "" {
+			keep[u.Listen] = u.ListenConfig
+		}
 	}
 	r.mu.Lock()
 	var stop []*runningUnit
@@ -94,7 +102,7 @@ func (r *Runtime) Apply(ctx context.Context, units []Unit) error {
 	r.mu.Unlock()
 
 	for _, ru := range stop {
-		r.stopUnit(ru)
+		r.stopUnit(ru, keep)
 	}
 
 	var errs []error
@@ -114,6 +122,15 @@ func (r *Runtime) Apply(ctx context.Context, units []Unit) error {
 			errs = append(errs, fmt.Errorf("resource %s: %w", name, err))
 		}
 	}
+	// A listener kept for a unit that then failed to start serves nobody.
+	r.mu.Lock()
+	for addr, sl := range r.listeners {
+		if sl.refs == 0 {
+			sl.l.Close()
+			delete(r.listeners, addr)
+		}
+	}
+	r.mu.Unlock()
 	return errors.Join(errs...)
 }
 
@@ -190,7 +207,10 @@ func sameListenIdentity(a, b weida.ListenConfig) bool {
 		a.Limits == b.Limits
 }
 
-func (r *Runtime) stopUnit(ru *runningUnit) {
+// stopUnit stops a unit and releases its publisher path. Its listener is
+// closed with its last path unless keep holds the address with the same
+// identity (a reload restarting the resources on it).
+func (r *Runtime) stopUnit(ru *runningUnit, keep map[string]weida.ListenConfig) {
 	ru.cancel()
 	<-ru.done
 	r.deps.Metrics.forget(ru.unit.Spec.Name)
@@ -202,6 +222,9 @@ func (r *Runtime) stopUnit(ru *runningUnit) {
 	defer r.mu.Unlock()
 	if sl := r.listeners[ru.unit.Listen]; sl != nil {
 		sl.refs--
+		if cfg, ok := keep[ru.unit.Listen]; ok && sameListenIdentity(sl.cfg, cfg) {
+			return
+		}
 		if sl.refs == 0 {
 			sl.l.Close()
 			delete(r.listeners, ru.unit.Listen)
@@ -258,7 +281,7 @@ func (r *Runtime) Stop() {
 	r.mu.Unlock()
 	var wg sync.WaitGroup
 	for _, ru := range all {
-		wg.Go(func() { r.stopUnit(ru) })
+		wg.Go(func() { r.stopUnit(ru, nil) })
 	}
 	wg.Wait()
 	r.mu.Lock()

@@ -143,6 +143,9 @@ type mqttClient struct {
 	*paho.Client
 	mu   sync.Mutex
 	msgs []mqttMsg
+	// events records client errors and server disconnects, for failure
+	// messages.
+	events []string
 	// onMsg, when set before the first delivery, sees every message.
 	onMsg func(mqttMsg)
 }
@@ -168,6 +171,16 @@ func mqttDial(ctx context.Context, addr, id string, onMsg func(mqttMsg)) (*mqttC
 	cfg := paho.ClientConfig{
 		ClientID: id,
 		Conn:     &bufferedConn{Conn: conn, r: bufio.NewReaderSize(conn, 64<<10)},
+		OnClientError: func(err error) {
+			c.mu.Lock()
+			c.events = append(c.events, time.Now().Format("15:04:05.000")+" client error: "+err.Error())
+			c.mu.Unlock()
+		},
+		OnServerDisconnect: func(d *paho.Disconnect) {
+			c.mu.Lock()
+			c.events = append(c.events, fmt.Sprintf("%s server disconnect: reason code 0x%02x", time.Now().Format("15:04:05.000"), d.ReasonCode))
+			c.mu.Unlock()
+		},
 		OnPublishReceived: []func(paho.PublishReceived) (bool, error){func(pr paho.PublishReceived) (bool, error) {
 			p := pr.Packet
 			m := mqttMsg{Topic: p.Topic, Payload: p.Payload, QoS: p.QoS, Props: p.Properties}
@@ -228,7 +241,10 @@ func (c *mqttClient) publish(t testing.TB, qos byte, topic, payload string) {
 	t.Helper()
 	resp, err := c.Publish(ctx(t, 10*time.Second), &paho.Publish{Topic: topic, QoS: qos, Payload: []byte(payload)})
 	if err != nil {
-		t.Fatalf("mqtt publish %q: %v", topic, err)
+		c.mu.Lock()
+		ev := strings.Join(c.events, "; ")
+		c.mu.Unlock()
+		t.Fatalf("mqtt publish %q: %v (client events: %s)", topic, err, ev)
 	}
 	if resp != nil && resp.ReasonCode >= 0x80 {
 		t.Fatalf("mqtt publish %q: reason code 0x%02x", topic, resp.ReasonCode)

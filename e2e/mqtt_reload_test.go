@@ -1,0 +1,107 @@
+package e2e
+
+import (
+	"fmt"
+	"os"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"weida.dev/connector/policy"
+	"weida.dev/connector/weida"
+)
+
+// TestMQTTReload: SIGHUP applies a rewritten file live (a route added, a
+// route removed), and a rewritten file that does not check leaves the
+// running set as it was.
+func TestMQTTReload(t *testing.T) {
+	requireTCP(t, "Mosquitto", mosquittoAddr)
+	u := unique()
+	endpoint := fmt.Sprintf("weida://127.0.0.1:%d/reload", freePort(t, "udp"))
+	res := mqttResource{
+		Name: "mqtt-reload", Direction: policy.Inbound, QoS: 1, Endpoint: endpoint,
+		ClientID: "reload-" + u, // the same session before and after the reload
+		Routes:   []mqttRoute{{"a", u + "/a/+"}},
+	}
+	dir := t.TempDir()
+	file := writeFile(t, dir, "reload.yaml", res.YAML(t))
+	c := StartConnector(t, nil, "-f", file)
+	c.WaitReady(30 * time.Second)
+	sub := collectWeida(t, endpoint, weida.Limits{}, "#")
+	pub := mqttConnect(t, mosquittoAddr, "pub-"+u)
+	sub.Sync(20*time.Second, "probe-a", func() { pub.publish(t, 1, u+"/a/probe", "probe-a") })
+	pub.publish(t, 1, u+"/a/1", "before")
+	pub.publish(t, 1, u+"/b/1", "before")
+	Eventually(t, 10*time.Second, "route a bridging", func() bool { return sub.Has(u+".a.1", "before") })
+
+	// Replace route a by route b.
+	res.Routes = []mqttRoute{{"b", u + "/b/#"}}
+	writeFile(t, dir, "reload.yaml", res.YAML(t))
+	c.Signal(syscall.SIGHUP)
+	Eventually(t, 20*time.Second, "the reload applied", func() bool { return strings.Contains(c.Output(), "reload applied") })
+	c.WaitReady(30 * time.Second)
+	sub.Sync(20*time.Second, "probe-b", func() { pub.publish(t, 1, u+"/b/probe", "probe-b") })
+	base, _ := c.Status("mqtt-reload")
+	pub.publish(t, 1, u+"/a/2", "after")
+	pub.publish(t, 1, u+"/b/2/deep", "after")
+	Eventually(t, 10*time.Second, "route b bridging", func() bool { return sub.Has(u+".b.2.deep", "after") })
+	// The broker kept route a's subscription in the resumed session (MQTT
+	// cannot list a session's subscriptions, so the connector cannot know
+	// to withdraw it): the message arrives and is counted, not bridged.
+	Eventually(t, 10*time.Second, "every message settled", func() bool {
+		st, _ := c.Status("mqtt-reload")
+		return st.Counters.Received == st.Counters.Bridged+sum(st.Counters.Dropped)
+	})
+	st, _ := c.Status("mqtt-reload")
+	if sub.Has(u+".a.2", "after") {
+		t.Errorf("the removed route still bridges")
+	}
+	if n := st.Counters.Dropped["no-route"] - base.Counters.Dropped["no-route"]; n > 1 || st.Counters.Received-base.Counters.Received != 1+n {
+		t.Errorf("after the reload: received %d, no-route drops %d; want route b's message and at most route a's as a no-route drop:\n%s",
+			st.Counters.Received-base.Counters.Received, n, c.StatusJSON())
+	}
+	// The endpoint itself was not restarted: its subscribers stayed
+	// connected, and its generated certificate (the fingerprint they
+	// pinned) did not change.
+	if sub.Dials() != 1 || strings.Count(c.Output(), "weida listener up") != 1 {
+		t.Errorf("the reload restarted the weida endpoint: subscriber dialled %d times; log:\n%s", sub.Dials(), c.Output())
+	}
+	t.Logf("route a's message after the reload: %d no-route drop(s); the weida subscriber dialled %d time(s)",
+		st.Counters.Dropped["no-route"]-base.Counters.Dropped["no-route"], sub.Dials())
+
+	// A file that does not check: the reload is refused, route b runs on.
+	bad := res
+	bad.Routes = []mqttRoute{{"b", u + "/b/#"}, {"c", u + "/c.d/+"}}
+	writeFile(t, dir, "reload.yaml", bad.YAML(t))
+	c.Signal(syscall.SIGHUP)
+	Eventually(t, 20*time.Second, "the reload refused", func() bool { return strings.Contains(c.Output(), "reload refused") })
+	if !strings.Contains(c.Output(), "mqtt-dotted-level") {
+		t.Errorf("the refused reload does not say why:\n%s", c.Output())
+	}
+	pub.publish(t, 1, u+"/b/3", "still")
+	Eventually(t, 10*time.Second, "route b still bridging", func() bool { return sub.Has(u+".b.3", "still") })
+	if st, ok := c.Status("mqtt-reload"); !ok || !st.ready() {
+		t.Errorf("the resource is not running and ready after a refused reload:\n%s", c.StatusJSON())
+	}
+
+	// Removing the file's only resource is refused too (nothing to run);
+	// the process keeps running what it has.
+	if err := os.WriteFile(file, []byte("# empty\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c.Signal(syscall.SIGHUP)
+	Eventually(t, 20*time.Second, "the second reload refused", func() bool { return strings.Count(c.Output(), "reload refused") == 2 })
+	pub.publish(t, 1, u+"/b/4", "still")
+	Eventually(t, 10*time.Second, "route b still bridging", func() bool { return sub.Has(u+".b.4", "still") })
+}
+
+// ready reports whether the Ready condition is True.
+func (s ResourceStatus) ready() bool {
+	for _, c := range s.Conditions {
+		if c.Type == "Ready" {
+			return c.Status == "True"
+		}
+	}
+	return false
+}
