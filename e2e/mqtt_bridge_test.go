@@ -154,7 +154,7 @@ func TestMQTTOutboundWildcards(t *testing.T) {
 	})
 	Eventually(t, 10*time.Second, "probes settled", func() bool {
 		st, _ := c.Status("mqtt-out")
-		return st.Counters.Received == st.Counters.Bridged+sum(st.Counters.Dropped)
+		return st.Counters.Received == st.Counters.Bridged+dropTotal(st.Counters.Dropped)
 	})
 	msub.Reset()
 	base, _ := c.Status("mqtt-out")
@@ -183,7 +183,7 @@ func TestMQTTOutboundWildcards(t *testing.T) {
 	Eventually(t, 20*time.Second, "the connector to settle every message", func() bool {
 		st, _ := c.Status("mqtt-out")
 		return st.Counters.Received-base.Counters.Received == received &&
-			st.Counters.Bridged-base.Counters.Bridged+sum(st.Counters.Dropped)-sum(base.Counters.Dropped) == received
+			st.Counters.Bridged-base.Counters.Bridged+dropTotal(st.Counters.Dropped)-dropTotal(base.Counters.Dropped) == received
 	})
 	var want []string
 	for _, tc := range cases {
@@ -224,7 +224,7 @@ func TestMQTTOutboundWildcards(t *testing.T) {
 	}
 }
 
-func sum(m map[string]uint64) uint64 {
+func dropTotal(m map[string]uint64) uint64 {
 	var n uint64
 	for _, v := range m {
 		n += v

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"net"
 	"strings"
 	"sync"
@@ -18,10 +17,6 @@ import (
 
 // mosquittoAddr is the loopback Mosquitto that scripts/brokers starts.
 const mosquittoAddr = "127.0.0.1:1883"
-
-// unique returns a short random token: topics and client ids of one test
-// never meet those of another run on the shared broker.
-func unique() string { return fmt.Sprintf("e2e%08x", rand.Uint32()) }
 
 // mqttResource describes one MQTT Connector resource for a test; YAML
 // renders it.
@@ -117,16 +112,16 @@ func mqttYAML(t testing.TB, rs ...mqttResource) string {
 	return strings.Join(docs, "---\n")
 }
 
-// bufferedConn puts a read buffer in front of a connection: paho reads a
+// mqttBufferedConn puts a read buffer in front of a connection: paho reads a
 // packet a few bytes at a time, one system call each (see
 // broker-baselines.md). The benchmark's direct clients use it too, so that
 // the baseline is as fast as the bridge's own client.
-type bufferedConn struct {
+type mqttBufferedConn struct {
 	net.Conn
 	r *bufio.Reader
 }
 
-func (c *bufferedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
+func (c *mqttBufferedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
 
 // mqttMsg is one MQTT message a test client received.
 type mqttMsg struct {
@@ -170,7 +165,7 @@ func mqttDial(ctx context.Context, addr, id string, onMsg func(mqttMsg)) (*mqttC
 	c := &mqttClient{onMsg: onMsg}
 	cfg := paho.ClientConfig{
 		ClientID: id,
-		Conn:     &bufferedConn{Conn: conn, r: bufio.NewReaderSize(conn, 64<<10)},
+		Conn:     &mqttBufferedConn{Conn: conn, r: bufio.NewReaderSize(conn, 64<<10)},
 		OnClientError: func(err error) {
 			c.mu.Lock()
 			c.events = append(c.events, time.Now().Format("15:04:05.000")+" client error: "+err.Error())

@@ -51,7 +51,7 @@ func TestMQTTReload(t *testing.T) {
 	// to withdraw it): the message arrives and is counted, not bridged.
 	Eventually(t, 10*time.Second, "every message settled", func() bool {
 		st, _ := c.Status("mqtt-reload")
-		return st.Counters.Received == st.Counters.Bridged+sum(st.Counters.Dropped)
+		return st.Counters.Received == st.Counters.Bridged+dropTotal(st.Counters.Dropped)
 	})
 	st, _ := c.Status("mqtt-reload")
 	if sub.Has(u+".a.2", "after") {
@@ -94,14 +94,4 @@ func TestMQTTReload(t *testing.T) {
 	Eventually(t, 20*time.Second, "the second reload refused", func() bool { return strings.Count(c.Output(), "reload refused") == 2 })
 	pub.publish(t, 1, u+"/b/4", "still")
 	Eventually(t, 10*time.Second, "route b still bridging", func() bool { return sub.Has(u+".b.4", "still") })
-}
-
-// ready reports whether the Ready condition is True.
-func (s ResourceStatus) ready() bool {
-	for _, c := range s.Conditions {
-		if c.Type == "Ready" {
-			return c.Status == "True"
-		}
-	}
-	return false
 }

@@ -233,12 +233,7 @@ func TestMQTTBrokerRestartLosesNothing(t *testing.T) {
 	}
 	Eventually(t, 20*time.Second, "the connector ready again", func() bool {
 		st, _ := c.Status("mqtt-restart")
-		for _, cond := range st.Conditions {
-			if cond.Type == "Ready" {
-				return cond.Status == "True"
-			}
-		}
-		return false
+		return st.ready()
 	})
 }
 

@@ -9,7 +9,9 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"errors"
+	"fmt"
 	"math/big"
+	mrand "math/rand/v2"
 	"os"
 	"path/filepath"
 	"sync"
@@ -18,6 +20,20 @@ import (
 
 	"weida.dev/connector/weida"
 )
+
+// unique returns a short random token: topics and client ids of one test
+// never meet those of another test or run on a shared broker.
+func unique() string { return fmt.Sprintf("e2e%08x", mrand.Uint32()) }
+
+// ready reports whether the resource's Ready condition is True.
+func (s ResourceStatus) ready() bool {
+	for _, c := range s.Conditions {
+		if c.Type == "Ready" {
+			return c.Status == "True"
+		}
+	}
+	return false
+}
 
 // weidaCert writes a self-signed ECDSA P-256 certificate and its key under
 // dir and returns the two paths and the certificate's weida fingerprint,
