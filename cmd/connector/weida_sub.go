@@ -1,0 +1,222 @@
+package main
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"time"
+	"unicode/utf8"
+
+	"weida.dev/connector/weida"
+	"weida.dev/connector/weida/address"
+	"weida.dev/connector/weida/topic"
+)
+
+const weidaSubSynopsis = `connector weida sub URL --filter F [--filter G...] [--count N] [--output text|json]
+           [--ca FILE] [--cert FILE --key FILE] [--insecure-skip-verify-for-testing]
+
+Dials a weida publisher path, URL = weida://[sha256:<hex>@]host:port/path,
+subscribes to every --filter and prints each message it receives, one per
+line. The filters use weida's grammar: segments cut at '.', '*' matches one
+segment, a final '#' matches any number, and '' matches every topic. Each is
+checked before anything is dialled.
+
+The publisher is trusted by the fingerprint pinned in the URL (connector
+weida pub prints it), else by the CA file given with --ca.
+
+Text output: topic, TAB, payload, then content-type=, traceparent= and
+tracestate= fields (TAB-separated) when the message has them. A payload that
+is not printable UTF-8, or that starts with "base64:", is shown as "base64:"
+and its base64 encoding; a topic or field that is not printable is quoted.
+JSON output: one object per line with endpoint, topic, contentType,
+traceparent, tracestate and either payload (valid UTF-8) or payloadBase64.
+
+Ends after --count messages (0: until interrupted). Exit status: 0 after
+--count messages or, with --count 0, when interrupted; 1 when the connection
+fails or is lost (the message names the close code), or when interrupted
+before --count messages; 2 on a usage error.`
+
+// subJSON is one --output json line; pub reads the same shape.
+type subJSON struct {
+	Endpoint      string  `json:"endpoint"`
+	Topic         string  `json:"topic"`
+	ContentType   string  `json:"contentType"`
+	Traceparent   string  `json:"traceparent"`
+	Tracestate    string  `json:"tracestate"`
+	Payload       *string `json:"payload,omitempty"`
+	PayloadBase64 *string `json:"payloadBase64,omitempty"`
+}
+
+func cmdWeidaSub(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := newFlagSet("weida sub", weidaSubSynopsis, stderr)
+	var filters stringList
+	fs.Var(&filters, "filter", "a weida filter to subscribe to; repeatable; '' matches every topic")
+	count := fs.Int("count", 0, "exit after this many messages; 0 runs until interrupted")
+	output := fs.String("output", "text", "output format: text or json")
+	caFile := fs.String("ca", "", "PEM file of CA certificates that may vouch for the publisher (when the URL pins no fingerprint)")
+	certFile := fs.String("cert", "", "client certificate (PEM), for publishers that admit listed fingerprints only")
+	keyFile := fs.String("key", "", "the client certificate's private key (PEM)")
+	insecure := fs.Bool("insecure-skip-verify-for-testing", false, "accept any publisher certificate; for tests only")
+	dialTimeout := fs.Duration("dial-timeout", 10*time.Second, "how long connecting and the HELLO exchange may take")
+	pos, code, done := parseInterspersed(fs, args, stdout)
+	if done {
+		return code
+	}
+	bad := func(format string, a ...any) int { return usageError(stderr, "sub", format, a...) }
+	switch {
+	case len(pos) == 0:
+		return bad("missing the publisher's URL (weida://[sha256:<hex>@]host:port/path)")
+	case len(pos) > 1:
+		return bad("unexpected argument %q: give one URL, and each filter with --filter", pos[1])
+	case *output != "text" && *output != "json":
+		return bad("--output must be text or json, not %q", *output)
+	case *count < 0:
+		return bad("--count must be 0 or more, not %d", *count)
+	case (*certFile == "") != (*keyFile == ""):
+		return bad("--cert and --key go together")
+	case *dialTimeout <= 0:
+		return bad("--dial-timeout must be positive")
+	case len(filters) == 0:
+		return bad("no --filter given; use --filter '' to receive every topic")
+	}
+	addr, err := address.Parse(pos[0])
+	if err != nil {
+		return bad("%v", err)
+	}
+	for _, f := range filters {
+		if err := topic.ValidateFilter(f); err != nil {
+			return bad("--filter %s", explainFilterError(err))
+		}
+	}
+	if addr.Fingerprint == "" && *caFile == "" && !*insecure {
+		return bad("%s pins no fingerprint and no --ca is given: pin the publisher as weida://sha256:<hex>@%s%s (connector weida pub prints it)",
+			pos[0], addr.HostPort(), addr.Path)
+	}
+
+	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	dctx, cancel := context.WithTimeout(ctx, *dialTimeout)
+	sub, err := weida.Dial(dctx, pos[0], weida.DialConfig{
+		CAFile: *caFile, CertFile: *certFile, KeyFile: *keyFile,
+		InsecureSkipVerifyForTesting: *insecure,
+		Logger:                       logger,
+	})
+	cancel()
+	if err != nil {
+		var nerr net.Error
+		switch {
+		case ctx.Err() != nil:
+			fmt.Fprintln(stderr, "connector weida sub: interrupted while connecting")
+		case errors.Is(err, context.DeadlineExceeded), errors.As(err, &nerr) && nerr.Timeout():
+			fmt.Fprintf(stderr, "connector weida sub: no weida publisher answered at %s (UDP): %v\n", addr.HostPort(), err)
+		default:
+			fmt.Fprintf(stderr, "connector weida sub: %v\n", err)
+		}
+		return exitFailure
+	}
+	defer sub.Close()
+	for _, f := range filters {
+		if err := sub.Subscribe(ctx, f); err != nil {
+			fmt.Fprintf(stderr, "connector weida sub: subscribing to %s: %v\n", safeText(f), err)
+			return exitFailure
+		}
+	}
+	fmt.Fprintf(stderr, "connector weida sub: subscribed to %s on %s\n", quotedList(filters), addr)
+
+	write := writeSubText
+	if *output == "json" {
+		write = writeSubJSON
+	}
+	var buf []byte
+	for n := 0; *count == 0 || n < *count; n++ {
+		m, err := sub.Receive(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				if *count == 0 {
+					return exitOK
+				}
+				fmt.Fprintf(stderr, "connector weida sub: interrupted after %d of %d messages\n", n, *count)
+				return exitFailure
+			}
+			fmt.Fprintf(stderr, "connector weida sub: connection to %s ended after %s: %v\n", addr, countOf(n, "message", "messages"), err)
+			return exitFailure
+		}
+		buf = write(buf[:0], &m)
+		if _, err := stdout.Write(buf); err != nil {
+			fmt.Fprintf(stderr, "connector weida sub: writing output: %v\n", err)
+			return exitFailure
+		}
+	}
+	return exitOK
+}
+
+// writeSubText appends one text line for m.
+func writeSubText(b []byte, m *weida.Message) []byte {
+	b = append(b, safeText(m.Topic)...)
+	b = append(b, '\t')
+	b = append(b, safePayload(m.Payload)...)
+	for _, kv := range [...]struct{ k, v string }{
+		{"content-type", m.ContentType},
+		{"traceparent", m.Traceparent},
+		{"tracestate", m.Tracestate},
+	} {
+		if kv.v != "" {
+			b = append(b, '\t')
+			b = append(b, kv.k...)
+			b = append(b, '=')
+			b = append(b, safeText(kv.v)...)
+		}
+	}
+	return append(b, '\n')
+}
+
+// writeSubJSON appends one JSON line for m.
+func writeSubJSON(b []byte, m *weida.Message) []byte {
+	j := subJSON{Endpoint: m.Endpoint, Topic: m.Topic, ContentType: m.ContentType,
+		Traceparent: m.Traceparent, Tracestate: m.Tracestate}
+	if utf8.Valid(m.Payload) {
+		s := string(m.Payload)
+		j.Payload = &s
+	} else {
+		s := base64.StdEncoding.EncodeToString(m.Payload)
+		j.PayloadBase64 = &s
+	}
+	out, err := marshalJSONLine(j)
+	if err != nil { // unreachable: every field is a string
+		return append(b, fmt.Sprintf("{\"error\":%q}\n", err)...)
+	}
+	return append(b, out...)
+}
+
+// marshalJSONLine encodes v on one line without escaping <, > and &,
+// which are common in payloads and harmless outside HTML.
+func marshalJSONLine(v any) ([]byte, error) {
+	var w lineBuffer
+	enc := json.NewEncoder(&w)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return w, nil
+}
+
+type lineBuffer []byte
+
+func (l *lineBuffer) Write(p []byte) (int, error) { *l = append(*l, p...); return len(p), nil }
+
+// quotedList renders filters for a message, each quoted so that the
+// empty filter shows.
+func quotedList(filters []string) string {
+	out := ""
+	for i, f := range filters {
+		if i > 0 {
+			out += ", "
+		}
+		out += fmt.Sprintf("%q", f)
+	}
+	return out
+}
