@@ -1,0 +1,214 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	natsgo "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"weida.dev/connector/policy"
+)
+
+// natsAddr is the loopback nats-server (with JetStream) scripts/brokers
+// starts.
+const natsAddr = "127.0.0.1:4222"
+
+// natsResource describes one NATS Connector resource for a test; YAML
+// renders it.
+type natsResource struct {
+	Name      string
+	Direction policy.Direction
+	Broker    string // host:port; empty means natsAddr
+	// Endpoint is the weida URL: listen (inbound) or dial (outbound).
+	Endpoint   string
+	QueueGroup string
+	Stream     string // JetStream stream; empty means core NATS
+	Durable    string // inbound JetStream consumer
+	Routes     []string
+	InFlight   int
+}
+
+// YAML renders the resource, declaring exactly the losses its conversion
+// incurs.
+func (r natsResource) YAML(t testing.TB) string {
+	t.Helper()
+	broker := r.Broker
+	if broker == "" {
+		broker = natsAddr
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "apiVersion: connector.weida.dev/v1alpha1\nkind: Connector\nmetadata:\n  name: %s\nspec:\n", r.Name)
+	fmt.Fprintf(&b, "  protocol: nats\n  direction: %s\n", r.Direction)
+	fmt.Fprintf(&b, "  broker:\n    url: nats://%s\n    clientID: %s-%s\n", broker, r.Name, unique())
+	if r.QueueGroup != "" || r.Stream != "" {
+		b.WriteString("    nats:\n")
+		if r.QueueGroup != "" {
+			fmt.Fprintf(&b, "      queueGroup: %s\n", r.QueueGroup)
+		}
+		if r.Stream != "" {
+			fmt.Fprintf(&b, "      jetstream:\n        stream: %s\n", r.Stream)
+			if r.Durable != "" {
+				fmt.Fprintf(&b, "        durable: %s\n", r.Durable)
+			}
+		}
+	}
+	if r.Direction == policy.Inbound {
+		fmt.Fprintf(&b, "  weida:\n    listen: %s\n", r.Endpoint)
+	} else {
+		fmt.Fprintf(&b, "  weida:\n    dial: %s\n", r.Endpoint)
+	}
+	b.WriteString("  conversion:\n    policy: nats-tokens/v1\n    losses:\n")
+	p, _ := policy.Lookup(policy.NATSTokens)
+	for _, l := range p.Losses(r.Direction, policy.Options{JetStream: r.Stream != ""}) {
+		fmt.Fprintf(&b, "      - %s\n", l)
+	}
+	b.WriteString("  routes:\n")
+	for _, f := range r.Routes {
+		fmt.Fprintf(&b, "    - filter: %q\n", f)
+	}
+	if r.InFlight != 0 {
+		fmt.Fprintf(&b, "  limits:\n    inFlight: %d\n", r.InFlight)
+	}
+	return b.String()
+}
+
+// natsConn connects a plain nats.go client to addr, closed when the test
+// ends.
+func natsConn(t testing.TB, addr string, opts ...natsgo.Option) *natsgo.Conn {
+	t.Helper()
+	nc, err := natsgo.Connect("nats://"+addr, opts...)
+	if err != nil {
+		t.Fatalf("connecting to nats-server %s: %v", addr, err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+// natsCollector subscribes directly on nats-server and keeps every message.
+type natsCollector struct {
+	mu   sync.Mutex
+	msgs []*natsgo.Msg
+}
+
+func collectNATS(t testing.TB, nc *natsgo.Conn, filter string) *natsCollector {
+	t.Helper()
+	c := &natsCollector{}
+	if _, err := nc.Subscribe(filter, func(m *natsgo.Msg) {
+		c.mu.Lock()
+		c.msgs = append(c.msgs, m)
+		c.mu.Unlock()
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.FlushTimeout(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func (c *natsCollector) Messages() []*natsgo.Msg {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]*natsgo.Msg(nil), c.msgs...)
+}
+
+func (c *natsCollector) Len() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.msgs)
+}
+
+// privateNATS is a nats-server process of one test, with JetStream and a
+// store in a temporary directory, which the test may kill and start again
+// on the same port.
+type privateNATS struct {
+	t    testing.TB
+	port int
+	dir  string
+
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+const natsServerBin = "/usr/sbin/nats-server"
+
+func startPrivateNATS(t testing.TB) *privateNATS {
+	t.Helper()
+	if _, err := os.Stat(natsServerBin); err != nil {
+		t.Fatalf("nats-server is not installed at %s (run scripts/brokers): %v", natsServerBin, err)
+	}
+	s := &privateNATS{t: t, port: freePort(t, "tcp"), dir: t.TempDir()}
+	s.start()
+	t.Cleanup(s.kill)
+	return s
+}
+
+func (s *privateNATS) Addr() string { return fmt.Sprintf("127.0.0.1:%d", s.port) }
+
+func (s *privateNATS) start() {
+	s.t.Helper()
+	cmd := exec.Command(natsServerBin, "-a", "127.0.0.1", "-p", fmt.Sprint(s.port), "-js", "-sd", s.dir)
+	if err := cmd.Start(); err != nil {
+		s.t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	s.mu.Lock()
+	s.cmd, s.done = cmd, done
+	s.mu.Unlock()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		c, err := net.DialTimeout("tcp", s.Addr(), time.Second)
+		if err == nil {
+			c.Close()
+			return
+		}
+		if time.Now().After(deadline) {
+			s.t.Fatalf("private nats-server did not listen on %s: %v", s.Addr(), err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// kill stops the server with SIGKILL, as a crash would.
+func (s *privateNATS) kill() {
+	s.mu.Lock()
+	cmd, done := s.cmd, s.done
+	s.cmd = nil
+	s.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	cmd.Process.Kill()
+	<-done
+}
+
+// createStream makes a file-backed stream capturing subjects on nc's
+// server and deletes it when the test ends.
+func createStream(t testing.TB, nc *natsgo.Conn, name string, subjects ...string) jetstream.JetStream {
+	t.Helper()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := js.CreateStream(c, jetstream.StreamConfig{Name: name, Subjects: subjects, Storage: jetstream.FileStorage, MaxAge: time.Hour}); err != nil {
+		t.Fatalf("creating stream %s: %v", name, err)
+	}
+	t.Cleanup(func() {
+		c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = js.DeleteStream(c, name)
+	})
+	return js
+}
