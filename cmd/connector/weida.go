@@ -78,11 +78,24 @@ func cmdWeida(ctx context.Context, args []string, stdin io.Reader, stdout, stder
 // parseInterspersed parses flags that may come before, between and after
 // positional arguments (connector weida sub URL --filter F), which the
 // flag package alone stops at. Everything after "--" is positional. done
-// and code are those of parseFlags.
+// and code are those of parseFlags: --help prints the usage to stdout and
+// gives exitOK, a bad flag prints the error and the usage to stderr and
+// gives exitUsage. (It does not call parseFlags, whose flag.Parse prints
+// the usage to stderr before parseFlags prints it again to stdout.)
 func parseInterspersed(fs *flag.FlagSet, args []string, stdout io.Writer) (positional []string, code int, done bool) {
+	usage := fs.Usage
+	fs.Usage = func() {} // flag.Parse calls it on every error; print once, below
+	defer func() { fs.Usage = usage }()
 	for {
-		if code, done := parseFlags(fs, args, stdout); done {
-			return nil, code, true
+		err := fs.Parse(args)
+		if errors.Is(err, flag.ErrHelp) {
+			fs.SetOutput(stdout)
+			usage()
+			return nil, exitOK, true
+		}
+		if err != nil {
+			usage()
+			return nil, exitUsage, true
 		}
 		rest := fs.Args()
 		if len(rest) == 0 {
@@ -147,14 +160,20 @@ func safeText(s string) string {
 // payloadMarker prefixes a payload printed in base64.
 const payloadMarker = "base64:"
 
-// safePayload returns a payload for a text line: as is when it is
-// printable UTF-8 and does not start with payloadMarker, otherwise the
-// marker and its standard base64 encoding.
+// safePayload returns a payload for a text line, in one of three forms
+// told apart by their first bytes: printable UTF-8 as is (unless it starts
+// with a double quote or payloadMarker); other valid UTF-8 quoted in Go
+// syntax, starting with '"' (a multi-line JSON document stays readable);
+// anything else as payloadMarker and its standard base64 encoding.
 func safePayload(p []byte) string {
-	if s := string(p); isPrintable(s) && !strings.HasPrefix(s, payloadMarker) {
+	s := string(p)
+	switch {
+	case !utf8.ValidString(s):
+		return payloadMarker + base64.StdEncoding.EncodeToString(p)
+	case isPrintable(s) && !strings.HasPrefix(s, `"`) && !strings.HasPrefix(s, payloadMarker):
 		return s
 	}
-	return payloadMarker + base64.StdEncoding.EncodeToString(p)
+	return strconv.Quote(s)
 }
 
 // isPrintable reports whether s is valid UTF-8 made of printable runes and

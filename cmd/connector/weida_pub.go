@@ -425,6 +425,9 @@ func readLines(r io.Reader, limit int, out chan<- inputLine, stop <-chan struct{
 		if len(line) > 0 || tooLong {
 			line = bytes.TrimSuffix(line, []byte{'\n'})
 			line = bytes.TrimSuffix(line, []byte{'\r'})
+			if len(line) > limit {
+				tooLong, line = true, nil
+			}
 			if !send(inputLine{n: n, text: line, tooLong: tooLong}) {
 				return
 			}

@@ -30,9 +30,11 @@ The publisher is trusted by the fingerprint pinned in the URL (connector
 weida pub prints it), else by the CA file given with --ca.
 
 Text output: topic, TAB, payload, then content-type=, traceparent= and
-tracestate= fields (TAB-separated) when the message has them. A payload that
-is not printable UTF-8, or that starts with "base64:", is shown as "base64:"
-and its base64 encoding; a topic or field that is not printable is quoted.
+tracestate= fields (TAB-separated) when the message has them. A payload is
+shown as is when it is printable UTF-8; UTF-8 with tabs, newlines or other
+control characters is shown quoted ("{\n  \"a\": 1\n}"); anything else as
+"base64:" and its base64 encoding. A payload that itself starts with '"' or
+"base64:" is quoted. A topic or field that is not printable is quoted.
 JSON output: one object per line with endpoint, topic, contentType,
 traceparent, tracestate and either payload (valid UTF-8) or payloadBase64.
 

@@ -195,7 +195,7 @@ func TestCompare(t *testing.T) {
 		Load:        Load{Messages: 50},
 		Subscribers: []int{1, 2},
 		Rounds:      2,
-		Progress:    func(round, series int, s Sample) { calls++ },
+		Progress:    func(round int, rig string, s Sample) { calls++ },
 	})
 	if err != nil {
 		t.Fatal(err)

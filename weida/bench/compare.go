@@ -27,9 +27,8 @@ type Plan struct {
 	Rounds int
 
 	// Progress, when set, is called after each sample from Compare's
-	// goroutine, with the round (from 1) and the rig's index in
-	// [Report.Series].
-	Progress func(round, series int, s Sample)
+	// goroutine, with the round (from 1) and the rig's name.
+	Progress func(round int, rig string, s Sample)
 }
 
 // Series is every sample of one rig, in round order.
@@ -179,7 +178,7 @@ func Compare(ctx context.Context, p Plan) (*Report, error) {
 			}
 			rep.Series[i].Samples = append(rep.Series[i].Samples, s)
 			if p.Progress != nil {
-				p.Progress(round+1, i, s)
+				p.Progress(round+1, rigs[i].Name(), s)
 			}
 		}
 	}
