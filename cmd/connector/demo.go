@@ -347,6 +347,21 @@ func (d *demo) run(ctx context.Context) error {
 		}
 	}
 
+	// A subscriber can see a message before the bridge has its broker
+	// acknowledgement; let the counters settle before printing them.
+	waitFor(ctx, 3*time.Second, func() bool {
+		for _, st := range rt.Statuses() {
+			c := st.Counters
+			var dropped uint64
+			for _, n := range c.Dropped {
+				dropped += n
+			}
+			if c.InFlight != 0 || c.Bridged+dropped < c.Received {
+				return false
+			}
+		}
+		return true
+	})
 	d.printf("\n4. Summary (also served as /status and /metrics by `connector run`)\n\n")
 	for _, st := range rt.Statuses() {
 		c := st.Counters
