@@ -26,12 +26,13 @@ accepts each stream and reads it to its FIN. The weida rigs publish to 1, 10
 and 100 subscribers that call Receive. At most --window copies are in
 flight per receiver, so that nothing is dropped.
 
-Every rig takes one sample per round, each round starting with a different
-rig, and the report gives medians over the rounds: the machine may be shared
-and noisy, and alternating spreads its drift over every rig. CPU time is the
+Every rig takes one sample per round, and the report gives medians over the
+rounds: the machine may be shared and noisy, and alternating spreads its
+drift over every rig. Raw quic-go and weida with one subscriber run back to
+back, each first in every other round, and their ratio is taken per round. CPU time is the
 user and system time of the whole process (both ends) per copy received,
-which varies less than the rates. The ratio compares weida with one
-subscriber to raw quic-go, per round; the goal is 85% or more.
+which varies less than the rates. The goal is a median ratio of 85% or
+more.
 
 Progress goes to stderr (unless --quiet), the report to stdout. The exit
 status is 0 whether or not the goal is met; 1 when a measurement fails; 2 on

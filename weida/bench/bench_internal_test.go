@@ -235,3 +235,45 @@ func TestCompare(t *testing.T) {
 		t.Error("negative rounds accepted")
 	}
 }
+
+// TestSampleOrder: each rig once per round, raw quic-go and the
+// one-subscriber rig adjacent and alternating, the others rotating.
+func TestSampleOrder(t *testing.T) {
+	for _, tc := range []struct {
+		round, rigs, single int
+		want                []int
+	}{
+		{0, 4, 1, []int{0, 1, 2, 3}},
+		{1, 4, 1, []int{1, 0, 3, 2}},
+		{2, 4, 1, []int{0, 1, 2, 3}},
+		{0, 4, 2, []int{0, 2, 1, 3}},
+		{1, 3, -1, []int{0, 2, 1}},
+		{0, 1, -1, []int{0}},
+		{3, 2, 1, []int{1, 0}},
+	} {
+		if got := sampleOrder(tc.round, tc.rigs, tc.single); !slices.Equal(got, tc.want) {
+			t.Errorf("sampleOrder(%d, %d, %d) = %v, want %v", tc.round, tc.rigs, tc.single, got, tc.want)
+		}
+	}
+	rapid.Check(t, func(t *rapid.T) {
+		rigs := rapid.IntRange(1, 8).Draw(t, "rigs")
+		single := -1
+		if rigs > 1 && rapid.Bool().Draw(t, "hasSingle") {
+			single = rapid.IntRange(1, rigs-1).Draw(t, "single")
+		}
+		round := rapid.IntRange(0, 20).Draw(t, "round")
+		got := sampleOrder(round, rigs, single)
+		sorted := slices.Sorted(slices.Values(got))
+		for i, v := range sorted {
+			if v != i {
+				t.Fatalf("order %v is not a permutation of %d rigs", got, rigs)
+			}
+		}
+		if single > 0 {
+			a, b := slices.Index(got, 0), slices.Index(got, single)
+			if a+b != 1 {
+				t.Fatalf("order %v does not start with raw and single", got)
+			}
+		}
+	})
+}

@@ -112,11 +112,10 @@ func cpuPerCopy(s Sample) float64 { return float64(s.CPUPerCopy()) }
 
 // Compare measures raw quic-go and package weida over loopback in one
 // process: it sets up every rig, warms each up, then runs Rounds rounds in
-// which every rig takes one sample, starting each round with a different
-// rig so that drift in the machine's load spreads over all of them. A
-// garbage collection before each sample keeps one rig's garbage out of the
-// next one's numbers. Setup is not measured. ctx aborts the whole
-// comparison.
+// which every rig takes one sample (see [sampleOrder]), so that drift in
+// the machine's load spreads over all of them. A garbage collection before
+// each sample keeps one rig's garbage out of the next one's numbers. Setup
+// is not measured. ctx aborts the whole comparison.
 func Compare(ctx context.Context, p Plan) (*Report, error) {
 	opts, err := p.Options.withDefaults()
 	if err != nil {
@@ -165,9 +164,14 @@ func Compare(ctx context.Context, p Plan) (*Report, error) {
 			return nil, fmt.Errorf("%s: warm-up: %w", r.Name(), err)
 		}
 	}
+	single := -1
+	for i, r := range rigs[1:] {
+		if r.Receivers() == 1 {
+			single = i + 1
+		}
+	}
 	for round := range p.Rounds {
-		for k := range rigs {
-			i := (round + k) % len(rigs)
+		for _, i := range sampleOrder(round, len(rigs), single) {
 			runtime.GC()
 			s, err := rigs[i].Run(ctx, p.Load)
 			if err != nil {
@@ -188,4 +192,30 @@ func Compare(ctx context.Context, p Plan) (*Report, error) {
 		}
 	}
 	return rep, nil
+}
+
+// sampleOrder returns the order in which the rigs (raw quic-go at 0) take
+// their samples in a round. The two rigs whose ratio is the goal, raw
+// quic-go and weida with one subscriber (single, or -1 without one), run
+// back to back, each first in every other round, so that the machine's
+// load changes as little as possible between the two samples of a ratio.
+// The fan-out rigs follow, starting with a different one each round.
+func sampleOrder(round, rigs, single int) []int {
+	order := []int{0}
+	if single > 0 {
+		order = append(order, single)
+		if round%2 == 1 {
+			order[0], order[1] = single, 0
+		}
+	}
+	var rest []int
+	for i := 1; i < rigs; i++ {
+		if i != single {
+			rest = append(rest, i)
+		}
+	}
+	for k := range rest {
+		order = append(order, rest[(round+k)%len(rest)])
+	}
+	return order
 }
