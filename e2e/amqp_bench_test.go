@@ -1,0 +1,222 @@
+package e2e
+
+import (
+	"context"
+	"os"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"weida.dev/connector/connectors"
+	amqpconn "weida.dev/connector/connectors/amqp"
+	"weida.dev/connector/policy"
+	"weida.dev/connector/weida"
+)
+
+// The AMQP throughput benchmark reuses the rigs' frame of the NATS one
+// (nats_bench_test.go): benchRig, runRig, a window of benchWindow messages
+// in flight, 256-byte payloads, routing key benchSubject.
+
+const benchPrefetch = 256 // broker-baselines.md: confirms + manual ack, prefetch 256
+
+// rabbitPublisher is a publisher in confirm mode that does not wait for each
+// confirm (the window bounds what is in flight); a goroutine drains the
+// confirms and fails the benchmark on a nack.
+func rabbitPublisher(t *testing.T, addr, exchange string) (publish func() error) {
+	t.Helper()
+	c := amqpConnect(t, addr)
+	if err := c.ch.ExchangeDeclare(exchange, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	confirms := c.ch.NotifyPublish(make(chan amqp.Confirmation, 4096))
+	go func() {
+		for cf := range confirms {
+			if !cf.Ack {
+				t.Errorf("RabbitMQ nacked publish %d", cf.DeliveryTag)
+			}
+		}
+	}()
+	return func() error {
+		return c.ch.Publish(exchange, benchSubject, false, false, amqp.Publishing{Body: benchPayload})
+	}
+}
+
+// rabbitConsumer consumes an exclusive queue bound with bench.*.data, with
+// manual acks and prefetch benchPrefetch, signalling every delivery.
+func rabbitConsumer(t *testing.T, addr, exchange string, delivered chan<- struct{}) {
+	t.Helper()
+	c := amqpConnect(t, addr)
+	if err := c.ch.ExchangeDeclare(exchange, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	q, err := c.ch.QueueDeclare("", false, true, true, false, nil)
+	if err == nil {
+		err = c.ch.QueueBind(q.Name, "bench.*.data", exchange, false, nil)
+	}
+	if err == nil {
+		err = c.ch.Qos(benchPrefetch, 0, false)
+	}
+	var ds <-chan amqp.Delivery
+	if err == nil {
+		ds, err = c.ch.Consume(q.Name, "", false, true, false, false, nil)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for d := range ds {
+			d.Ack(false)
+			delivered <- struct{}{}
+		}
+	}()
+}
+
+// rabbitDirectRig: an amqp091 publisher with confirms → amq-style topic
+// exchange → a consumer with manual acks, as in broker-baselines.md.
+func rabbitDirectRig(t *testing.T, addr string) *benchRig {
+	rig := &benchRig{name: "RabbitMQ direct", delivered: make(chan struct{}, benchWindow)}
+	rabbitConsumer(t, addr, "bench-direct", rig.delivered)
+	rig.publish = rabbitPublisher(t, addr, "bench-direct")
+	syncRig(t, rig, rig.publish)
+	rig.close = func() {}
+	return rig
+}
+
+func amqpBenchRoute(t *testing.T) (policy.Policy, []connectors.Route) {
+	p := policy.Default(policy.AMQP)
+	wf, err := p.ConvertFilter("bench.*.data")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p, []connectors.Route{{Name: "bench", Foreign: "bench.*.data", Weida: wf}}
+}
+
+// amqpInboundRig: publisher with confirms → RabbitMQ → connectors.Bridge
+// with the AMQP Source (in this process; a server-named queue, prefetch
+// benchPrefetch) → the bridge's weida endpoint → a weida subscriber.
+func amqpInboundRig(t *testing.T, addr string) *benchRig {
+	p, routes := amqpBenchRoute(t)
+	l, err := weida.Listen(context.Background(), "127.0.0.1:0", weida.ListenConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wpub, err := l.Publisher("/bench")
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := "weida://" + l.Fingerprint() + "@" + l.Addr().String() + "/bench"
+	spec := connectors.Spec{Name: "bench-in", Protocol: policy.AMQP, Direction: policy.Inbound, Policy: p, Routes: routes, Endpoint: url}
+	cfg := amqpconn.Config{URL: "amqp://" + addr + "/", Exchange: "bench-in", Prefetch: benchPrefetch, ConnectionName: "bench-in"}
+	b := connectors.NewInbound(spec, func(report connectors.StateFunc) (connectors.Source, error) {
+		return amqpconn.NewSource(cfg, report)
+	}, wpub, connectors.Deps{Metrics: connectors.NewMetrics(prometheus.NewRegistry())})
+	stopBridge := runBridge(t, b)
+	rig := &benchRig{name: "RabbitMQ → bridge → weida", delivered: make(chan struct{}, benchWindow)}
+	stopRecv := weidaReceiver(t, url, rig.delivered)
+	waitSubscribers(t, wpub, 1, 10*time.Second)
+	rig.publish = rabbitPublisher(t, addr, "bench-in")
+	syncRig(t, rig, rig.publish)
+	rig.close = func() {
+		stopRecv()
+		stopBridge()
+		l.Close()
+		if c := b.Status().Counters; len(c.Dropped) > 0 {
+			t.Errorf("%s dropped messages: %v", rig.name, c.Dropped)
+		}
+	}
+	return rig
+}
+
+// amqpOutboundRig: a weida publisher → connectors.Bridge with the AMQP Sink
+// (dialling it, in this process; confirms, limits.inFlight's default) →
+// RabbitMQ → a consumer with manual acks.
+func amqpOutboundRig(t *testing.T, addr string) *benchRig {
+	p, routes := amqpBenchRoute(t)
+	l, err := weida.Listen(context.Background(), "127.0.0.1:0", weida.ListenConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wpub, err := l.Publisher("/bench")
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := "weida://" + l.Fingerprint() + "@" + l.Addr().String() + "/bench"
+	rig := &benchRig{name: "weida → bridge → RabbitMQ", delivered: make(chan struct{}, benchWindow)}
+	rabbitConsumer(t, addr, "bench-out", rig.delivered)
+	spec := connectors.Spec{Name: "bench-out", Protocol: policy.AMQP, Direction: policy.Outbound, Policy: p, Routes: routes,
+		Endpoint: url, InFlight: resourcesDefaultInFlight}
+	cfg := amqpconn.Config{URL: "amqp://" + addr + "/", Exchange: "bench-out", ConnectionName: "bench-out"}
+	b := connectors.NewOutbound(spec,
+		func(ctx context.Context) (*weida.Subscriber, error) { return weida.Dial(ctx, url, weida.DialConfig{}) },
+		func(report connectors.StateFunc) (connectors.Sink, error) { return amqpconn.NewSink(cfg, report) },
+		connectors.Deps{Metrics: connectors.NewMetrics(prometheus.NewRegistry())})
+	stopBridge := runBridge(t, b)
+	waitSubscribers(t, wpub, 1, 10*time.Second)
+	syncRig(t, rig, func() error { return publishWeida(wpub) })
+	rig.publish = func() error { return publishWeida(wpub) }
+	rig.close = func() {
+		stopBridge()
+		l.Close()
+		if c := b.Status().Counters; len(c.Dropped) > 0 {
+			t.Errorf("%s dropped messages: %v", rig.name, c.Dropped)
+		}
+	}
+	return rig
+}
+
+// TestAMQPThroughput measures, in one run, 256-byte messages per second
+// through RabbitMQ alone (publisher confirms, manual acks, prefetch 256),
+// through weida alone, and through the bridge in each direction, and prints
+// the ratio of each bridged rate to the smaller direct rate (the goal is
+// 80 %). It runs only with WEIDA_BENCH=1; WEIDA_BENCH_MESSAGES and
+// WEIDA_BENCH_ROUNDS change the sample size (default 50000) and the number
+// of rounds (default 5); the rigs alternate within each round and the
+// medians are reported. The broker is a private RabbitMQ node, so that
+// other tests' traffic does not skew the numbers.
+func TestAMQPThroughput(t *testing.T) {
+	if os.Getenv("WEIDA_BENCH") != "1" {
+		t.Skip("set WEIDA_BENCH=1 to run the throughput benchmark")
+	}
+	n := envInt(t, "WEIDA_BENCH_MESSAGES", 50000)
+	rounds := envInt(t, "WEIDA_BENCH_ROUNDS", 5)
+	rb := startPrivateRabbit(t)
+	rigs := []*benchRig{
+		rabbitDirectRig(t, rb.Addr()),
+		weidaDirectRig(t),
+		amqpInboundRig(t, rb.Addr()),
+		amqpOutboundRig(t, rb.Addr()),
+	}
+	defer func() {
+		for _, r := range rigs {
+			r.close()
+		}
+	}()
+	for _, r := range rigs {
+		runRig(t, r, n/10)
+	}
+	rates := make([][]float64, len(rigs))
+	for round := range rounds {
+		// Alternate the order, so that no rig always runs right after
+		// the same neighbour.
+		order := []int{0, 1, 2, 3}
+		if round%2 == 1 {
+			slices.Reverse(order)
+		}
+		for _, i := range order {
+			rate := runRig(t, rigs[i], n)
+			rates[i] = append(rates[i], rate)
+			t.Logf("round %d: %-28s %9.0f msg/s", round+1, rigs[i].name, rate)
+		}
+	}
+	med := make([]float64, len(rigs))
+	for i := range rigs {
+		med[i] = median(rates[i])
+		t.Logf("median %-28s %9.0f msg/s (min %.0f, max %.0f)", rigs[i].name, med[i], slices.Min(rates[i]), slices.Max(rates[i]))
+	}
+	direct := min(med[0], med[1])
+	t.Logf("inbound  bridged / min(direct) = %.0f / %.0f = %.1f %%", med[2], direct, 100*med[2]/direct)
+	t.Logf("outbound bridged / min(direct) = %.0f / %.0f = %.1f %%", med[3], direct, 100*med[3]/direct)
+}
