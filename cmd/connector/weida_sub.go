@@ -117,6 +117,10 @@ func cmdWeidaSub(ctx context.Context, args []string, stdout, stderr io.Writer) i
 			fmt.Fprintf(stderr, "connector weida sub: no weida publisher answered at %s (UDP): %v\n", addr.HostPort(), err)
 		default:
 			fmt.Fprintf(stderr, "connector weida sub: %v\n", err)
+			var ce *weida.CloseError
+			if errors.As(err, &ce) && *certFile == "" {
+				fmt.Fprintln(stderr, "connector weida sub: if the publisher admits listed clients only (pub --allow), give --cert and --key")
+			}
 		}
 		return exitFailure
 	}

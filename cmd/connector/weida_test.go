@@ -4,8 +4,18 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/json"
+	"encoding/pem"
 	"io"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -14,6 +24,8 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"weida.dev/connector/weida"
 )
 
 // syncBuffer is a bytes.Buffer safe for the concurrent writes of a
@@ -449,5 +461,91 @@ func TestWeidaBenchUsage(t *testing.T) {
 		if code, out, errOut := runCLI(t, "", append([]string{"weida", "bench"}, args...)...); code != exitUsage || out != "" || errOut == "" {
 			t.Errorf("%v: code %d, stdout %q, stderr %q", args, code, out, errOut)
 		}
+	}
+}
+
+// TestWeidaAllow: a pub with --allow admits a sub presenting the listed
+// client certificate and refuses one without it, which fails with status 1
+// and says why.
+func TestWeidaAllow(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	certFile, keyFile, fp := writeTestClientCert(t)
+	pub, url := startPub(t, "--path", "/p", "--allow", fp, "--wait-subscribers", "1")
+
+	code, _, errOut := runCLI(t, "", "weida", "sub", url, "--filter", "")
+	if code != exitFailure || !strings.Contains(errOut, "refused the client certificate") || !strings.Contains(errOut, "--cert and --key") {
+		t.Errorf("sub without a certificate: code %d, stderr %q", code, errOut)
+	}
+
+	sub := startCLI(t, "weida", "sub", url, "--filter", "", "--cert", certFile, "--key", keyFile, "--count", "1")
+	pub.write("a\tadmitted\n")
+	if code, out := sub.wait(); code != exitOK || !slices.Equal(out, []string{"a\tadmitted"}) {
+		t.Errorf("sub with the listed certificate: code %d, stdout %q, stderr %q", code, out, sub.stderr)
+	}
+	_ = pub.stdin.Close()
+	if code, _ := pub.wait(); code != exitOK {
+		t.Errorf("pub: code %d, stderr %q", code, pub.stderr)
+	}
+}
+
+// writeTestClientCert writes a self-signed certificate for 127.0.0.1, fit
+// for a client and a server, and its key, and returns the files and the
+// certificate's weida fingerprint.
+func writeTestClientCert(t *testing.T) (certFile, keyFile, fingerprint string) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(7),
+		Subject:      pkix.Name{CommonName: "weida cli test client"},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth, x509.ExtKeyUsageServerAuth},
+		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kder, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	certFile, keyFile = filepath.Join(dir, "client.crt"), filepath.Join(dir, "client.key")
+	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return certFile, keyFile, weida.Fingerprint(cert)
+}
+
+// TestWeidaCAFile: pub serves a certificate from files, and sub trusts it
+// through --ca with a URL that pins nothing.
+func TestWeidaCAFile(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	certFile, keyFile, fp := writeTestClientCert(t)
+	pub, url := startPub(t, "--path", "/p", "--cert", certFile, "--key", keyFile, "--wait-subscribers", "1")
+	if !strings.Contains(url, fp) {
+		t.Fatalf("banner URL %q does not pin the certificate's fingerprint %s", url, fp)
+	}
+	unpinned := strings.Replace(url, fp+"@", "", 1)
+	sub := startCLI(t, "weida", "sub", unpinned, "--ca", certFile, "--filter", "a", "--count", "1")
+	pub.write("a\tvia CA\n")
+	if code, out := sub.wait(); code != exitOK || !slices.Equal(out, []string{"a\tvia CA"}) {
+		t.Errorf("sub: code %d, stdout %q, stderr %q", code, out, sub.stderr)
+	}
+	_ = pub.stdin.Close()
+	if code, _ := pub.wait(); code != exitOK {
+		t.Errorf("pub: code %d, stderr %q", code, pub.stderr)
 	}
 }
