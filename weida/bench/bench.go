@@ -146,8 +146,9 @@ func perSecond(n int64, d time.Duration) float64 {
 }
 
 // Rig is one prepared measurement: connections set up, nothing flowing.
-// Run may be called any number of times, one at a time; Close releases the
-// connections and waits for the rig's goroutines.
+// Run may be called any number of times, one at a time; after a Run that
+// failed, copies may still be in flight and the rig is fit only for Close.
+// Close releases the connections and waits for the rig's goroutines.
 type Rig interface {
 	// Name describes the rig ("raw quic-go", "weida, 10 subscribers").
 	Name() string
