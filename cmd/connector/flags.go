@@ -21,15 +21,22 @@ func newFlagSet(name, synopsis string, stderr io.Writer) *flag.FlagSet {
 }
 
 // parseFlags parses args. done is true when the caller must return code:
-// after --help (printed to stdout, exit 0) or a usage error (exit 2).
+// after --help (printed once, to stdout, exit 0) or a usage error (the error
+// and the usage to stderr, exit 2).
 func parseFlags(fs *flag.FlagSet, args []string, stdout io.Writer) (code int, done bool) {
+	usage := fs.Usage
+	fs.Usage = func() {} // flag.Parse would print it itself, to stderr
 	err := fs.Parse(args)
+	fs.Usage = usage
 	if errors.Is(err, flag.ErrHelp) {
+		stderr := fs.Output()
 		fs.SetOutput(stdout)
 		fs.Usage()
+		fs.SetOutput(stderr)
 		return exitOK, true
 	}
 	if err != nil {
+		fs.Usage()
 		return exitUsage, true
 	}
 	return exitOK, false

@@ -31,3 +31,18 @@ func TestVersionAndUsage(t *testing.T) {
 		t.Fatalf("version --nope: code %d", code)
 	}
 }
+
+// TestHelpOnce: --help prints the usage once, to stdout, and nothing to
+// stderr; a bad flag prints the error and the usage to stderr.
+func TestHelpOnce(t *testing.T) {
+	for _, cmd := range []string{"run", "check", "explain", "demo", "version"} {
+		code, out, errOut := runCLI(t, "", cmd, "--help")
+		if code != 0 || strings.Count(out, "usage:") != 1 || errOut != "" {
+			t.Errorf("%s --help: code %d, %d usages on stdout, stderr %q", cmd, code, strings.Count(out, "usage:"), errOut)
+		}
+		code, _, errOut = runCLI(t, "", cmd, "--no-such-flag")
+		if code != exitUsage || !strings.Contains(errOut, "no-such-flag") || strings.Count(errOut, "usage:") != 1 {
+			t.Errorf("%s --no-such-flag: code %d, stderr %q", cmd, code, errOut)
+		}
+	}
+}
