@@ -43,8 +43,14 @@
 // The Source consumes with manual acknowledgements. The runtime settles a
 // message after every weida copy is queued (or after it dropped and counted
 // the message on purpose): basic.ack; if it cannot (the connector is
-// stopping), basic.nack with requeue. Config.Prefetch bounds the deliveries
-// held unacknowledged, which is the backpressure between RabbitMQ and weida.
+// stopping), basic.nack with requeue, sent at once. Positive
+// acknowledgements are coalesced into one basic.ack with the multiple flag
+// per quarter of the prefetch window, or as soon as no delivery is waiting,
+// and on Close: RabbitMQ spends about as much on an acknowledgement as on
+// a delivery, and this halves its work per message under load. A message
+// settled but not yet acknowledged when the connection breaks is delivered
+// again. Config.Prefetch bounds the deliveries held unacknowledged, which
+// is the backpressure between RabbitMQ and weida.
 // Delivery tags are valid only on the channel that delivered them: after a
 // reconnection, settling a delivery of the lost channel does nothing, since
 // RabbitMQ has requeued it and will deliver it again (with the redelivered

@@ -47,6 +47,81 @@ type session struct {
 	*link
 	deliveries <-chan amqp.Delivery
 	queue      string
+	acks       ackWindow
+}
+
+// ackWindow coalesces the acknowledgements of one channel into
+// basic.ack(multiple) frames. Delivery tags on a channel are consecutive
+// from 1, so "every tag up to N is settled" is one number; a basic.ack with
+// multiple set acknowledges every outstanding delivery up to its tag, which
+// costs the broker one operation instead of N.
+//
+// A negative settlement is sent at once (basic.nack, requeue), so that the
+// broker no longer counts it as outstanding when a later multiple ack
+// covers its tag. Positive ones are sent when flushEvery of them are
+// waiting, when Read finds no delivery waiting (the consumer is idle), and
+// when the Source closes. A message settled but not yet acknowledged when
+// the connection breaks is delivered again: at least once, as for a
+// message in flight.
+type ackWindow struct {
+	mu         sync.Mutex
+	flushEvery uint64
+	upTo       uint64              // every tag ≤ upTo is settled
+	sent       uint64              // every settled tag ≤ sent has been sent
+	ahead      map[uint64]struct{} // settled tags above upTo+1
+}
+
+// acknowledger is the part of *amqp.Channel an ackWindow sends with.
+type acknowledger interface {
+	Ack(tag uint64, multiple bool) error
+	Nack(tag uint64, multiple, requeue bool) error
+}
+
+// settle records tag as settled (nack: ok false) and sends what is due. It
+// must not be called for a lost session.
+func (w *ackWindow) settle(ch acknowledger, tag uint64, ok bool) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var err error
+	if !ok {
+		err = ch.Nack(tag, false, true)
+	}
+	if tag != w.upTo+1 {
+		if w.ahead == nil {
+			w.ahead = make(map[uint64]struct{})
+		}
+		w.ahead[tag] = struct{}{}
+		return err
+	}
+	w.upTo++
+	for {
+		if _, ok := w.ahead[w.upTo+1]; !ok {
+			break
+		}
+		delete(w.ahead, w.upTo+1)
+		w.upTo++
+	}
+	if w.upTo-w.sent >= w.flushEvery {
+		if e := w.flushLocked(ch); err == nil {
+			err = e
+		}
+	}
+	return err
+}
+
+// flush sends a multiple ack for every settled tag not yet sent.
+func (w *ackWindow) flush(ch acknowledger) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.flushLocked(ch)
+}
+
+func (w *ackWindow) flushLocked(ch acknowledger) error {
+	if w.upTo == w.sent {
+		return nil
+	}
+	w.sent = w.upTo
+	return ch.Ack(w.upTo, true)
 }
 
 var _ connectors.Source = (*Source)(nil)
@@ -143,7 +218,8 @@ func (s *Source) setup(l *link, keys []string) (string, error) {
 		return "", fmt.Errorf("amqp: consume queue %q: %w", decl.Name, err)
 	}
 	s.mu.Lock()
-	s.pending = &session{link: l, deliveries: deliveries, queue: decl.Name}
+	s.pending = &session{link: l, deliveries: deliveries, queue: decl.Name,
+		acks: ackWindow{flushEvery: uint64(max(1, s.cfg.prefetch()/4))}}
 	s.mu.Unlock()
 	kind := "server-named exclusive"
 	switch {
@@ -168,10 +244,18 @@ func (s *Source) up(l *link) {
 
 func (s *Source) down(*link) {
 	s.mu.Lock()
-	if s.cur != nil {
-		// Acks still under way for this channel's tags are skipped from
-		// here on: the broker requeues whatever was unacknowledged.
-		s.cur.markLost("Closing", errStopping)
+	if sess := s.cur; sess != nil {
+		if !sess.isLost() {
+			// Closing on purpose: acknowledge what was settled, so that
+			// the broker does not deliver it again.
+			if err := sess.acks.flush(sess.ch); err != nil {
+				s.log.Debug("amqp: acknowledging before closing failed", "err", err)
+			}
+		}
+		// Settlements still under way for this channel's tags are
+		// skipped from here on: the broker requeues whatever was not
+		// acknowledged.
+		sess.markLost("Closing", errStopping)
 	}
 	s.setCurrentLocked(nil)
 	s.mu.Unlock()
@@ -199,35 +283,70 @@ func (s *Source) Read(ctx context.Context) (*connectors.Message, connectors.AckF
 		default:
 		}
 		sess, changed := s.current()
-		var deliveries <-chan amqp.Delivery
-		if sess != nil {
-			deliveries = sess.deliveries
+		if sess == nil {
+			select {
+			case <-changed:
+				continue
+			case <-s.closed:
+				return nil, nil, connectors.ErrClosed
+			case <-ctx.Done():
+				return nil, nil, ctx.Err()
+			}
 		}
-		select {
-		case d, ok := <-deliveries:
-			if !ok {
-				// The consumer ended with its channel; wait for the next.
-				select {
-				case <-changed:
-				case <-s.closed:
-				case <-ctx.Done():
-					return nil, nil, ctx.Err()
-				}
-				continue
+		d, ok, err := s.next(ctx, sess, changed)
+		switch {
+		case err != nil:
+			return nil, nil, err
+		case !ok:
+			// The consumer ended with its channel, or the session
+			// changed; look again.
+			continue
+		case sess.isLost():
+			// Buffered from a channel that is gone: the broker has
+			// requeued it and delivers it again.
+			continue
+		}
+		return s.message(&d), s.acker(sess, d.DeliveryTag), nil
+	}
+}
+
+// next receives sess's next delivery. When none is waiting, it first sends
+// the acknowledgements the session holds back (the consumer is idle), then
+// waits. ok is false when the consumer ended (next then waits for the
+// supervisor to replace the session) or the session changed.
+func (s *Source) next(ctx context.Context, sess *session, changed <-chan struct{}) (d amqp.Delivery, ok bool, err error) {
+	received := false
+	select {
+	case d, ok = <-sess.deliveries:
+		received = true
+	default:
+		if !sess.isLost() {
+			if err := sess.acks.flush(sess.ch); err != nil {
+				s.log.Debug("amqp: acknowledging failed; the broker delivers again", "err", err)
 			}
-			if sess.isLost() {
-				// Buffered from a channel that is gone: the broker has
-				// requeued it and delivers it again.
-				continue
-			}
-			return s.message(&d), s.acker(sess, d.DeliveryTag), nil
-		case <-changed:
-		case <-s.closed:
-			return nil, nil, connectors.ErrClosed
-		case <-ctx.Done():
-			return nil, nil, ctx.Err()
 		}
 	}
+	if !received {
+		select {
+		case d, ok = <-sess.deliveries:
+		case <-changed:
+			return d, false, nil
+		case <-s.closed:
+			return d, false, connectors.ErrClosed
+		case <-ctx.Done():
+			return d, false, ctx.Err()
+		}
+	}
+	if !ok {
+		select {
+		case <-changed:
+		case <-s.closed:
+			return d, false, connectors.ErrClosed
+		case <-ctx.Done():
+			return d, false, ctx.Err()
+		}
+	}
+	return d, ok, nil
 }
 
 // message maps a delivery onto a connectors.Message. The payload is not
@@ -255,13 +374,7 @@ func (s *Source) acker(sess *session, tag uint64) connectors.AckFunc {
 			s.log.Debug("amqp: not settling a delivery of a lost channel; the broker delivers it again", "tag", tag)
 			return
 		}
-		var e error
-		if err == nil {
-			e = sess.ch.Ack(tag, false)
-		} else {
-			e = sess.ch.Nack(tag, false, true)
-		}
-		if e != nil {
+		if e := sess.acks.settle(sess.ch, tag, err == nil); e != nil {
 			s.log.Debug("amqp: settling a delivery failed; the broker delivers it again", "tag", tag, "err", e)
 		}
 	}
