@@ -233,10 +233,13 @@ const (
 // of bytes preamble and header occupy. A violation closes the connection.
 func (c *conn) peekPreamble(st peeker, sb *streamBuf) (wire.Kind, []byte, int, peekResult) {
 	k, hdr, n, err := peekHeader(st, sb, c.limits.MaxHeaderBytes)
+	if err == nil {
+		return k, hdr, n, peekOK
+	}
+	// Only here: errors.As takes the address of we, which moves it to the
+	// heap, and that would cost an allocation on every stream.
 	var we *wire.Error
 	switch {
-	case err == nil:
-		return k, hdr, n, peekOK
 	case errors.Is(err, errEmptyStream):
 		c.violation("stream ends without a preamble")
 	case errors.As(err, &we):

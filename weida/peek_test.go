@@ -89,6 +89,9 @@ func FuzzPeekHeader(f *testing.F) {
 	})
 }
 
+// TestPeekHeaderAllocs: peeking a well-formed preamble and header costs
+// nothing, both in peekHeader and in the connection's peekPreamble around
+// it, which every stream of either role goes through.
 func TestPeekHeaderAllocs(t *testing.T) {
 	if raceEnabled {
 		t.Skip("allocation counts are not meaningful under -race")
@@ -97,5 +100,13 @@ func TestPeekHeaderAllocs(t *testing.T) {
 	sb := newStreamBuf()
 	if a := testing.AllocsPerRun(100, func() { _, _, _, _ = peekHeader(st, sb, 16384) }); a != 0 {
 		t.Errorf("peekHeader: %v allocations, want 0", a)
+	}
+	c := &conn{limits: &Limits{MaxHeaderBytes: 16384}}
+	if a := testing.AllocsPerRun(100, func() {
+		if _, _, _, r := c.peekPreamble(st, sb); r != peekOK {
+			t.Fatalf("peekPreamble = %v, want peekOK", r)
+		}
+	}); a != 0 {
+		t.Errorf("peekPreamble: %v allocations, want 0", a)
 	}
 }
