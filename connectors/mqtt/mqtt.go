@@ -21,6 +21,7 @@ import (
 	"net"
 	"net/url"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/eclipse/paho.golang/autopaho"
@@ -179,12 +180,60 @@ func dial(ctx context.Context, addr string, useTLS bool, tlsCfg *tls.Config) (ne
 	return &bufferedConn{Conn: conn, r: bufio.NewReaderSize(conn, 64<<10)}, nil
 }
 
+// bufferedConn reads through a buffer and writes each MQTT packet whole.
+//
+// paho writes one packet as several slices (net.Buffers) and, when the
+// connection implements sync.Locker, holds the lock around them
+// (packets.ControlPacket.WriteTo). net.Buffers is written in one writev
+// only on the net package's own connection types; on any wrapper it
+// becomes one Write per slice, so without the lock the packets of
+// concurrent writers (Sink writes, PUBACKs, PINGREQ) interleave and the
+// broker closes the connection as malformed (0x81) or in error (0x82).
+// Lock starts gathering a packet and Unlock sends it in one Write, which
+// also saves the system calls the slices would cost.
+//
+// All of paho's writes go through ControlPacket.WriteTo, so Write is only
+// ever called with the lock held.
 type bufferedConn struct {
 	net.Conn
 	r *bufio.Reader
+
+	mu  sync.Mutex
+	pkt []byte // the packet being gathered; guarded by mu
+	err error  // the first write error; guarded by mu
 }
 
 func (c *bufferedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
+
+// Lock starts a packet.
+func (c *bufferedConn) Lock() { c.mu.Lock() }
+
+// Write appends to the packet being gathered.
+func (c *bufferedConn) Write(p []byte) (int, error) {
+	if c.err != nil {
+		return 0, c.err
+	}
+	c.pkt = append(c.pkt, p...)
+	return len(p), nil
+}
+
+// Unlock sends the gathered packet. A failed write closes the connection,
+// so that paho's reader fails and the connection is reported lost: Unlock
+// has no way to return the error to the packet's writer.
+func (c *bufferedConn) Unlock() {
+	if len(c.pkt) > 0 && c.err == nil {
+		if _, err := c.Conn.Write(c.pkt); err != nil {
+			c.err = err
+			c.Conn.Close()
+		}
+	}
+	if cap(c.pkt) > 64<<10 {
+		c.pkt = nil // do not keep a large payload's buffer
+	} else {
+		c.pkt = c.pkt[:0]
+	}
+	c.mu.Unlock()
+}
 
 func logger(l *slog.Logger) *slog.Logger {
 	if l == nil {
