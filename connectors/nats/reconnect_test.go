@@ -312,3 +312,64 @@ func TestSinkConcurrentWrites(t *testing.T) {
 		t.Fatalf("Write after Close = %v, want ErrClosed", err)
 	}
 }
+
+// TestQueueGroupSplits: two Sources in one queue group share the messages:
+// each message reaches exactly one of them.
+func TestQueueGroupSplits(t *testing.T) {
+	requireServer(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	subject := "qg." + conntest.Unique()
+	var srcs [2]*Source
+	for i := range srcs {
+		src, err := NewSource(Config{URL: "nats://" + serverAddr, QueueGroup: "g-" + subject}, func(connectors.ConnState) {})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer src.Close(context.Background())
+		if err := src.Start(ctx, []string{subject}); err != nil {
+			t.Fatal(err)
+		}
+		srcs[i] = src
+	}
+	const sent = 200
+	nc := dial(t)
+	defer nc.Close()
+	for i := range sent {
+		if err := nc.Publish(subject, []byte(strconv.Itoa(i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := nc.FlushWithContext(ctx); err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]int{}
+	var per [2]int
+	for len(seen) < sent {
+		progress := false
+		for i, src := range srcs {
+			rctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+			m, ack, err := src.Read(rctx)
+			cancel()
+			if err != nil {
+				continue
+			}
+			ack(nil)
+			seen[string(m.Payload)]++
+			per[i]++
+			progress = true
+		}
+		if !progress && ctx.Err() != nil {
+			t.Fatalf("received %d of %d", len(seen), sent)
+		}
+	}
+	for p, k := range seen {
+		if k != 1 {
+			t.Errorf("message %s received %d times", p, k)
+		}
+	}
+	if per[0] == 0 || per[1] == 0 {
+		t.Errorf("one member got nothing: %v", per)
+	}
+	t.Logf("split %v", per)
+}
