@@ -2,8 +2,12 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -167,6 +171,39 @@ func amqpOutboundRig(t *testing.T, addr string) *benchRig {
 	return rig
 }
 
+// cpuTime returns the CPU time (user and system) process pid has used; pid 0
+// means this process. It reads /proc, in clock ticks of 10 ms.
+func cpuTime(t *testing.T, pid int) time.Duration {
+	t.Helper()
+	path := "/proc/self/stat"
+	if pid != 0 {
+		path = fmt.Sprintf("/proc/%d/stat", pid)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The command name (field 2) may hold spaces; the fields after it
+	// start at the last ')'.
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+2:]))
+	utime, _ := strconv.ParseInt(f[11], 10, 64)
+	stime, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(utime+stime) * 10 * time.Millisecond
+}
+
+// beamPid returns the private node's Erlang VM process id.
+func (r *privateRabbit) beamPid(t *testing.T) int {
+	b, err := os.ReadFile(filepath.Join(r.dir, "pid"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pid
+}
+
 // TestAMQPThroughput measures, in one run, 256-byte messages per second
 // through RabbitMQ alone (publisher confirms, manual acks, prefetch 256),
 // through weida alone, and through the bridge in each direction, and prints
@@ -174,8 +211,11 @@ func amqpOutboundRig(t *testing.T, addr string) *benchRig {
 // 80 %). It runs only with WEIDA_BENCH=1; WEIDA_BENCH_MESSAGES and
 // WEIDA_BENCH_ROUNDS change the sample size (default 50000) and the number
 // of rounds (default 5); the rigs alternate within each round and the
-// medians are reported. The broker is a private RabbitMQ node, so that
-// other tests' traffic does not skew the numbers.
+// medians are reported, with the ratios taken per round and the CPU time
+// RabbitMQ and this process (publishers, bridge, subscribers) spent per
+// message, which other load on the machine does not skew as much. The
+// broker is a private RabbitMQ node, so that other tests' traffic does not
+// skew the numbers.
 func TestAMQPThroughput(t *testing.T) {
 	if os.Getenv("WEIDA_BENCH") != "1" {
 		t.Skip("set WEIDA_BENCH=1 to run the throughput benchmark")
@@ -197,7 +237,10 @@ func TestAMQPThroughput(t *testing.T) {
 	for _, r := range rigs {
 		runRig(t, r, n/10)
 	}
+	beam := rb.beamPid(t)
 	rates := make([][]float64, len(rigs))
+	brokerCPU := make([]time.Duration, len(rigs)) // per message, summed over rounds
+	selfCPU := make([]time.Duration, len(rigs))
 	var ratioIn, ratioOut []float64
 	for round := range rounds {
 		// Alternate the order, so that no rig always runs right after
@@ -208,7 +251,10 @@ func TestAMQPThroughput(t *testing.T) {
 			slices.Reverse(order)
 		}
 		for _, i := range order {
+			b0, s0 := cpuTime(t, beam), cpuTime(t, 0)
 			rate := runRig(t, rigs[i], n)
+			brokerCPU[i] += (cpuTime(t, beam) - b0) / time.Duration(n*rounds)
+			selfCPU[i] += (cpuTime(t, 0) - s0) / time.Duration(n*rounds)
 			rates[i] = append(rates[i], rate)
 			t.Logf("round %d: %-28s %9.0f msg/s", round+1, rigs[i].name, rate)
 		}
@@ -220,7 +266,9 @@ func TestAMQPThroughput(t *testing.T) {
 	med := make([]float64, len(rigs))
 	for i := range rigs {
 		med[i] = median(rates[i])
-		t.Logf("median %-28s %9.0f msg/s (min %.0f, max %.0f)", rigs[i].name, med[i], slices.Min(rates[i]), slices.Max(rates[i]))
+		t.Logf("median %-28s %9.0f msg/s (min %.0f, max %.0f); CPU per message: RabbitMQ %.1f µs, this process %.1f µs",
+			rigs[i].name, med[i], slices.Min(rates[i]), slices.Max(rates[i]),
+			float64(brokerCPU[i].Nanoseconds())/1e3, float64(selfCPU[i].Nanoseconds())/1e3)
 	}
 	t.Logf("inbound  bridged / min(direct): median of rounds %.1f %% (min %.1f, max %.1f)",
 		100*median(ratioIn), 100*slices.Min(ratioIn), 100*slices.Max(ratioIn))
