@@ -112,16 +112,51 @@ func mqttYAML(t testing.TB, rs ...mqttResource) string {
 	return strings.Join(docs, "---\n")
 }
 
-// mqttBufferedConn puts a read buffer in front of a connection: paho reads a
-// packet a few bytes at a time, one system call each (see
-// broker-baselines.md). The benchmark's direct clients use it too, so that
-// the baseline is as fast as the bridge's own client.
+// mqttBufferedConn puts a read buffer in front of a connection (paho reads
+// a packet a few bytes at a time, one system call each; see
+// broker-baselines.md) and writes each packet whole. paho writes a packet
+// as several slices and locks the connection around them when it is a
+// sync.Locker; on a wrapper every slice is its own Write, so without the
+// lock concurrent packets (a PUBLISH and a PINGREQ, say) interleave and
+// Mosquitto disconnects with "malformed packet". Lock gathers a packet and
+// Unlock sends it in one Write, as the connector's own driver does, so that
+// the benchmark's direct baseline is as fast as the bridge's client.
 type mqttBufferedConn struct {
 	net.Conn
 	r *bufio.Reader
+
+	mu  sync.Mutex
+	pkt []byte // guarded by mu
+	err error  // guarded by mu
+}
+
+func newMQTTBufferedConn(c net.Conn) *mqttBufferedConn {
+	return &mqttBufferedConn{Conn: c, r: bufio.NewReaderSize(c, 64<<10)}
 }
 
 func (c *mqttBufferedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
+
+func (c *mqttBufferedConn) Lock() { c.mu.Lock() }
+
+// Write is called by paho with the lock held only.
+func (c *mqttBufferedConn) Write(p []byte) (int, error) {
+	if c.err != nil {
+		return 0, c.err
+	}
+	c.pkt = append(c.pkt, p...)
+	return len(p), nil
+}
+
+func (c *mqttBufferedConn) Unlock() {
+	if len(c.pkt) > 0 && c.err == nil {
+		if _, err := c.Conn.Write(c.pkt); err != nil {
+			c.err = err
+			c.Conn.Close()
+		}
+	}
+	c.pkt = c.pkt[:0]
+	c.mu.Unlock()
+}
 
 // mqttMsg is one MQTT message a test client received.
 type mqttMsg struct {
@@ -165,7 +200,7 @@ func mqttDial(ctx context.Context, addr, id string, onMsg func(mqttMsg)) (*mqttC
 	c := &mqttClient{onMsg: onMsg}
 	cfg := paho.ClientConfig{
 		ClientID: id,
-		Conn:     &mqttBufferedConn{Conn: conn, r: bufio.NewReaderSize(conn, 64<<10)},
+		Conn:     newMQTTBufferedConn(conn),
 		OnClientError: func(err error) {
 			c.mu.Lock()
 			c.events = append(c.events, time.Now().Format("15:04:05.000")+" client error: "+err.Error())
