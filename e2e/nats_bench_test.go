@@ -6,6 +6,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"syscall"
 	"testing"
 	"time"
 
@@ -37,6 +38,16 @@ const benchWindow = 512
 // and returns the rate at which they were received.
 func runRig(t *testing.T, rig *benchRig, n int) float64 {
 	t.Helper()
+	rate, _ := runRigCPU(t, rig, n)
+	return rate
+}
+
+// runRigCPU is runRig that also returns this process's CPU time (user and
+// system, every goroutine: both ends of the rig and the bridge, not the
+// broker) per message.
+func runRigCPU(t *testing.T, rig *benchRig, n int) (rate float64, cpu time.Duration) {
+	t.Helper()
+	cpu0 := processCPU()
 	// One timer for the whole run: a receive that waits this long means a
 	// message was lost, which makes the measurement meaningless.
 	stuck := time.NewTimer(time.Minute)
@@ -63,7 +74,15 @@ func runRig(t *testing.T, rig *benchRig, n int) float64 {
 	for range inFlight {
 		wait()
 	}
-	return float64(n) / time.Since(start).Seconds()
+	return float64(n) / time.Since(start).Seconds(), (processCPU() - cpu0) / time.Duration(n)
+}
+
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // signal reports one delivery unless the rig is being torn down.
@@ -229,7 +248,7 @@ func inboundRig(t *testing.T, addr string) *benchRig {
 	url := "weida://" + l.Fingerprint() + "@" + l.Addr().String() + "/bench"
 	spec := connectors.Spec{Name: "bench-in", Protocol: policy.NATS, Direction: policy.Inbound, Policy: p, Routes: routes, Endpoint: url}
 	b := connectors.NewInbound(spec, func(report connectors.StateFunc) (connectors.Source, error) {
-		return natsconn.NewSource(natsconn.Config{URL: "nats://" + addr, Name: "bench-in"}, report)
+		return natsconn.NewSource(natsconn.Config{URL: "nats://" + addr, Name: "bench-in", LoopMarker: "bench"}, report)
 	}, wpub, connectors.Deps{Metrics: connectors.NewMetrics(prometheus.NewRegistry())})
 	stopBridge := runBridge(t, b)
 	rig := &benchRig{name: "nats-server → bridge → weida", delivered: make(chan struct{}, benchWindow)}
@@ -274,11 +293,16 @@ func outboundRig(t *testing.T, addr string) *benchRig {
 		t.Fatal(err)
 	}
 	spec := connectors.Spec{Name: "bench-out", Protocol: policy.NATS, Direction: policy.Outbound, Policy: p, Routes: routes,
-		Endpoint: url, InFlight: resourcesDefaultInFlight}
+		Endpoint: url, InFlight: envInt(t, "WEIDA_BENCH_INFLIGHT", resourcesDefaultInFlight)}
+	// As `connector run` does, the Sink marks every message with the
+	// loop marker header.
+	var sink *natsconn.Sink
 	b := connectors.NewOutbound(spec,
 		func(ctx context.Context) (*weida.Subscriber, error) { return weida.Dial(ctx, url, weida.DialConfig{}) },
 		func(report connectors.StateFunc) (connectors.Sink, error) {
-			return natsconn.NewSink(natsconn.Config{URL: "nats://" + addr, Name: "bench-out"}, report)
+			var err error
+			sink, err = natsconn.NewSink(natsconn.Config{URL: "nats://" + addr, Name: "bench-out", LoopMarker: "bench"}, report)
+			return sink, err
 		}, connectors.Deps{Metrics: connectors.NewMetrics(prometheus.NewRegistry())})
 	stopBridge := runBridge(t, b)
 	waitSubscribers(t, wpub, 1, 10*time.Second)
@@ -291,6 +315,10 @@ func outboundRig(t *testing.T, addr string) *benchRig {
 	}
 	rig.close = func() {
 		close(done)
+		if st := sink.Stats(); st.FlushRounds > 0 {
+			t.Logf("%s: %d publishes confirmed by %d PING/PONG rounds (%.1f per round)",
+				rig.name, st.Confirmed, st.FlushRounds, float64(st.Confirmed)/float64(st.FlushRounds))
+		}
 		stopBridge()
 		s.Unsubscribe()
 		l.Close()
@@ -337,17 +365,20 @@ func TestNATSThroughput(t *testing.T) {
 		runRig(t, r, n/10)
 	}
 	rates := make([][]float64, len(rigs))
+	cpus := make([][]float64, len(rigs))
 	for round := range rounds {
 		for i, r := range rigs {
-			rate := runRig(t, r, n)
+			rate, cpu := runRigCPU(t, r, n)
 			rates[i] = append(rates[i], rate)
-			t.Logf("round %d: %-32s %9.0f msg/s", round+1, r.name, rate)
+			cpus[i] = append(cpus[i], float64(cpu))
+			t.Logf("round %d: %-32s %9.0f msg/s %7s CPU/msg", round+1, r.name, rate, cpu)
 		}
 	}
 	med := make([]float64, len(rigs))
 	for i := range rigs {
 		med[i] = median(rates[i])
-		t.Logf("median %-32s %9.0f msg/s (min %.0f, max %.0f)", rigs[i].name, med[i], slices.Min(rates[i]), slices.Max(rates[i]))
+		t.Logf("median %-32s %9.0f msg/s (min %.0f, max %.0f), %s CPU/msg in this process",
+			rigs[i].name, med[i], slices.Min(rates[i]), slices.Max(rates[i]), time.Duration(median(cpus[i])))
 	}
 	// The machine is shared: a ratio taken within one round, where the
 	// rigs ran back to back, varies less than a ratio of medians.

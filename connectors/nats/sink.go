@@ -18,10 +18,12 @@ import (
 // Sink publishes an outbound resource's messages to nats-server.
 //
 // Core NATS: Write returns once the server has read the publish, proved by
-// a PING/PONG round trip after it on the same connection. Concurrent Writes
-// share round trips: one PING confirms every publish made before it, so
-// many writers cost few round trips. The server delivering the message to
-// no subscriber is not an error (core NATS cannot tell).
+// a PING/PONG round trip after it on the same connection. Writes made while
+// a round trip is under way wait together for the next one: a single
+// goroutine publishes their messages back to back and confirms them all
+// with one PING, so that many writers cost few round trips, few system
+// calls and no contention on the connection. The server delivering the
+// message to no subscriber is not an error (core NATS cannot tell).
 //
 // JetStream (Config.JetStream set): Write publishes asynchronously and
 // returns once the stream's PubAck arrives; the publish must land in
@@ -33,7 +35,10 @@ import (
 // is reported the same way, so a message may reach the server twice but is
 // never reported published when it was not.
 //
-// Write may be called from many goroutines at once.
+// Write may be called from many goroutines at once. A Write whose context
+// ends before its round started withdraws its message; after that, the
+// message may have been published although Write returned the context's
+// error.
 type Sink struct {
 	cfg    Config
 	report connectors.StateFunc
@@ -57,14 +62,46 @@ type Sink struct {
 	stopping chan struct{}
 	flusher  sync.WaitGroup
 
-	bufferFull atomic.Uint64
+	published, rounds, bufferFull atomic.Uint64
+
+	markerOnly natsgo.Header // read-only after NewSink; nil without a marker
+}
+
+// SinkStats are a Sink's counters since it was created.
+type SinkStats struct {
+	// Confirmed is how many Writes returned nil: publishes the server
+	// confirmed (core: a PONG after them; JetStream: a PubAck).
+	Confirmed uint64
+	// FlushRounds is how many PING/PONG round trips confirmed them (core
+	// NATS); Confirmed / FlushRounds is how many publishes a round trip
+	// confirms on average.
+	FlushRounds uint64
+	// ReconnectBufferFull counts publishes refused because nats.go's
+	// reconnect buffer was full ([ReasonReconnectBuffer]); the runtime
+	// published each of them again later.
+	ReconnectBufferFull uint64
+}
+
+// coreMessage builds the core NATS message for m. Messages whose only
+// header is the loop marker share one header map, which nats.go only reads
+// when it encodes a core publish.
+func (s *Sink) coreMessage(m *connectors.Message) *natsgo.Msg {
+	if m.ContentType == "" && m.Traceparent == "" && m.Tracestate == "" {
+		return &natsgo.Msg{Subject: m.Topic, Data: m.Payload, Header: s.markerOnly}
+	}
+	return fromMessage(m, s.cfg.LoopMarker)
 }
 
 // flushRound is one PING/PONG round trip shared by the Writes that joined
 // it before it started.
 type flushRound struct {
-	done chan struct{}
-	err  error // valid once done is closed
+	msgs []*natsgo.Msg // guarded by Sink.fmu until the flusher takes the round; nil: withdrawn
+
+	// Set by the flusher, valid once done is closed.
+	done                chan struct{}
+	errs                []error // each message's publish error
+	err                 error   // the round trip's error
+	genBefore, genAfter uint64  // the reconnect count before the publishes and after the PONG
 }
 
 var _ connectors.Sink = (*Sink)(nil)
@@ -75,22 +112,27 @@ func NewSink(cfg Config, report connectors.StateFunc) (*Sink, error) {
 		return nil, err
 	}
 	log := cfg.logger()
+	var markerOnly natsgo.Header
+	if cfg.LoopMarker != "" {
+		markerOnly = natsgo.Header{LoopHeader: {cfg.LoopMarker}}
+	}
 	return &Sink{
-		cfg:      cfg,
-		report:   report,
-		log:      log,
-		rlog:     newRateLog(log, 10*time.Second),
-		closed:   make(chan struct{}),
-		cbClosed: make(chan struct{}),
-		kick:     make(chan struct{}, 1),
-		stopping: make(chan struct{}),
+		markerOnly: markerOnly,
+		cfg:        cfg,
+		report:     report,
+		log:        log,
+		rlog:       newRateLog(log, 10*time.Second),
+		closed:     make(chan struct{}),
+		cbClosed:   make(chan struct{}),
+		kick:       make(chan struct{}, 1),
+		stopping:   make(chan struct{}),
 	}, nil
 }
 
-// ReconnectBufferFull returns how many publishes nats.go refused because its
-// reconnect buffer was full ([ReasonReconnectBuffer]). The runtime published
-// each of them again later.
-func (s *Sink) ReconnectBufferFull() uint64 { return s.bufferFull.Load() }
+// Stats returns the Sink's counters. It may be called at any time.
+func (s *Sink) Stats() SinkStats {
+	return SinkStats{Confirmed: s.published.Load(), FlushRounds: s.rounds.Load(), ReconnectBufferFull: s.bufferFull.Load()}
+}
 
 // Start connects and returns once connected (and, for JetStream, once the
 // stream is known to exist), or ctx ends.
@@ -170,27 +212,32 @@ func (s *Sink) Write(ctx context.Context, m *connectors.Message) error {
 		}
 		return fmt.Errorf("nats: publish %q: %w", m.Topic, connectors.ErrNotConnected)
 	}
-	msg := fromMessage(m, s.cfg.LoopMarker)
 	if js != nil {
-		return s.writeJetStream(ctx, nc, js, msg)
+		// Not the shared header: nats.go adds the expected-stream header
+		// to the message's own map.
+		if err := s.writeJetStream(ctx, nc, js, fromMessage(m, s.cfg.LoopMarker)); err != nil {
+			return err
+		}
+		s.published.Add(1)
+		return nil
 	}
-	// A publish that sat in nats.go's write buffer when the connection
-	// broke is discarded, while a PING queued after the break is sent on
-	// the next connection: only an unchanged reconnect count proves that
-	// the PONG confirms this publish.
-	gen := nc.Stats().Reconnects
-	if err := nc.PublishMsg(msg); err != nil {
+	r, i, err := s.join(ctx, s.coreMessage(m))
+	if err != nil {
+		return err
+	}
+	if err := r.errs[i]; err != nil {
 		return s.publishErr(nc, m.Topic, err)
 	}
-	if err := s.awaitFlush(ctx); err != nil {
+	if err := r.err; err != nil {
 		if errors.Is(err, natsgo.ErrConnectionClosed) && !nc.IsClosed() || errors.Is(err, natsgo.ErrTimeout) && !nc.IsConnected() {
 			return fmt.Errorf("nats: publish %q: connection lost before the server confirmed it: %w", m.Topic, connectors.ErrNotConnected)
 		}
 		return fmt.Errorf("nats: publish %q: %w", m.Topic, err)
 	}
-	if nc.Stats().Reconnects != gen {
+	if r.genAfter != r.genBefore {
 		return fmt.Errorf("nats: publish %q: the connection was replaced before the server confirmed it: %w", m.Topic, connectors.ErrNotConnected)
 	}
+	s.published.Add(1)
 	return nil
 }
 
@@ -209,12 +256,14 @@ func (s *Sink) publishErr(nc *natsgo.Conn, subject string, err error) error {
 	return fmt.Errorf("nats: publish %q: %w", subject, err)
 }
 
-// awaitFlush joins the next flush round and waits for it.
-func (s *Sink) awaitFlush(ctx context.Context) error {
+// join adds msg to the round that has not started yet and waits until the
+// round is done. It returns the round and msg's index in it. A Write whose
+// ctx ends before its round started takes its message back.
+func (s *Sink) join(ctx context.Context, msg *natsgo.Msg) (*flushRound, int, error) {
 	s.fmu.Lock()
 	if s.stopped {
 		s.fmu.Unlock()
-		return connectors.ErrClosed
+		return nil, 0, connectors.ErrClosed
 	}
 	r := s.next
 	if r == nil {
@@ -225,18 +274,30 @@ func (s *Sink) awaitFlush(ctx context.Context) error {
 		default: // the flusher is already due to look
 		}
 	}
+	i := len(r.msgs)
+	r.msgs = append(r.msgs, msg)
 	s.fmu.Unlock()
 	select {
 	case <-r.done:
-		return r.err
+		return r, i, nil
 	case <-ctx.Done():
-		return ctx.Err()
+		s.fmu.Lock()
+		if s.next == r {
+			r.msgs[i] = nil // not started: never published
+		}
+		s.fmu.Unlock()
+		return nil, 0, ctx.Err()
 	}
 }
 
-// runFlusher runs flush rounds one after another. A round is taken (so
-// that later Writes start a new one) before its PING is queued, hence after
-// every publish of the Writes that joined it.
+// runFlusher runs the rounds one after another: it takes the waiting round
+// (later Writes start the next one), publishes its messages back to back,
+// and confirms them all with one PING/PONG.
+//
+// A publish that sat in nats.go's write buffer when the connection broke is
+// discarded, while a PING queued after the break is sent on the next
+// connection and answered: only an unchanged reconnect count around the
+// round proves that its PONG confirms its publishes.
 func (s *Sink) runFlusher(nc *natsgo.Conn) {
 	defer s.flusher.Done()
 	for {
@@ -254,7 +315,16 @@ func (s *Sink) runFlusher(nc *natsgo.Conn) {
 		}
 		s.fmu.Unlock()
 		if r != nil {
+			r.genBefore = nc.Stats().Reconnects
+			r.errs = make([]error, len(r.msgs))
+			for i, m := range r.msgs {
+				if m != nil {
+					r.errs[i] = nc.PublishMsg(m)
+				}
+			}
 			r.err = nc.FlushTimeout(s.cfg.flushTimeout())
+			r.genAfter = nc.Stats().Reconnects
+			s.rounds.Add(1)
 			close(r.done)
 		}
 		if stop {
