@@ -189,11 +189,14 @@ type ListenConfig struct {
 
 	// ClientFingerprints, when non-empty, requires every client to present a
 	// certificate and admits only those whose "sha256:<hex>" fingerprint is
-	// listed (weida's peer authorization, decision 0015). Any other client
-	// fails the TLS handshake, before any of its frames exist, and the
-	// refusal is logged with its fingerprint. When empty, a client
-	// certificate is requested but not required; one that is presented still
-	// proves the peer's identity for MaxConnectionsPerPeer.
+	// listed (weida's peer authorization, decision 0015). Any other client,
+	// with another certificate or none, fails the TLS handshake with the
+	// alert bad_certificate, before any of its frames exist; every such
+	// refusal is logged at Warn ("weida: refused client", with the reason,
+	// the remote address and any fingerprint) and counted in
+	// [ListenerStats].ClientsRefused. When empty, a client certificate is
+	// requested but not required; one that is presented still proves the
+	// peer's identity for MaxConnectionsPerPeer.
 	ClientFingerprints []string
 
 	Limits Limits
@@ -214,7 +217,9 @@ type DialConfig struct {
 	CAFile string
 
 	// CertFile and KeyFile name an optional client certificate, for
-	// listeners that admit clients by fingerprint. Both or neither.
+	// listeners that admit clients by fingerprint. Both or neither. A
+	// listener that does not admit the certificate (or, with none, the
+	// client) fails Dial with [ErrClientRefused].
 	CertFile, KeyFile string
 
 	// InsecureSkipVerifyForTesting accepts any publisher certificate. It

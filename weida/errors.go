@@ -98,6 +98,14 @@ var (
 	// would close the whole connection with LIMIT_EXCEEDED.
 	ErrTooManySubscriptions = errors.New("weida: max_subscriptions reached")
 
+	// ErrClientRefused is returned by [Dial] when the listener refused this
+	// client in the TLS handshake, because it admits only the client
+	// certificates it lists (ListenConfig.ClientFingerprints) and this
+	// dialler presented none or another. The error also wraps the
+	// [*CloseError] of the failed handshake and says which certificate, if
+	// any, was presented.
+	ErrClientRefused = errors.New("weida: the listener refused the client certificate")
+
 	// ErrNoTrust is returned by [Dial] when the URL pins no fingerprint, no
 	// CA file is configured and verification is not explicitly skipped.
 	ErrNoTrust = errors.New("weida: no way to authenticate the publisher")

@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"math/big"
 	"os"
+	"sync/atomic"
 	"time"
 
 	"weida.dev/connector/weida/address"
@@ -108,8 +109,9 @@ func selfSigned() (tls.Certificate, error) {
 }
 
 // serverTLS builds the listener's TLS configuration and returns its
-// fingerprint and whether the certificate was generated.
-func serverTLS(cfg *ListenConfig, log *slog.Logger) (*tls.Config, string, bool, error) {
+// fingerprint and whether the certificate was generated. Clients refused
+// by cfg.ClientFingerprints are logged and counted in refused.
+func serverTLS(cfg *ListenConfig, log *slog.Logger, refused *atomic.Uint64) (*tls.Config, string, bool, error) {
 	cert, ok, err := loadKeyPair(cfg.CertFile, cfg.KeyFile, "listen")
 	if err != nil {
 		return nil, "", false, err
@@ -138,10 +140,15 @@ func serverTLS(cfg *ListenConfig, log *slog.Logger) (*tls.Config, string, bool, 
 		// Request a certificate so that one presented proves an identity;
 		// its chain is not verified, because weida identifies a peer by its
 		// key (the CertificateVerify message proves possession of it).
+		//
+		// An allowlist does not change this to RequireAnyClientCert:
+		// crypto/tls would then refuse a client without a certificate
+		// itself, before VerifyConnection runs, and that refusal would
+		// be neither logged nor counted. VerifyConnection refuses it
+		// instead, so every refusal passes through admitClient.
 		ClientAuth: tls.RequestClientCert,
 	}
 	if len(allowed) > 0 {
-		base.ClientAuth = tls.RequireAnyClientCert
 		// GetConfigForClient gives the verification callback the remote
 		// address to log.
 		base.GetConfigForClient = func(hello *tls.ClientHelloInfo) (*tls.Config, error) {
@@ -152,16 +159,7 @@ func serverTLS(cfg *ListenConfig, log *slog.Logger) (*tls.Config, string, bool, 
 				remote = hello.Conn.RemoteAddr().String()
 			}
 			c.VerifyConnection = func(cs tls.ConnectionState) error {
-				if len(cs.PeerCertificates) == 0 {
-					log.Warn("weida: refused client without a certificate", "remote", remote)
-					return errors.New("weida: a client certificate is required")
-				}
-				got := Fingerprint(cs.PeerCertificates[0])
-				if !allowed[got] {
-					log.Warn("weida: refused client fingerprint", "fingerprint", got, "remote", remote)
-					return fmt.Errorf("weida: client %s is not admitted", got)
-				}
-				return nil
+				return admitClient(cs.PeerCertificates, allowed, remote, log, refused)
 			}
 			return c, nil
 		}
@@ -169,13 +167,35 @@ func serverTLS(cfg *ListenConfig, log *slog.Logger) (*tls.Config, string, bool, 
 	return base, fp, generated, nil
 }
 
-// clientTLS builds the dialler's TLS configuration for a parsed address.
+// admitClient decides whether a client presenting certs (leaf first) is in
+// allowed. A refusal is logged and counted, and its error fails the TLS
+// handshake: crypto/tls sends the bad_certificate alert (42) for any error
+// of VerifyConnection, so the client learns nothing but that it was
+// refused, and no weida frame of it is ever read.
+func admitClient(certs []*x509.Certificate, allowed map[string]bool, remote string, log *slog.Logger, refused *atomic.Uint64) error {
+	if len(certs) == 0 {
+		refused.Add(1)
+		log.Warn("weida: refused client", "reason", "no certificate", "remote", remote)
+		return errors.New("weida: a client certificate is required")
+	}
+	got := Fingerprint(certs[0])
+	if !allowed[got] {
+		refused.Add(1)
+		log.Warn("weida: refused client", "reason", "fingerprint not listed", "fingerprint", got, "remote", remote)
+		return fmt.Errorf("weida: client %s is not admitted", got)
+	}
+	return nil
+}
+
+// clientTLS builds the dialler's TLS configuration for a parsed address,
+// and returns the fingerprint of the client certificate it presents ("" for
+// none).
 //
 // Trust, strongest first: a fingerprint pinned in the URL (the chain and the
 // names are ignored, only the key counts); a CA file (the chain must reach it
 // and name the URL's host); the explicitly named test option. Without any of
 // them dialling is refused with an error that says how to pin.
-func clientTLS(a address.Address, cfg *DialConfig) (*tls.Config, error) {
+func clientTLS(a address.Address, cfg *DialConfig) (*tls.Config, string, error) {
 	c := &tls.Config{
 		MinVersion: tls.VersionTLS13,
 		NextProtos: []string{ALPN},
@@ -183,9 +203,13 @@ func clientTLS(a address.Address, cfg *DialConfig) (*tls.Config, error) {
 	}
 	cert, ok, err := loadKeyPair(cfg.CertFile, cfg.KeyFile, "dial")
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
+	clientFP := ""
 	if ok {
+		if clientFP, err = leafFingerprint(&cert); err != nil {
+			return nil, "", fmt.Errorf("weida: dial: %s: %w", cfg.CertFile, err)
+		}
 		c.Certificates = []tls.Certificate{cert}
 	}
 	switch {
@@ -210,19 +234,19 @@ func clientTLS(a address.Address, cfg *DialConfig) (*tls.Config, error) {
 	case cfg.CAFile != "":
 		pem, err := os.ReadFile(cfg.CAFile)
 		if err != nil {
-			return nil, fmt.Errorf("weida: dial: reading CAFile: %w", err)
+			return nil, "", fmt.Errorf("weida: dial: reading CAFile: %w", err)
 		}
 		pool := x509.NewCertPool()
 		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("weida: dial: CAFile %s holds no PEM certificate", cfg.CAFile)
+			return nil, "", fmt.Errorf("weida: dial: CAFile %s holds no PEM certificate", cfg.CAFile)
 		}
 		c.RootCAs = pool
 	case cfg.InsecureSkipVerifyForTesting:
 		c.InsecureSkipVerify = true
 	default:
-		return nil, fmt.Errorf("%w at %s: pin its fingerprint in the URL "+
+		return nil, "", fmt.Errorf("%w at %s: pin its fingerprint in the URL "+
 			"(weida://sha256:<hex>@%s%s, the listener logs and prints it) or set DialConfig.CAFile",
 			ErrNoTrust, a.HostPort(), a.HostPort(), a.Path)
 	}
-	return c, nil
+	return c, clientFP, nil
 }

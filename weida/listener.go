@@ -72,7 +72,14 @@ func Listen(ctx context.Context, addr string, cfg ListenConfig) (*Listener, erro
 		return nil, err
 	}
 	log := loggerOrDiscard(cfg.Logger)
-	tlsConf, fp, generated, err := serverTLS(&cfg, log)
+	l := &Listener{
+		limits:  limits,
+		log:     log,
+		paths:   make(map[string]*pathState),
+		conns:   make(map[*serverConn]struct{}),
+		perPeer: make(map[string]int),
+	}
+	tlsConf, fp, generated, err := serverTLS(&cfg, log, &l.stats.clientsRefused)
 	if err != nil {
 		return nil, err
 	}
@@ -91,17 +98,7 @@ func Listen(ctx context.Context, addr string, cfg ListenConfig) (*Listener, erro
 		_ = udp.Close()
 		return nil, fmt.Errorf("weida: listen %s: %w", addr, err)
 	}
-	l := &Listener{
-		limits:  limits,
-		log:     log,
-		fp:      fp,
-		udp:     udp,
-		tr:      tr,
-		ln:      ln,
-		paths:   make(map[string]*pathState),
-		conns:   make(map[*serverConn]struct{}),
-		perPeer: make(map[string]int),
-	}
+	l.fp, l.udp, l.tr, l.ln = fp, udp, tr, ln
 	l.hooks = connHooks{
 		parked:     &l.stats.streamsParked,
 		violations: &l.stats.protocolViolations,

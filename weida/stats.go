@@ -8,6 +8,7 @@ type ListenerStats struct {
 	Connections         int    // open connections
 	ConnectionsAccepted uint64 // connections admitted after the handshake
 	ConnectionsRefused  uint64 // closed at once: max_connections, max_connections_per_peer, or closing
+	ClientsRefused      uint64 // TLS handshakes refused by ClientFingerprints: no client certificate, or one not listed
 	Subscriptions       int64  // (path, filter) pairs held, over all connections
 
 	Published     uint64 // Publish calls that reached fan-out
@@ -38,6 +39,7 @@ type dropCounters struct {
 
 type listenerCounters struct {
 	connectionsAccepted, connectionsRefused atomic.Uint64
+	clientsRefused                          atomic.Uint64
 	subscriptions                           atomic.Int64
 	published, copiesQueued                 atomic.Uint64
 	copiesWritten, copiesRefused            atomic.Uint64
@@ -57,6 +59,7 @@ func (l *Listener) Stats() ListenerStats {
 		Connections:         conns,
 		ConnectionsAccepted: c.connectionsAccepted.Load(),
 		ConnectionsRefused:  c.connectionsRefused.Load(),
+		ClientsRefused:      c.clientsRefused.Load(),
 		Subscriptions:       c.subscriptions.Load(),
 		Published:           c.published.Load(),
 		CopiesQueued:        c.copiesQueued.Load(),

@@ -63,7 +63,9 @@ type inbound struct {
 // The publisher is trusted by the fingerprint pinned in the URL, else by
 // cfg.CAFile (its chain must reach the file's anchors and name the URL's
 // host), else, in tests, by cfg.InsecureSkipVerifyForTesting; with none of
-// them Dial fails with [ErrNoTrust] and says how to pin. A host name is
+// them Dial fails with [ErrNoTrust] and says how to pin. A listener that
+// admits only listed client certificates and not this client's (or this
+// client without one) fails Dial with [ErrClientRefused]. A host name is
 // resolved and its first address dialled.
 func Dial(ctx context.Context, rawURL string, cfg DialConfig) (*Subscriber, error) {
 	a, err := address.Parse(rawURL)
@@ -74,7 +76,7 @@ func Dial(ctx context.Context, rawURL string, cfg DialConfig) (*Subscriber, erro
 	if err != nil {
 		return nil, err
 	}
-	tlsConf, err := clientTLS(a, &cfg)
+	tlsConf, clientFP, err := clientTLS(a, &cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -91,6 +93,9 @@ func Dial(ctx context.Context, rawURL string, cfg DialConfig) (*Subscriber, erro
 	if err != nil {
 		_ = tr.Close()
 		_ = udp.Close()
+		if refusedClient(err) {
+			err = clientRefused(closeErrorOf(err), clientFP)
+		}
 		return nil, fmt.Errorf("weida: dial %s: %w", a, err)
 	}
 	if p := qc.ConnectionState().TLS.NegotiatedProtocol; p != ALPN {
@@ -117,7 +122,7 @@ func Dial(ctx context.Context, rawURL string, cfg DialConfig) (*Subscriber, erro
 	case <-s.c.ctx.Done():
 		err = s.connErr()
 		if refusedClient(err) {
-			err = fmt.Errorf("%w (the listener refused the client certificate: it admits only listed fingerprints; see DialConfig.CertFile)", err)
+			err = clientRefused(err, clientFP)
 		}
 	case <-ctx.Done():
 		err = ctx.Err()
@@ -453,13 +458,33 @@ func (s *Subscriber) closedErr() error {
 func (s *Subscriber) connErr() error { return closeErrorOf(context.Cause(s.c.ctx)) }
 
 // refusedClient reports whether err is the listener's TLS refusal of the
-// client certificate (alerts bad_certificate 42 and certificate_required 116).
+// client: the alert bad_certificate (42), which a weida Listener sends for
+// a client certificate missing or not listed in its ClientFingerprints, or
+// certificate_required (116), which a listener that simply requires a
+// certificate sends when none is presented. A TLS 1.3 client has finished
+// its handshake before the listener checks its certificate, so the refusal
+// can arrive during Dial or just after it; either way no weida frame was
+// exchanged.
 func refusedClient(err error) bool {
 	var te *quic.TransportError
 	if !errors.As(err, &te) || !te.Remote {
 		return false
 	}
 	return te.ErrorCode == 0x100+42 || te.ErrorCode == 0x100+116
+}
+
+// clientRefused wraps the close error of a listener's refusal of this
+// client with [ErrClientRefused] and what to do about it; clientFP is the
+// fingerprint of the certificate presented, "" for none.
+func clientRefused(err error, clientFP string) error {
+	if clientFP == "" {
+		return fmt.Errorf("%w: none was presented, and this listener admits only clients whose "+
+			"certificate fingerprint it lists (set DialConfig.CertFile and KeyFile to a listed certificate): %w",
+			ErrClientRefused, err)
+	}
+	return fmt.Errorf("%w %s: this listener admits only the client fingerprints it lists, "+
+		"and not this one (have it added to the listener's ClientFingerprints, or present a listed certificate): %w",
+		ErrClientRefused, clientFP, err)
 }
 
 // closeErrorOf turns quic-go's connection close cause into a *CloseError.

@@ -1,6 +1,7 @@
 package weida
 
 import (
+	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -16,6 +17,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/quic-go/quic-go"
 )
 
 // testCert is a certificate and key written as PEM files.
@@ -157,6 +160,9 @@ func TestCAFile(t *testing.T) {
 	}
 }
 
+// TestClientAllowlist: with ClientFingerprints, a listed client is served;
+// one with an unlisted certificate or none at all fails the TLS handshake,
+// is logged with the reason and counted, and Dial says what to do.
 func TestClientAllowlist(t *testing.T) {
 	ca := newCert(t, "ca", nil)
 	good := newCert(t, "good", ca)
@@ -170,26 +176,62 @@ func TestClientAllowlist(t *testing.T) {
 	if m := receive(t, s); string(m.Payload) != "ok" {
 		t.Fatalf("admitted client received %+v", m)
 	}
-	for _, c := range []struct {
-		name string
-		cfg  DialConfig
+	for i, c := range []struct {
+		name    string
+		cfg     DialConfig
+		log     string // the listener's log line, from msg on
+		errHint string // what Dial's error must tell
 	}{
-		{"unlisted certificate", DialConfig{CertFile: bad.certFile, KeyFile: bad.keyFile}},
-		{"no certificate", DialConfig{}},
+		{"unlisted certificate", DialConfig{CertFile: bad.certFile, KeyFile: bad.keyFile},
+			`msg="weida: refused client" reason="fingerprint not listed" fingerprint=` + Fingerprint(bad.cert),
+			Fingerprint(bad.cert)},
+		{"no certificate", DialConfig{},
+			`msg="weida: refused client" reason="no certificate" remote=127.0.0.1:`,
+			"DialConfig.CertFile"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			if _, err := Dial(testCtx(t), pinnedURL(l, "/p"), c.cfg); err == nil {
-				t.Fatal("Dial succeeded")
+			_, err := Dial(testCtx(t), pinnedURL(l, "/p"), c.cfg)
+			var ce *CloseError
+			if !errors.Is(err, ErrClientRefused) || !errors.As(err, &ce) || !ce.Remote || !strings.Contains(err.Error(), c.errHint) {
+				t.Fatalf("Dial = %v; want ErrClientRefused and the peer's CloseError, naming %q", err, c.errHint)
+			}
+			waitFor(t, "the refusal in the log", func() bool { return strings.Contains(logs.String(), c.log) })
+			if got := l.Stats().ClientsRefused; got != uint64(i+1) {
+				t.Errorf("ClientsRefused = %d, want %d", got, i+1)
 			}
 		})
 	}
-	waitFor(t, "the refusal in the log", func() bool { return strings.Contains(logs.String(), Fingerprint(bad.cert)) })
 	if st := l.Stats(); st.ConnectionsAccepted != 1 {
 		t.Errorf("ConnectionsAccepted = %d: a refused client got past the handshake", st.ConnectionsAccepted)
 	}
 	// Invalid fingerprints are refused at Listen.
 	if _, err := Listen(testCtx(t), "127.0.0.1:0", ListenConfig{ClientFingerprints: []string{"sha256:XYZ"}}); err == nil {
 		t.Error("Listen accepted an invalid client fingerprint")
+	}
+}
+
+// TestClientAllowlistHandshakeFailure: what a plain QUIC client without a
+// certificate sees of the refusal is a failed TLS handshake (CRYPTO_ERROR
+// with the bad_certificate alert), not a weida close: the listener never
+// sends it a frame, HELLO included, and never accepts the connection.
+func TestClientAllowlistHandshakeFailure(t *testing.T) {
+	client := newCert(t, "client", nil)
+	l := listen(t, ListenConfig{ClientFingerprints: []string{Fingerprint(client.cert)}})
+	qc, err := quicDial(t, l, rawTLS())
+	if err == nil {
+		// A TLS 1.3 client finishes its side of the handshake before the
+		// listener checks its certificate; the refusal follows.
+		if st, aerr := qc.AcceptUniStream(testCtx(t)); aerr == nil {
+			t.Fatalf("the refused client was sent stream %d", st.StreamID())
+		}
+		err = context.Cause(qc.Context())
+	}
+	var te *quic.TransportError
+	if !errors.As(err, &te) || !te.Remote || te.ErrorCode != quic.TransportErrorCode(0x100+42) {
+		t.Fatalf("refused client saw %v, want the listener's CRYPTO_ERROR with alert bad_certificate (42)", err)
+	}
+	if st := l.Stats(); st.ClientsRefused != 1 || st.ConnectionsAccepted != 0 {
+		t.Errorf("ClientsRefused = %d, ConnectionsAccepted = %d; want 1 and 0", st.ClientsRefused, st.ConnectionsAccepted)
 	}
 }
 
