@@ -73,6 +73,13 @@ func startPrivateMosquitto(t testing.TB, extra ...string) *privateMosquitto {
 	return m
 }
 
+// pid returns the broker's process id.
+func (m *privateMosquitto) pid() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.cmd.Process.Pid
+}
+
 // Addr is the broker's host:port.
 func (m *privateMosquitto) Addr() string { return fmt.Sprintf("127.0.0.1:%d", m.port) }
 
