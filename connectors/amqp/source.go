@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -59,8 +60,8 @@ type session struct {
 // A negative settlement is sent at once (basic.nack, requeue), so that the
 // broker no longer counts it as outstanding when a later multiple ack
 // covers its tag. Positive ones are sent when flushEvery of them are
-// waiting, when Read finds no delivery waiting (the consumer is idle), and
-// when the Source closes. A message settled but not yet acknowledged when
+// waiting, when Read has waited ackDelay for a delivery (the consumer is
+// idle), and when the Source closes. A message settled but not yet acknowledged when
 // the connection breaks is delivered again: at least once, as for a
 // message in flight.
 type ackWindow struct {
@@ -107,6 +108,13 @@ func (w *ackWindow) settle(ch acknowledger, tag uint64, ok bool) error {
 		}
 	}
 	return err
+}
+
+// holding reports whether settled tags wait to be acknowledged.
+func (w *ackWindow) holding() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.upTo > w.sent
 }
 
 // flush sends a multiple ack for every settled tag not yet sent.
@@ -310,31 +318,47 @@ func (s *Source) Read(ctx context.Context) (*connectors.Message, connectors.AckF
 	}
 }
 
-// next receives sess's next delivery. When none is waiting, it first sends
-// the acknowledgements the session holds back (the consumer is idle), then
-// waits. ok is false when the consumer ended (next then waits for the
-// supervisor to replace the session) or the session changed.
+// ackDelay is how long the consumer may sit idle before the acknowledgements
+// it holds back are sent. A consumer faster than the broker is idle between
+// most deliveries; flushing at once would send one ack per message again.
+const ackDelay = time.Millisecond
+
+// next receives sess's next delivery. When none arrives within ackDelay, it
+// sends the acknowledgements the session holds back, and waits on. ok is
+// false when the consumer ended (next then waits for the supervisor to
+// replace the session) or the session changed.
 func (s *Source) next(ctx context.Context, sess *session, changed <-chan struct{}) (d amqp.Delivery, ok bool, err error) {
 	received := false
 	select {
 	case d, ok = <-sess.deliveries:
 		received = true
 	default:
-		if !sess.isLost() {
-			if err := sess.acks.flush(sess.ch); err != nil {
-				s.log.Debug("amqp: acknowledging failed; the broker delivers again", "err", err)
-			}
-		}
 	}
 	if !received {
-		select {
-		case d, ok = <-sess.deliveries:
-		case <-changed:
-			return d, false, nil
-		case <-s.closed:
-			return d, false, connectors.ErrClosed
-		case <-ctx.Done():
-			return d, false, ctx.Err()
+		var idle <-chan time.Time
+		if sess.acks.holding() {
+			t := time.NewTimer(ackDelay)
+			defer t.Stop()
+			idle = t.C
+		}
+		for !received {
+			select {
+			case d, ok = <-sess.deliveries:
+				received = true
+			case <-idle:
+				idle = nil
+				if !sess.isLost() {
+					if err := sess.acks.flush(sess.ch); err != nil {
+						s.log.Debug("amqp: acknowledging failed; the broker delivers again", "err", err)
+					}
+				}
+			case <-changed:
+				return d, false, nil
+			case <-s.closed:
+				return d, false, connectors.ErrClosed
+			case <-ctx.Done():
+				return d, false, ctx.Err()
+			}
 		}
 	}
 	if !ok {
