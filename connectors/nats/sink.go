@@ -190,7 +190,7 @@ func (s *Sink) Start(ctx context.Context) error {
 }
 
 func (s *Sink) onAsyncError(_ *natsgo.Conn, _ *natsgo.Subscription, err error) {
-	s.rlog.Log(slog.LevelWarn, "async:"+err.Error(), "nats asynchronous error", slog.Any("err", err))
+	s.rlog.Log(slog.LevelWarn, "async", "nats asynchronous error", slog.Any("err", err))
 }
 
 // Write publishes m and waits for the server's confirmation.

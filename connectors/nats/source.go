@@ -215,7 +215,7 @@ func (s *Source) onAsyncError(_ *natsgo.Conn, sub *natsgo.Subscription, err erro
 		}
 		return
 	}
-	s.rlog.Log(slog.LevelWarn, "async:"+err.Error(), "nats asynchronous error", slog.Any("err", err))
+	s.rlog.Log(slog.LevelWarn, "async", "nats asynchronous error", slog.Any("err", err))
 }
 
 func (s *Source) pollDrops() {
