@@ -258,11 +258,12 @@ func (c *Config) dial(ctx context.Context) (*link, error) {
 				conn.Close()
 				return nil, err
 			}
-			stopAbort = context.AfterFunc(ctx, func() { conn.Close() })
 			if c.dialed != nil {
 				c.dialed(conn)
 			}
-			return conn, nil
+			cc := newCoalescingConn(conn)
+			stopAbort = context.AfterFunc(ctx, func() { cc.Close() })
+			return cc, nil
 		},
 	}
 	if c.ConnectionName != "" {

@@ -100,6 +100,11 @@
 // leaves the outcome unknown; the runtime publishes again, so outbound
 // delivery is at least once and a consumer may see a duplicate.
 //
+// amqp091-go writes every publish and every acknowledgement with its own
+// system call. The driver's connections gather the client's writes instead
+// and write out, in one call, whatever gathered while the previous write was
+// under way; an idle connection still writes at once.
+//
 // # Metadata and losses
 //
 // Carried both ways: the payload, unchanged; content_type; W3C trace context

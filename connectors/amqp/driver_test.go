@@ -618,3 +618,27 @@ func TestHeaderString(t *testing.T) {
 		t.Errorf("nil table: %q", got)
 	}
 }
+
+// TestWrongCredentials: the broker refuses the login; the attempt is
+// reported and retried, and nothing is left behind (goleak checks).
+func TestWrongCredentials(t *testing.T) {
+	requireBroker(t)
+	cfg := testConfig("wrong-password", "")
+	cfg.Password = "not-guest"
+	rec := &recorder{}
+	s, err := NewSink(cfg, rec.report)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	if err := s.Start(ctx); err == nil {
+		t.Fatal("Start succeeded with a wrong password")
+	}
+	waitFor(t, "a ConnectFailed report", func() bool { return rec.count(reason("ConnectFailed")) > 0 })
+	closeSink(t, s)
+	if strings.Contains(rec.String(), "not-guest") {
+		t.Fatalf("a report reveals the password: %s", rec)
+	}
+	t.Log(rec)
+}
