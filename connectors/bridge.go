@@ -232,7 +232,7 @@ func (b *Bridge) reportWeida(up bool, reason, detail string) {
 
 // drop counts one message not delivered and logs it at a rate-limited level.
 func (b *Bridge) drop(route, reason string, level slog.Level, msg string, attrs ...slog.Attr) {
-	b.count.drop(reason)
+	b.count.drop(reason, 1)
 	b.deps.Metrics.Dropped.WithLabelValues(b.spec.Name, route, reason).Inc()
 	attrs = append(attrs, slog.String("reason", reason), slog.String("route", route))
 	b.rlog.Log(level, "drop:"+reason, msg, attrs...)
@@ -266,6 +266,15 @@ func (b *Bridge) runInbound(ctx context.Context) error {
 	if err != nil {
 		b.Fail("SourceInvalid", err)
 		return err
+	}
+	if dr, ok := src.(DropReporter); ok {
+		dr.ReportDrops(func(filter, reason string, n int) {
+			route := b.routeByForeign[filter].Name
+			b.count.drop(reason, uint64(n))
+			b.deps.Metrics.Dropped.WithLabelValues(b.spec.Name, route, reason).Add(float64(n))
+			b.rlog.Log(slog.LevelWarn, "drop:"+reason, "the broker client discarded messages before the bridge read them",
+				slog.String("reason", reason), slog.String("route", route), slog.Int("messages", n))
+		})
 	}
 	defer func() {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
@@ -369,7 +378,7 @@ func (b *Bridge) handleInbound(ctx context.Context, m *Message, ack AckFunc) {
 	}
 	if res.Dropped > 0 {
 		b.deps.Metrics.CopiesQueued.WithLabelValues(name, "dropped").Add(float64(res.Dropped))
-		b.count.drop(ReasonSubscriberBuf)
+		b.count.drop(ReasonSubscriberBuf, uint64(res.Dropped))
 		b.deps.Metrics.Dropped.WithLabelValues(name, route.Name, ReasonSubscriberBuf).Add(float64(res.Dropped))
 		b.rlog.Log(slog.LevelWarn, "drop:"+ReasonSubscriberBuf, "a weida subscriber is too slow; its copies are dropped",
 			slog.String("route", route.Name), slog.Int("copies", res.Dropped))

@@ -89,6 +89,16 @@ type Sink interface {
 // "no matching subscribers"). The runtime counts them instead of retrying.
 type Unroutable interface{ Unroutable() bool }
 
+// DropReporter is implemented by a Source whose client library discards
+// messages before Read could return them (the NATS slow-consumer
+// condition). The runtime calls ReportDrops once, before Start, with a
+// function that counts n drops for the route whose foreign filter is filter,
+// under reason, in messages_dropped_total and /status. The function must
+// not block and may be called from any goroutine.
+type DropReporter interface {
+	ReportDrops(count func(filter, reason string, n int))
+}
+
 // ErrClosed is returned by Read and Write after Close.
 var ErrClosed = errors.New("connectors: closed")
 

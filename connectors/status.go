@@ -128,12 +128,12 @@ type counters struct {
 	dropped                              map[string]uint64
 }
 
-func (c *counters) drop(reason string) {
+func (c *counters) drop(reason string, n uint64) {
 	c.mu.Lock()
 	if c.dropped == nil {
 		c.dropped = make(map[string]uint64)
 	}
-	c.dropped[reason]++
+	c.dropped[reason] += n
 	c.mu.Unlock()
 }
 

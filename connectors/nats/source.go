@@ -103,6 +103,19 @@ func NewSource(cfg Config, report connectors.StateFunc) (*Source, error) {
 // could read them (slow consumer), over the Source's lifetime.
 func (s *Source) Dropped() uint64 { return s.dropped.Load() }
 
+// ReportDrops implements [connectors.DropReporter]: the runtime counts the
+// slow-consumer drops per route. It must be called before Start; a
+// Config.OnDrop set by the caller is still called too.
+func (s *Source) ReportDrops(count func(filter, reason string, n int)) {
+	prev := s.cfg.OnDrop
+	s.cfg.OnDrop = func(filter, reason string, n int) {
+		count(filter, reason, n)
+		if prev != nil {
+			prev(filter, reason, n)
+		}
+	}
+}
+
 // Start connects and subscribes filters (core) or binds the durable
 // consumer (JetStream). It returns once the subscriptions are confirmed by
 // the server, or ctx ends; nats.go keeps reconnecting afterwards and
