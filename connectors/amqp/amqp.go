@@ -409,7 +409,7 @@ func (sv *supervisor) run(ctx context.Context) {
 		if l.blocked.Load() {
 			// connection.blocked arrived during setup; the watcher
 			// reports the unblocking.
-			sv.report(connectors.ConnState{Reason: "Blocked", Detail: "the broker blocks publishing"})
+			sv.report(connectors.ConnState{Up: true, Reason: "Blocked", Detail: "connected, but the broker blocks publishing"})
 		} else {
 			sv.report(connectors.ConnState{Up: true, Reason: "Connected", Detail: detail})
 		}

@@ -31,8 +31,9 @@
 //
 // Every state change reaches the runtime through the [connectors.StateFunc]
 // (Connected, ConnectFailed, DeclareFailed, ConnectionLost, ChannelClosed,
-// ConsumerCancelled, Blocked), and so /status and the up and reconnects
-// metrics. A declaration the broker refuses (a queue that exists with other
+// ConsumerCancelled), and so /status and the up and reconnects metrics. A
+// Sink whose broker blocks publishers (connection.blocked: a memory or disk
+// alarm) reports Blocked, still connected, until the broker unblocks it. A declaration the broker refuses (a queue that exists with other
 // properties, an exchange of another type or durability, a missing name
 // under the reserved prefix amq., no permission) is reported as DeclareFailed with the broker's reply and
 // retried: the fix is on the broker, and the connector resumes once it is
@@ -72,6 +73,10 @@
 //     reconnection declares a new, empty queue: **whatever is published
 //     while the connector is disconnected or restarting is lost**, and so
 //     are the messages the old queue still held.
+//
+// The connector declares and binds only when it connects: an exchange or
+// binding deleted behind its back is restored at the next reconnection, not
+// before (a deleted queue cancels the consumer, which reconnects at once).
 //
 // The queue's bindings are never removed by the connector: a durable queue
 // keeps the bindings of routes deleted from the resource since, and the

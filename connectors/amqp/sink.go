@@ -153,7 +153,9 @@ func (s *Sink) setup(l *link) (string, error) {
 
 func (s *Sink) blocked(active bool, reason string) {
 	if active {
-		s.report(connectors.ConnState{Reason: "Blocked", Detail: "the broker blocks publishing: " + reason})
+		// Still connected (the condition stays true, and unblocking is
+		// not a reconnection), but nothing is published until then.
+		s.report(connectors.ConnState{Up: true, Reason: "Blocked", Detail: "connected, but the broker blocks publishing: " + reason})
 		s.log.Warn("amqp: the broker blocks publishing", "reason", reason)
 		return
 	}

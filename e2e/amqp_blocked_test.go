@@ -1,0 +1,111 @@
+package e2e
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"testing"
+	"time"
+
+	"weida.dev/connector/policy"
+	"weida.dev/connector/weida"
+)
+
+// rabbitmqctl runs rabbitmqctl against the private node.
+func (r *privateRabbit) rabbitmqctl(args ...string) {
+	r.t.Helper()
+	cmd := exec.Command(r.ctl, append([]string{"-n", r.node}, args...)...)
+	cmd.Env = append(os.Environ(), r.env...)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		r.t.Fatalf("rabbitmqctl %v: %v\n%s", args, err, out)
+	}
+}
+
+// TestAMQPBlockedPublishingHeld: when RabbitMQ blocks publishers (a memory
+// alarm, raised here by setting the watermark to zero on a private node),
+// the outbound connector reports Blocked, holds what weida sends instead of
+// dropping it, and publishes all of it once the broker unblocks.
+func TestAMQPBlockedPublishingHeld(t *testing.T) {
+	rb := startPrivateRabbit(t)
+	u := unique()
+	client := amqpConnect(t, rb.Addr())
+	exchange := "e2e-" + u
+	client.declareExchange(t, exchange)
+	got := amqpCollect(t, rb.Addr(), exchange, "orders.#")
+	wpub, url := weidaPublisher(t, "/orders")
+	res := amqpResource{
+		Name: "amqp-blocked", Direction: policy.Outbound, Broker: rb.Addr(), Exchange: exchange,
+		Endpoint: url, Routes: []amqpRoute{{"orders", "orders.#"}},
+	}
+	file := writeFile(t, t.TempDir(), "out.yaml", res.YAML(t))
+	c := StartConnector(t, amqpEnv, "-f", file)
+	c.WaitReady(30 * time.Second)
+	waitSubscribers(t, wpub, 1, 20*time.Second)
+	publish := func(topic, payload string) {
+		t.Helper()
+		if _, err := wpub.Publish(ctx(t, 5*time.Second), weida.Message{Topic: topic, Payload: []byte(payload)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	Eventually(t, 20*time.Second, "the outbound subscription", func() bool {
+		publish("orders.probe", "probe")
+		time.Sleep(50 * time.Millisecond)
+		return got.Len() > 0
+	})
+
+	rb.rabbitmqctl("set_vm_memory_high_watermark", "0")
+	t.Cleanup(func() { rb.rabbitmqctl("set_vm_memory_high_watermark", "0.4") })
+	// RabbitMQ blocks a connection (and says so) when it next publishes.
+	triggers := 0
+	Eventually(t, 30*time.Second, "the connector to report the broker blocking it", func() bool {
+		publish("orders.trigger", fmt.Sprintf("trigger-%d", triggers))
+		triggers++
+		time.Sleep(100 * time.Millisecond)
+		st, _ := c.Status("amqp-blocked")
+		s, reason := condition(st, "BrokerConnected")
+		return s == "True" && reason == "Blocked"
+	})
+	base, _ := c.Status("amqp-blocked")
+	before := got.Len()
+	const n = 20
+	for i := range n {
+		publish(fmt.Sprintf("orders.%d", i), fmt.Sprintf("held-%d", i))
+	}
+	Eventually(t, 20*time.Second, "the connector to take every message from weida", func() bool {
+		st, _ := c.Status("amqp-blocked")
+		return st.Counters.Received-base.Counters.Received == n
+	})
+	st, _ := c.Status("amqp-blocked")
+	if b, d := st.Counters.Bridged-base.Counters.Bridged, settled(st)-settled(base); b != 0 || d != 0 {
+		t.Fatalf("while blocked: %d bridged, %d settled; want 0 (held)", b, d)
+	}
+	if got.Len() != before {
+		t.Fatalf("the consumer received %d messages while publishing was blocked", got.Len()-before)
+	}
+
+	rb.rabbitmqctl("set_vm_memory_high_watermark", "0.4")
+	Eventually(t, 60*time.Second, "every held message at the AMQP consumer", func() bool {
+		have := map[string]bool{}
+		for _, d := range got.Messages() {
+			have[string(d.Body)] = true
+		}
+		for i := range n {
+			if !have[fmt.Sprintf("held-%d", i)] {
+				return false
+			}
+		}
+		for i := range triggers {
+			if !have[fmt.Sprintf("trigger-%d", i)] {
+				return false
+			}
+		}
+		return true
+	})
+	st, _ = c.Status("amqp-blocked")
+	if s, reason := condition(st, "BrokerConnected"); s != "True" || reason != "Connected" {
+		t.Errorf("BrokerConnected = %s (%s) after unblocking", s, reason)
+	}
+	if len(st.Counters.Dropped) != 0 {
+		t.Errorf("dropped while blocked: %v", st.Counters.Dropped)
+	}
+}
