@@ -24,17 +24,25 @@ func (r *privateRabbit) rabbitmqctl(args ...string) {
 // TestAMQPBlockedPublishingHeld: when RabbitMQ blocks publishers (a memory
 // alarm, raised here by setting the watermark to zero on a private node),
 // the outbound connector reports Blocked, holds what weida sends instead of
-// dropping it, and publishes all of it once the broker unblocks.
+// dropping it, and publishes all of it once the broker unblocks. The
+// resource uses a virtual host whose name needs escaping.
 func TestAMQPBlockedPublishingHeld(t *testing.T) {
 	rb := startPrivateRabbit(t)
 	u := unique()
-	client := amqpConnect(t, rb.Addr())
+	// A virtual host whose name needs escaping in the URL, to check that
+	// the resource's vhost reaches the broker intact. (Not a '/': package
+	// resources refuses %2F in the path although its hint suggests it.)
+	const vhost, vhostPath = "e2e vh:1", "e2e%20vh:1"
+	rb.rabbitmqctl("add_vhost", vhost)
+	rb.rabbitmqctl("set_permissions", "-p", vhost, "guest", ".*", ".*", ".*")
+	addr := rb.Addr() + "/" + vhostPath
+	client := amqpConnect(t, addr)
 	exchange := "e2e-" + u
 	client.declareExchange(t, exchange)
-	got := amqpCollect(t, rb.Addr(), exchange, "orders.#")
+	got := amqpCollect(t, addr, exchange, "orders.#")
 	wpub, url := weidaPublisher(t, "/orders")
 	res := amqpResource{
-		Name: "amqp-blocked", Direction: policy.Outbound, Broker: rb.Addr(), Exchange: exchange,
+		Name: "amqp-blocked", Direction: policy.Outbound, Broker: rb.Addr(), VHost: vhostPath, Exchange: exchange,
 		Endpoint: url, Routes: []amqpRoute{{"orders", "orders.#"}},
 	}
 	file := writeFile(t, t.TempDir(), "out.yaml", res.YAML(t))

@@ -26,6 +26,7 @@ type amqpResource struct {
 	Name      string
 	Direction policy.Direction
 	Broker    string // host:port; empty means rabbitAddr
+	VHost     string // the URL's path after "/", escaped; empty means the default vhost
 	Exchange  string // empty means amq.topic
 	// Queue, inbound only: empty Name asks the broker to name one.
 	QueueName string
@@ -51,7 +52,7 @@ func (r amqpResource) YAML(t testing.TB) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "apiVersion: connector.weida.dev/v1alpha1\nkind: Connector\nmetadata:\n  name: %s\nspec:\n", r.Name)
 	fmt.Fprintf(&b, "  protocol: amqp\n  direction: %s\n", r.Direction)
-	fmt.Fprintf(&b, "  broker:\n    url: amqp://%s/\n    clientID: %s-%s\n", broker, r.Name, unique())
+	fmt.Fprintf(&b, "  broker:\n    url: amqp://%s/%s\n    clientID: %s-%s\n", broker, r.VHost, r.Name, unique())
 	b.WriteString("    credentials:\n      username: guest\n      password: {env: AMQP_PASSWORD}\n")
 	b.WriteString("    amqp:\n")
 	if r.Exchange != "" {
@@ -99,6 +100,15 @@ type amqpClient struct {
 
 func amqpConnect(t testing.TB, addr string) *amqpClient {
 	t.Helper()
+	return amqpConnectVHost(t, addr, "")
+}
+
+// amqpConnectVHost connects to the virtual host the escaped path names.
+func amqpConnectVHost(t testing.TB, addr, vhost string) *amqpClient {
+	t.Helper()
+	if vhost != "" {
+		addr += "/" + vhost
+	}
 	c, err := amqpDial(addr)
 	if err != nil {
 		t.Fatalf("amqp connect %s: %v", addr, err)
@@ -107,8 +117,13 @@ func amqpConnect(t testing.TB, addr string) *amqpClient {
 	return c
 }
 
+// amqpDial connects to addr, which may end with a virtual host path
+// ("host:port/vhost"; none means the default).
 func amqpDial(addr string) (*amqpClient, error) {
-	conn, err := amqp.Dial("amqp://guest:guest@" + addr + "/")
+	if !strings.Contains(addr, "/") {
+		addr += "/"
+	}
+	conn, err := amqp.Dial("amqp://guest:guest@" + addr)
 	if err != nil {
 		return nil, err
 	}
@@ -193,7 +208,7 @@ type amqpCollector struct {
 
 func amqpCollect(t testing.TB, addr, exchange string, keys ...string) *amqpCollector {
 	t.Helper()
-	c := amqpConnect(t, addr)
+	c := amqpConnect(t, addr) // addr may end with a virtual host path
 	q, err := c.ch.QueueDeclare("", false, true, true, false, nil)
 	if err != nil {
 		t.Fatal(err)
