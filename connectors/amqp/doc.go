@@ -8,10 +8,12 @@
 //
 // # Reconnection
 //
-// amqp091-go does not reconnect on its own (its experimental Recovery option
-// is left off: it gives up after a fixed number of attempts, and the driver
-// must know when delivery tags become void). Each Source and Sink runs one
-// supervisor goroutine that keeps one connection with one channel up:
+// amqp091-go does not reconnect by default. Its experimental Recovery
+// option is left off: it retries at a fixed interval a bounded number of
+// times, replays the topology it recorded rather than what the resource
+// declares, and reopens channels underneath the driver, which must know
+// exactly when delivery tags become void. Instead each Source and Sink runs
+// one supervisor goroutine that keeps one connection with one channel up:
 //
 //   - it connects (TCP, TLS for amqps://, AMQP handshake, bounded by
 //     Config.ConnectTimeout), opens the channel and declares what the
