@@ -119,11 +119,12 @@
 // header [LoopHeader] (the connector's loop marker) and [SeqHeader] (its
 // publish sequence number, to match returns with confirms).
 //
-// Not carried, and declared by the resource as losses: priority, expiration
-// (expiry), reply_to (reply-to), correlation_id, message_id, timestamp, type,
-// user_id, app_id, content_encoding and every other header (properties);
-// the delivery mode of inbound messages (outbound publishes are persistent);
-// ordering; the empty routing key, which the runtime drops in both
-// directions (empty-routing-key); routing keys that are not UTF-8
-// (non-utf8-names); weida topics longer than 255 bytes (topic-length).
+// Not carried inbound, and declared by inbound resources as losses:
+// priority, expiration (expiry), reply_to (reply-to), correlation_id,
+// message_id, timestamp, type, user_id, app_id, content_encoding, the
+// delivery mode and every other header (properties). A weida message has
+// nothing else to lose outbound. Dropped and counted: the empty routing key,
+// in both directions (empty-routing-key); inbound, routing keys that are not
+// UTF-8 (non-utf8-names); outbound, weida topics longer than 255 bytes
+// (topic-length). Ordering is not kept (ordering).
 package amqp
