@@ -259,6 +259,12 @@ func TestBindingOptions(t *testing.T) {
 					t.Errorf("%+v %+v", c.Broker, c.Broker.AMQP)
 				}
 			}},
+		{"amqp vhost with an escaped slash", edit(t, amqpOut, "amqp://127.0.0.1:5672/", "amqp://127.0.0.1:5672/team%2Fprod"),
+			func(t *testing.T, c *Connector) {
+				if c.Broker.VHost != "team/prod" {
+					t.Errorf("vhost %q, want team/prod", c.Broker.VHost)
+				}
+			}},
 		{"amqp queue and prefetch from inFlight", edit(t, amqpIn, "  weida:\n", "    amqp: {queue: {name: q, durable: true, exclusive: false}}\n  limits: {inFlight: 32}\n  weida:\n"),
 			func(t *testing.T, c *Connector) {
 				if *c.Broker.AMQP != (AMQP{Exchange: "amq.topic", Queue: AMQPQueue{Name: "q", Durable: true}, Prefetch: 32}) {

@@ -206,7 +206,9 @@ func brokerURLProblem(protocol, raw string) *urlProblem {
 	if protocol != "amqp" && u.Path != "" && u.Path != "/" {
 		return &urlProblem{"broker-url", "must not have a path", "write " + example}
 	}
-	if protocol == "amqp" && strings.Count(strings.TrimPrefix(u.Path, "/"), "/") > 0 {
+	// The escaped path, so that a virtual host written with %2F counts as
+	// one segment, as the hint says.
+	if protocol == "amqp" && strings.Count(strings.TrimPrefix(u.EscapedPath(), "/"), "/") > 0 {
 		return &urlProblem{"broker-url", "the path is the virtual host, which must be one path segment (write %2F for '/')",
 			"write amqp://127.0.0.1:5672/ for the default virtual host, or amqp://host:5672/name"}
 	}
