@@ -214,6 +214,7 @@ type ResourceStatus struct {
 		Received     uint64            `json:"received"`
 		Bridged      uint64            `json:"bridged"`
 		Acknowledged uint64            `json:"acknowledged"`
+		InFlight     int64             `json:"inFlight"`
 		Dropped      map[string]uint64 `json:"dropped"`
 		Reconnects   uint64            `json:"reconnects"`
 		Subscribers  int               `json:"weidaSubscribers"`
@@ -278,4 +279,16 @@ func ctx(t testing.TB, d time.Duration) context.Context {
 	c, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)
 	return c
+}
+
+// Quiesce waits until the named inbound resource has settled everything it
+// read (nothing in flight, every message received acknowledged). Take
+// counter baselines after it: a weida subscriber can see a copy before the
+// bridge has counted and acknowledged it.
+func (c *Connector) Quiesce(name string) {
+	c.t.Helper()
+	Eventually(c.t, 10*time.Second, name+" to settle what it read", func() bool {
+		st, ok := c.Status(name)
+		return ok && st.Counters.InFlight == 0 && st.Counters.Acknowledged == st.Counters.Received
+	})
 }

@@ -32,6 +32,7 @@ func TestMQTTInboundWildcards(t *testing.T) {
 	sub := collectWeida(t, endpoint, weida.Limits{}, "#")
 	pub := mqttConnect(t, mosquittoAddr, "pub-"+u)
 	sub.Sync(20*time.Second, "probe-"+u, func() { pub.publish(t, 1, u+"/factory", "probe-"+u) })
+	c.Quiesce("mqtt-in")
 	base, _ := c.Status("mqtt-in")
 
 	cases := []struct {

@@ -36,6 +36,7 @@ func TestNATSInbound(t *testing.T) {
 		}
 	}
 	sub.Sync(20*time.Second, "probe-"+u, func() { publish(u+".orders.probe.created", "probe-"+u, nil) })
+	c.Quiesce("nats-in")
 	base, _ := c.Status("nats-in")
 
 	long := u + ".orders." + strings.Repeat("x", 260) + ".created"
