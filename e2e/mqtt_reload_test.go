@@ -42,6 +42,7 @@ func TestMQTTReload(t *testing.T) {
 	Eventually(t, 20*time.Second, "the reload applied", func() bool { return strings.Contains(c.Output(), "reload applied") })
 	c.WaitReady(30 * time.Second)
 	sub.Sync(20*time.Second, "probe-b", func() { pub.publish(t, 1, u+"/b/probe", "probe-b") })
+	c.Quiesce("mqtt-reload")
 	base, _ := c.Status("mqtt-reload")
 	pub.publish(t, 1, u+"/a/2", "after")
 	pub.publish(t, 1, u+"/b/2/deep", "after")
