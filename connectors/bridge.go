@@ -8,6 +8,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"weida.dev/connector/policy"
 	"weida.dev/connector/weida"
 	"weida.dev/connector/weida/topic"
@@ -135,6 +137,32 @@ type Bridge struct {
 
 	routeByForeign map[string]Route // routes keyed by foreign filter
 	weidaFilters   []string         // distinct weida filters, outbound subscriptions
+	m              series
+}
+
+// series are the bridge's metric children, resolved once: a label lookup
+// per message costs more than the count itself.
+type series struct {
+	received, acked, copiesQueued, copiesDropped prometheus.Counter
+	inFlight                                     prometheus.Gauge
+	latency                                      prometheus.Observer
+	bridged                                      map[string]prometheus.Counter // by route name
+}
+
+func newSeries(m *Metrics, name string, routes []Route) series {
+	s := series{
+		received:      m.Received.WithLabelValues(name),
+		acked:         m.Acknowledged.WithLabelValues(name),
+		copiesQueued:  m.CopiesQueued.WithLabelValues(name, "queued"),
+		copiesDropped: m.CopiesQueued.WithLabelValues(name, "dropped"),
+		inFlight:      m.InFlight.WithLabelValues(name),
+		latency:       m.Latency.WithLabelValues(name),
+		bridged:       make(map[string]prometheus.Counter, len(routes)),
+	}
+	for _, r := range routes {
+		s.bridged[r.Name] = m.Bridged.WithLabelValues(name, r.Name)
+	}
+	return s
 }
 
 // NewInbound returns a bridge from a broker (through the Source newSource
@@ -164,6 +192,7 @@ func newBridge(spec Spec, deps Deps) *Bridge {
 		log:            log,
 		routeByForeign: make(map[string]Route, len(spec.Routes)),
 	}
+	b.m = newSeries(deps.Metrics, spec.Name, spec.Routes)
 	seen := make(map[string]bool)
 	for _, r := range spec.Routes {
 		b.routeByForeign[r.Foreign] = r
@@ -319,15 +348,15 @@ func (b *Bridge) handleInbound(ctx context.Context, m *Message, ack AckFunc) {
 	}
 	b.count.received.Add(1)
 	b.count.inFlight.Add(1)
-	b.deps.Metrics.Received.WithLabelValues(name).Inc()
-	b.deps.Metrics.InFlight.WithLabelValues(name).Inc()
+	b.m.received.Inc()
+	b.m.inFlight.Inc()
 	settle := func(err error) {
 		ack(err)
 		b.count.inFlight.Add(-1)
-		b.deps.Metrics.InFlight.WithLabelValues(name).Dec()
+		b.m.inFlight.Dec()
 		if err == nil {
 			b.count.acked.Add(1)
-			b.deps.Metrics.Acknowledged.WithLabelValues(name).Inc()
+			b.m.acked.Inc()
 		}
 	}
 	if m.Looped {
@@ -377,18 +406,18 @@ func (b *Bridge) handleInbound(ctx context.Context, m *Message, ack AckFunc) {
 		return
 	}
 	if res.Dropped > 0 {
-		b.deps.Metrics.CopiesQueued.WithLabelValues(name, "dropped").Add(float64(res.Dropped))
+		b.m.copiesDropped.Add(float64(res.Dropped))
 		b.count.drop(ReasonSubscriberBuf, uint64(res.Dropped))
 		b.deps.Metrics.Dropped.WithLabelValues(name, route.Name, ReasonSubscriberBuf).Add(float64(res.Dropped))
 		b.rlog.Log(slog.LevelWarn, "drop:"+ReasonSubscriberBuf, "a weida subscriber is too slow; its copies are dropped",
 			slog.String("route", route.Name), slog.Int("copies", res.Dropped))
 	}
 	if res.Queued > 0 {
-		b.deps.Metrics.CopiesQueued.WithLabelValues(name, "queued").Add(float64(res.Queued))
+		b.m.copiesQueued.Add(float64(res.Queued))
 	}
 	b.count.bridged.Add(1)
-	b.deps.Metrics.Bridged.WithLabelValues(name, route.Name).Inc()
-	b.deps.Metrics.Latency.WithLabelValues(name).Observe(b.deps.Now().Sub(time.Unix(0, m.ReceivedUnixNano)).Seconds())
+	b.m.bridged[route.Name].Inc()
+	b.m.latency.Observe(b.deps.Now().Sub(time.Unix(0, m.ReceivedUnixNano)).Seconds())
 	settle(nil)
 }
 
@@ -506,7 +535,6 @@ type outboundItem struct {
 }
 
 func (b *Bridge) receiveLoop(ctx context.Context, sub *weida.Subscriber, work chan<- outboundItem) error {
-	name := b.spec.Name
 	for {
 		wm, err := sub.Receive(ctx)
 		if err != nil {
@@ -514,7 +542,7 @@ func (b *Bridge) receiveLoop(ctx context.Context, sub *weida.Subscriber, work ch
 		}
 		now := b.deps.Now()
 		b.count.received.Add(1)
-		b.deps.Metrics.Received.WithLabelValues(name).Inc()
+		b.m.received.Inc()
 		ft, err := b.spec.Policy.TopicFromWeida(wm.Topic)
 		if err != nil {
 			b.drop("", refusalRule(err), slog.LevelWarn, "weida topic has no exact broker form; dropped", slog.String("weida_topic", wm.Topic), slog.String("why", err.Error()))
@@ -538,12 +566,12 @@ func (b *Bridge) receiveLoop(ctx context.Context, sub *weida.Subscriber, work ch
 			ReceivedUnixNano: now.UnixNano(),
 		}
 		b.count.inFlight.Add(1)
-		b.deps.Metrics.InFlight.WithLabelValues(name).Inc()
+		b.m.inFlight.Inc()
 		select {
 		case work <- outboundItem{route: route, msg: m}:
 		case <-ctx.Done():
 			b.count.inFlight.Add(-1)
-			b.deps.Metrics.InFlight.WithLabelValues(name).Dec()
+			b.m.inFlight.Dec()
 			b.drop(route.Name, ReasonShutdown, slog.LevelWarn, "stopping; message not published", slog.String("topic", ft))
 			return ctx.Err()
 		}
@@ -575,18 +603,17 @@ func (b *Bridge) outboundRoute(t string) (Route, string) {
 // writeOutbound publishes one message, retrying while the broker is
 // unreachable, and settles its counters.
 func (b *Bridge) writeOutbound(ctx context.Context, sink Sink, it outboundItem) {
-	name := b.spec.Name
 	defer func() {
 		b.count.inFlight.Add(-1)
-		b.deps.Metrics.InFlight.WithLabelValues(name).Dec()
+		b.m.inFlight.Dec()
 	}()
 	const maxAttempts = 5
 	for attempt := 1; ; attempt++ {
 		err := sink.Write(ctx, it.msg)
 		if err == nil {
 			b.count.bridged.Add(1)
-			b.deps.Metrics.Bridged.WithLabelValues(name, it.route.Name).Inc()
-			b.deps.Metrics.Latency.WithLabelValues(name).Observe(b.deps.Now().Sub(time.Unix(0, it.msg.ReceivedUnixNano)).Seconds())
+			b.m.bridged[it.route.Name].Inc()
+			b.m.latency.Observe(b.deps.Now().Sub(time.Unix(0, it.msg.ReceivedUnixNano)).Seconds())
 			return
 		}
 		var u Unroutable
