@@ -464,9 +464,15 @@ func (b *Bridge) runOutbound(ctx context.Context) error {
 	stopDrain := context.AfterFunc(ctx, func() {
 		time.AfterFunc(b.deps.drain(), cancelWrites)
 	})
-	work := make(chan outboundItem, b.spec.inFlight())
+	writers := b.spec.inFlight()
+	if w, ok := sink.(Windowed); ok {
+		if n := w.Window(); n > 0 && n < writers {
+			writers = n
+		}
+	}
+	work := make(chan outboundItem, writers)
 	var wg sync.WaitGroup
-	for range b.spec.inFlight() {
+	for range writers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

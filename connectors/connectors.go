@@ -84,6 +84,13 @@ type Sink interface {
 	Close(ctx context.Context) error
 }
 
+// Windowed is implemented by a Sink whose broker bounds the publishes it
+// holds unacknowledged per connection (MQTT's Receive Maximum). The runtime
+// then runs no more concurrent writers than Window: writers beyond it would
+// only wait inside the client library, and waking them costs CPU. Window is
+// called after Start; zero means no bound.
+type Windowed interface{ Window() int }
+
 // Unroutable is implemented by errors a Sink returns when the broker took a
 // message but had nowhere to route it (AMQP mandatory return, MQTT PUBACK
 // "no matching subscribers"). The runtime counts them instead of retrying.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/eclipse/paho.golang/autopaho"
@@ -24,13 +25,29 @@ type Sink struct {
 	report connectors.StateFunc
 	log    *slog.Logger
 
+	window atomic.Int32 // the broker's Receive Maximum, from the last CONNACK
+
 	mu     sync.Mutex
 	cm     *autopaho.ConnectionManager
 	cancel context.CancelFunc
 	once   sync.Once
 }
 
-var _ connectors.Sink = (*Sink)(nil)
+var (
+	_ connectors.Sink     = (*Sink)(nil)
+	_ connectors.Windowed = (*Sink)(nil)
+)
+
+// Window implements [connectors.Windowed]: with QoS 1, the broker's Receive
+// Maximum bounds the PUBLISHes awaiting a PUBACK (Mosquitto advertises 20),
+// so more concurrent writers would only queue inside paho. QoS 0 has no
+// window.
+func (s *Sink) Window() int {
+	if s.cfg.QoS == 0 {
+		return 0
+	}
+	return int(s.window.Load())
+}
 
 // NewSink returns a Sink; it connects on Start.
 func NewSink(cfg Config, report connectors.StateFunc) (*Sink, error) {
@@ -46,7 +63,12 @@ func (s *Sink) Start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	cc.OnConnectionUp = func(*autopaho.ConnectionManager, *paho.Connack) {
+	cc.OnConnectionUp = func(_ *autopaho.ConnectionManager, ca *paho.Connack) {
+		window := int32(65535) // MQTT 5: an absent Receive Maximum means 65,535
+		if ca != nil && ca.Properties != nil && ca.Properties.ReceiveMaximum != nil {
+			window = int32(*ca.Properties.ReceiveMaximum)
+		}
+		s.window.Store(window)
 		s.report(connectors.ConnState{Up: true, Reason: "Connected"})
 	}
 	cc.OnConnectionDown = func() bool {
