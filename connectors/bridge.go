@@ -401,7 +401,11 @@ func (b *Bridge) handleInbound(ctx context.Context, m *Message, ack AckFunc) {
 			settle(err)
 			return
 		}
-		b.drop(route.Name, ReasonTooLarge, slog.LevelWarn, "weida refused the message; dropped", slog.String("topic", m.Topic), slog.Any("err", err))
+		reason := ReasonWeidaRefused
+		if errors.Is(err, weida.ErrPayloadTooLarge) {
+			reason = ReasonTooLarge
+		}
+		b.drop(route.Name, reason, slog.LevelWarn, "weida refused the message; dropped", slog.String("topic", m.Topic), slog.Any("err", err))
 		settle(nil)
 		return
 	}

@@ -11,7 +11,8 @@ const (
 	ReasonLoop          = "loop"           // the message carries our own loop marker
 	ReasonNoRoute       = "no-route"       // no route's filter selects the topic
 	ReasonGuardMismatch = "guard-mismatch" // converted topic escapes the route's converted filter: a defect
-	ReasonTooLarge      = "too-large"      // payload over spec.limits.maxMessageBytes
+	ReasonTooLarge      = "too-large"      // payload over spec.limits.maxMessageBytes, or over a weida subscriber's whole budget
+	ReasonWeidaRefused  = "weida-refused"  // the weida publisher refused the message (a field over its cap)
 	ReasonSubscriberBuf = "subscriber-buffer-full"
 	ReasonUnroutable    = "unroutable"      // the broker had nowhere to route it
 	ReasonPublishFailed = "publish-failed"  // the broker refused it or the write failed for good
