@@ -133,7 +133,7 @@ func TestPositions(t *testing.T) {
 		t.Errorf("route source %v", c.Routes[0].Source)
 	}
 	// A missing field points at its parent's key.
-	set, err = loadFiles(t, "r.yaml", edit(t, mqttIn, "    url: mqtt://127.0.0.1:1883\n", ""))
+	_, err = loadFiles(t, "r.yaml", edit(t, mqttIn, "    url: mqtt://127.0.0.1:1883\n", ""))
 	if e := Errors(err)[0]; e.Position != (Position{"r.yaml", 8, 3}) {
 		t.Errorf("missing url reported at %v, want the broker key at 8:3", e.Position)
 	}

@@ -213,15 +213,14 @@ func (d *demo) run(ctx context.Context) error {
 
 	// 1. Configuration time: the refused resource never runs.
 	d.printf("1. Checking resources, as `connector check` and `connector run` do\n\n")
-	set, err := resources.Load(refusedFile)
-	if err == nil {
+	if _, err := resources.Load(refusedFile); err == nil {
 		d.fail("the resource with route orders.> was accepted")
 	} else {
 		for _, fe := range resources.Errors(err) {
 			d.printf("  REFUSED  %s: %s = %q\n           %s [%s]\n           hint: %s\n", fe.Resource, fe.Field, fe.Value, fe.Message, fe.Rule, fe.Hint)
 		}
 	}
-	set, err = resources.Load(resFile)
+	set, err := resources.Load(resFile)
 	if err != nil {
 		return fmt.Errorf("demo resources: %w", err)
 	}

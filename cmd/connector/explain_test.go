@@ -146,7 +146,7 @@ func TestExplainText(t *testing.T) {
 		t.Errorf("code %d:\n%s", code, out)
 	}
 	// All converted: exit 0.
-	code, out, _ = runCLI(t, "", "explain", "--protocol", "amqp", "--filter", "a.#.*", "--jetstream=false")
+	code, _, _ = runCLI(t, "", "explain", "--protocol", "amqp", "--filter", "a.#.*", "--jetstream=false")
 	if code != exitUsage {
 		t.Errorf("--jetstream with amqp: code %d", code)
 	}
