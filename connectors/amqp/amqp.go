@@ -458,3 +458,70 @@ func headerString(h amqp.Table, key string) string {
 	}
 	return ""
 }
+
+// lifecycle is what a Source and a Sink share: Start runs once, Close runs
+// once, and Close stops the supervisor Start began and waits for it.
+type lifecycle struct {
+	closed    chan struct{} // closed by Close
+	closeOnce sync.Once
+
+	startMu sync.Mutex // guards started, cancel and sv
+	started bool
+	cancel  context.CancelFunc // ends the supervisor; nil before start
+	sv      *supervisor
+}
+
+func newLifecycle() lifecycle { return lifecycle{closed: make(chan struct{})} }
+
+// start runs sv until close, and waits for its first connection, for the
+// lifecycle to close, or for ctx. what names the side in errors ("Source",
+// "consuming from") and url is redacted.
+func (l *lifecycle) start(ctx context.Context, side, doing, url string, sv *supervisor) error {
+	l.startMu.Lock()
+	if l.started {
+		l.startMu.Unlock()
+		return fmt.Errorf("amqp: %s started twice", side)
+	}
+	select {
+	case <-l.closed:
+		l.startMu.Unlock()
+		return connectors.ErrClosed
+	default:
+	}
+	l.started = true
+	runCtx, cancel := context.WithCancel(context.Background())
+	l.cancel, l.sv = cancel, sv
+	// Started under the lock, so that a concurrent close either stops
+	// start here or finds the supervisor to wait for.
+	go sv.run(runCtx)
+	l.startMu.Unlock()
+	select {
+	case <-sv.first:
+		return nil
+	case <-l.closed:
+		return connectors.ErrClosed
+	case <-ctx.Done():
+		return fmt.Errorf("amqp: %s %s: %w", doing, redactURL(url), ctx.Err())
+	}
+}
+
+// close closes the lifecycle and waits up to ctx for the supervisor.
+func (l *lifecycle) close(ctx context.Context) error {
+	var err error
+	l.closeOnce.Do(func() {
+		close(l.closed)
+		l.startMu.Lock()
+		cancel, sv := l.cancel, l.sv
+		l.startMu.Unlock()
+		if cancel == nil {
+			return
+		}
+		cancel()
+		select {
+		case <-sv.done:
+		case <-ctx.Done():
+			err = fmt.Errorf("amqp: closing: %w", ctx.Err())
+		}
+	})
+	return err
+}

@@ -51,13 +51,9 @@ type Sink struct {
 	report connectors.StateFunc
 	log    *slog.Logger
 
-	closed    chan struct{}
-	closeOnce sync.Once
+	lifecycle
 
 	mu      sync.Mutex
-	started bool
-	cancel  context.CancelFunc
-	sv      *supervisor
 	cur     *publisher // nil while disconnected
 	pending *publisher // built by setup, published by up
 }
@@ -87,27 +83,14 @@ func NewSink(cfg Config, report connectors.StateFunc) (*Sink, error) {
 	if report == nil {
 		report = func(connectors.ConnState) {}
 	}
-	return &Sink{cfg: cfg, report: report, log: cfg.logger(), closed: make(chan struct{})}, nil
+	return &Sink{cfg: cfg, report: report, log: cfg.logger(), lifecycle: newLifecycle()}, nil
 }
 
 // Start connects, declares the exchange and puts the channel in confirm
 // mode. It returns once that is done the first time, or when ctx ends; the
 // Sink keeps reconnecting by itself until Close. Start may be called once.
 func (s *Sink) Start(ctx context.Context) error {
-	s.mu.Lock()
-	if s.started {
-		s.mu.Unlock()
-		return errors.New("amqp: Sink started twice")
-	}
-	select {
-	case <-s.closed:
-		s.mu.Unlock()
-		return connectors.ErrClosed
-	default:
-	}
-	s.started = true
-	runCtx, cancel := context.WithCancel(context.Background())
-	sv := &supervisor{
+	return s.start(ctx, "Sink", "publishing to", s.cfg.URL, &supervisor{
 		cfg:    &s.cfg,
 		report: s.report,
 		log:    s.log,
@@ -116,18 +99,7 @@ func (s *Sink) Start(ctx context.Context) error {
 		down:   s.down,
 		first:  make(chan struct{}),
 		done:   make(chan struct{}),
-	}
-	s.cancel, s.sv = cancel, sv
-	go sv.run(runCtx)
-	s.mu.Unlock()
-	select {
-	case <-sv.first:
-		return nil
-	case <-s.closed:
-		return connectors.ErrClosed
-	case <-ctx.Done():
-		return fmt.Errorf("amqp: publishing to %s: %w", redactURL(s.cfg.URL), ctx.Err())
-	}
+	})
 }
 
 func (s *Sink) setup(l *link) (string, error) {
@@ -342,22 +314,4 @@ func (s *Sink) publishing(m *connectors.Message, seq uint64) amqp.Publishing {
 // Close closes the connection, waiting up to ctx for the close handshake and
 // the Sink's goroutines. Writes still waiting for a confirm return an error
 // wrapping [connectors.ErrNotConnected]. Close may be called more than once.
-func (s *Sink) Close(ctx context.Context) error {
-	var err error
-	s.closeOnce.Do(func() {
-		close(s.closed)
-		s.mu.Lock()
-		cancel, sv := s.cancel, s.sv
-		s.mu.Unlock()
-		if cancel == nil {
-			return
-		}
-		cancel()
-		select {
-		case <-sv.done:
-		case <-ctx.Done():
-			err = fmt.Errorf("amqp: closing: %w", ctx.Err())
-		}
-	})
-	return err
-}
+func (s *Sink) Close(ctx context.Context) error { return s.close(ctx) }

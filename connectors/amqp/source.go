@@ -2,7 +2,6 @@ package amqp
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -31,13 +30,9 @@ type Source struct {
 	report connectors.StateFunc
 	log    *slog.Logger
 
-	closed    chan struct{}
-	closeOnce sync.Once
-	cancel    context.CancelFunc // ends the supervisor; nil before Start
-	sv        *supervisor
+	lifecycle
 
 	mu      sync.Mutex
-	started bool
 	cur     *session      // nil while disconnected
 	changed chan struct{} // closed and replaced whenever cur changes
 	pending *session      // built by setup, published by up
@@ -144,11 +139,11 @@ func NewSource(cfg Config, report connectors.StateFunc) (*Source, error) {
 		report = func(connectors.ConnState) {}
 	}
 	return &Source{
-		cfg:     cfg,
-		report:  report,
-		log:     cfg.logger(),
-		closed:  make(chan struct{}),
-		changed: make(chan struct{}),
+		cfg:       cfg,
+		report:    report,
+		log:       cfg.logger(),
+		lifecycle: newLifecycle(),
+		changed:   make(chan struct{}),
 	}, nil
 }
 
@@ -159,21 +154,8 @@ func NewSource(cfg Config, report connectors.StateFunc) (*Source, error) {
 // and binds again and resumes consuming by itself after every loss, until
 // Close. Start may be called once.
 func (s *Source) Start(ctx context.Context, filters []string) error {
-	s.mu.Lock()
-	if s.started {
-		s.mu.Unlock()
-		return errors.New("amqp: Source started twice")
-	}
-	select {
-	case <-s.closed:
-		s.mu.Unlock()
-		return connectors.ErrClosed
-	default:
-	}
-	s.started = true
 	keys := append([]string(nil), filters...)
-	runCtx, cancel := context.WithCancel(context.Background())
-	sv := &supervisor{
+	return s.start(ctx, "Source", "consuming from", s.cfg.URL, &supervisor{
 		cfg:    &s.cfg,
 		report: s.report,
 		log:    s.log,
@@ -182,20 +164,7 @@ func (s *Source) Start(ctx context.Context, filters []string) error {
 		down:   s.down,
 		first:  make(chan struct{}),
 		done:   make(chan struct{}),
-	}
-	s.cancel, s.sv = cancel, sv
-	// Started under the lock, so that a concurrent Close either stops
-	// Start here or finds the supervisor to wait for.
-	go sv.run(runCtx)
-	s.mu.Unlock()
-	select {
-	case <-sv.first:
-		return nil
-	case <-s.closed:
-		return connectors.ErrClosed
-	case <-ctx.Done():
-		return fmt.Errorf("amqp: consuming from %s: %w", redactURL(s.cfg.URL), ctx.Err())
-	}
+	})
 }
 
 // setup declares and binds the queue and starts the consumer on a fresh
@@ -407,22 +376,4 @@ func (s *Source) acker(sess *session, tag uint64) connectors.AckFunc {
 // Close stops consuming and closes the connection, waiting up to ctx for the
 // close handshake and the Source's goroutines. Deliveries read and not
 // settled are requeued by the broker. Close may be called more than once.
-func (s *Source) Close(ctx context.Context) error {
-	var err error
-	s.closeOnce.Do(func() {
-		close(s.closed)
-		s.mu.Lock()
-		cancel, sv := s.cancel, s.sv
-		s.mu.Unlock()
-		if cancel == nil {
-			return
-		}
-		cancel()
-		select {
-		case <-sv.done:
-		case <-ctx.Done():
-			err = fmt.Errorf("amqp: closing: %w", ctx.Err())
-		}
-	})
-	return err
-}
+func (s *Source) Close(ctx context.Context) error { return s.close(ctx) }
