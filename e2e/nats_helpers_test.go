@@ -154,6 +154,13 @@ func startPrivateNATS(t testing.TB) *privateNATS {
 
 func (s *privateNATS) Addr() string { return fmt.Sprintf("127.0.0.1:%d", s.port) }
 
+// Pid returns the running server's process id.
+func (s *privateNATS) Pid() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cmd.Process.Pid
+}
+
 func (s *privateNATS) start() {
 	s.t.Helper()
 	cmd := exec.Command(natsServerBin, "-a", "127.0.0.1", "-p", fmt.Sprint(s.port), "-js", "-sd", s.dir)
