@@ -459,35 +459,29 @@ func (b *Bridge) runOutbound(ctx context.Context) error {
 		return err
 	}
 
-	// A fixed pool of writers bounds the broker writes under way; when all
-	// are busy the weida receive loop stops reading, and QUIC flow control
+	// The in-flight bound caps the broker writes under way; when it is
+	// reached the weida receive loop stops reading, and QUIC flow control
 	// pushes back on the remote publisher.
-	// Writers outlive ctx by the drain bound, so that a stop finishes the
+	// Writes outlive ctx by the drain bound, so that a stop finishes the
 	// writes already taken from weida instead of dropping them.
 	writeCtx, cancelWrites := context.WithCancel(context.WithoutCancel(ctx))
 	stopDrain := context.AfterFunc(ctx, func() {
 		time.AfterFunc(b.deps.drain(), cancelWrites)
 	})
-	writers := b.spec.inFlight()
+	limit := b.spec.inFlight()
 	if w, ok := sink.(Windowed); ok {
-		if n := w.Window(); n > 0 && n < writers {
-			writers = n
+		if n := w.Window(); n > 0 && n < limit {
+			limit = n
 		}
 	}
-	work := make(chan outboundItem, writers)
-	var wg sync.WaitGroup
-	for range writers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for it := range work {
-				b.writeOutbound(writeCtx, sink, it)
-			}
-		}()
+	var out outboundWriter
+	if aw, ok := sink.(AsyncWriter); ok {
+		out = b.newAsyncWrites(writeCtx, sink, aw, limit)
+	} else {
+		out = b.newWriterPool(writeCtx, sink, limit)
 	}
 	defer func() {
-		close(work)
-		wg.Wait()
+		out.wait()
 		stopDrain()
 		cancelWrites()
 	}()
@@ -519,7 +513,7 @@ func (b *Bridge) runOutbound(ctx context.Context) error {
 		}
 		attempt = 0
 		b.reportWeida(true, "Subscribed", fmt.Sprintf("%d filters on %s", len(b.weidaFilters), b.spec.Endpoint))
-		err = b.receiveLoop(ctx, sub, work)
+		err = b.receiveLoop(ctx, sub, out)
 		sub.Close()
 		if ctx.Err() != nil {
 			return nil
@@ -544,7 +538,7 @@ type outboundItem struct {
 	msg   *Message
 }
 
-func (b *Bridge) receiveLoop(ctx context.Context, sub *weida.Subscriber, work chan<- outboundItem) error {
+func (b *Bridge) receiveLoop(ctx context.Context, sub *weida.Subscriber, out outboundWriter) error {
 	for {
 		wm, err := sub.Receive(ctx)
 		if err != nil {
@@ -577,13 +571,10 @@ func (b *Bridge) receiveLoop(ctx context.Context, sub *weida.Subscriber, work ch
 		}
 		b.count.inFlight.Add(1)
 		b.m.inFlight.Inc()
-		select {
-		case work <- outboundItem{route: route, msg: m}:
-		case <-ctx.Done():
-			b.count.inFlight.Add(-1)
-			b.m.inFlight.Dec()
+		if err := out.submit(ctx, outboundItem{route: route, msg: m}); err != nil {
+			b.outboundSettled()
 			b.drop(route.Name, ReasonShutdown, slog.LevelWarn, "stopping; message not published", slog.String("topic", ft))
-			return ctx.Err()
+			return err
 		}
 	}
 }
@@ -610,20 +601,118 @@ func (b *Bridge) outboundRoute(t string) (Route, string) {
 	return Route{}, ReasonNoRoute
 }
 
-// writeOutbound publishes one message, retrying while the broker is
-// unreachable, and settles its counters.
-func (b *Bridge) writeOutbound(ctx context.Context, sink Sink, it outboundItem) {
-	defer func() {
-		b.count.inFlight.Add(-1)
-		b.m.inFlight.Dec()
-	}()
+// outboundWriter takes converted messages from the receive loop to the
+// Sink, at most the in-flight bound at a time.
+type outboundWriter interface {
+	// submit waits for room and starts writing it; it fails only when
+	// ctx ends first.
+	submit(ctx context.Context, it outboundItem) error
+	// wait returns once every submitted message is settled.
+	wait()
+}
+
+// writerPool drives a Sink that only has the blocking Write: a fixed pool
+// of goroutines, each writing one message at a time.
+type writerPool struct {
+	work chan outboundItem
+	wg   sync.WaitGroup
+}
+
+func (b *Bridge) newWriterPool(ctx context.Context, sink Sink, writers int) *writerPool {
+	p := &writerPool{work: make(chan outboundItem, writers)}
+	for range writers {
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			for it := range p.work {
+				b.finishWrite(ctx, sink, it, sink.Write(ctx, it.msg))
+				b.outboundSettled()
+			}
+		}()
+	}
+	return p
+}
+
+func (p *writerPool) submit(ctx context.Context, it outboundItem) error {
+	select {
+	case p.work <- it:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (p *writerPool) wait() {
+	close(p.work)
+	p.wg.Wait()
+}
+
+// asyncWrites drives an [AsyncWriter]: the receive loop starts each write
+// and the Sink reports its outcome. Only a failed write gets a goroutine,
+// which retries it with Write as the pool would.
+type asyncWrites struct {
+	b       *Bridge
+	ctx     context.Context // bounds retries, as the pool's writers
+	sink    Sink
+	aw      AsyncWriter
+	slots   chan struct{} // one token per write under way
+	pending sync.WaitGroup
+}
+
+func (b *Bridge) newAsyncWrites(ctx context.Context, sink Sink, aw AsyncWriter, limit int) *asyncWrites {
+	return &asyncWrites{b: b, ctx: ctx, sink: sink, aw: aw, slots: make(chan struct{}, limit)}
+}
+
+func (a *asyncWrites) submit(ctx context.Context, it outboundItem) error {
+	select {
+	case a.slots <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	a.pending.Add(1)
+	a.aw.WriteAsync(it.msg, func(err error) {
+		if err == nil {
+			a.b.written(it)
+			a.release()
+			return
+		}
+		go func() {
+			defer a.release()
+			a.b.finishWrite(a.ctx, a.sink, it, err)
+		}()
+	})
+	return nil
+}
+
+func (a *asyncWrites) release() {
+	a.b.outboundSettled()
+	<-a.slots
+	a.pending.Done()
+}
+
+func (a *asyncWrites) wait() { a.pending.Wait() }
+
+func (b *Bridge) outboundSettled() {
+	b.count.inFlight.Add(-1)
+	b.m.inFlight.Dec()
+}
+
+// written counts a message the broker accepted.
+func (b *Bridge) written(it outboundItem) {
+	b.count.bridged.Add(1)
+	b.m.bridged[it.route.Name].Inc()
+	b.m.latency.Observe(b.deps.Now().Sub(time.Unix(0, it.msg.ReceivedUnixNano)).Seconds())
+}
+
+// finishWrite settles a message whose first write returned err: it counts
+// it, or writes it again with Write while the broker is unreachable (or,
+// a few times, when it refused the message), until it is published or
+// dropped and counted.
+func (b *Bridge) finishWrite(ctx context.Context, sink Sink, it outboundItem, err error) {
 	const maxAttempts = 5
 	for attempt := 1; ; attempt++ {
-		err := sink.Write(ctx, it.msg)
 		if err == nil {
-			b.count.bridged.Add(1)
-			b.m.bridged[it.route.Name].Inc()
-			b.m.latency.Observe(b.deps.Now().Sub(time.Unix(0, it.msg.ReceivedUnixNano)).Seconds())
+			b.written(it)
 			return
 		}
 		var u Unroutable
@@ -636,7 +725,7 @@ func (b *Bridge) writeOutbound(ctx context.Context, sink Sink, it outboundItem) 
 			return
 		case errors.Is(err, ErrNotConnected):
 			// Wait for the driver to reconnect; the message is held, and
-			// the receive loop stalls once every writer is waiting.
+			// the receive loop stalls once the in-flight bound is reached.
 			if !sleep(ctx, b.deps.Backoff(min(attempt, 8))) {
 				b.drop(it.route.Name, ReasonShutdown, slog.LevelWarn, "stopping; message not published", slog.String("topic", it.msg.Topic))
 				return
@@ -653,6 +742,7 @@ func (b *Bridge) writeOutbound(ctx context.Context, sink Sink, it outboundItem) 
 				return
 			}
 		}
+		err = sink.Write(ctx, it.msg)
 	}
 }
 

@@ -84,6 +84,19 @@ type Sink interface {
 	Close(ctx context.Context) error
 }
 
+// AsyncWriter is implemented by a Sink that can confirm many messages with
+// one exchange with the broker (NATS core: one PING/PONG for every publish
+// before it). The runtime then hands it messages from its receive loop and
+// is told of each outcome, instead of keeping a goroutine parked in Write
+// for every message in flight.
+type AsyncWriter interface {
+	// WriteAsync starts publishing m and returns without waiting for the
+	// broker. done is called exactly once, from any goroutine (possibly
+	// before WriteAsync returns), with the error Write would have
+	// returned; it must not block. After Close, done gets [ErrClosed].
+	WriteAsync(m *Message, done func(error))
+}
+
 // Windowed is implemented by a Sink whose broker bounds the publishes it
 // holds unacknowledged per connection (MQTT's Receive Maximum). The runtime
 // then runs no more concurrent writers than Window: writers beyond it would
