@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -177,6 +178,9 @@ func TestReconnect(t *testing.T) {
 	if !errors.Is(err, connectors.ErrNotConnected) {
 		t.Fatalf("Write while down = %v, want ErrNotConnected", err)
 	}
+	if err := writeAsync(ctx, sink, &connectors.Message{Topic: "re.x", Payload: []byte("while down")}); !errors.Is(err, connectors.ErrNotConnected) {
+		t.Fatalf("WriteAsync while down = %v, want ErrNotConnected", err)
+	}
 
 	srv.start()
 	eventually(t, 20*time.Second, "both sides to reconnect", func() bool {
@@ -272,18 +276,35 @@ func TestSinkConcurrentWrites(t *testing.T) {
 	if err := sink.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
+	// Half the writers wait in Write, the other half start every publish
+	// with WriteAsync and count the outcomes: both share the rounds.
 	const writers, each = 32, 100
 	var wg sync.WaitGroup
-	errs := make(chan error, writers)
+	errs := make(chan error, writers*each)
 	for w := range writers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for i := range each {
-				if err := sink.Write(ctx, &connectors.Message{Topic: subject, Payload: fmt.Appendf(nil, "%d-%d", w, i)}); err != nil {
-					errs <- err
-					return
+				m := &connectors.Message{Topic: subject, Payload: fmt.Appendf(nil, "%d-%d", w, i)}
+				if w%2 == 0 {
+					if err := sink.Write(ctx, m); err != nil {
+						errs <- err
+						return
+					}
+					continue
 				}
+				wg.Add(1)
+				var once atomic.Int32
+				sink.WriteAsync(m, func(err error) {
+					if once.Add(1) != 1 {
+						errs <- errors.New("WriteAsync called done twice")
+					}
+					if err != nil {
+						errs <- err
+					}
+					wg.Done()
+				})
 			}
 		}()
 	}
@@ -291,6 +312,9 @@ func TestSinkConcurrentWrites(t *testing.T) {
 	close(errs)
 	for err := range errs {
 		t.Fatal(err)
+	}
+	if st := sink.Stats(); st.Confirmed != writers*each {
+		t.Errorf("Stats().Confirmed = %d, want %d", st.Confirmed, writers*each)
 	}
 	// Every Write returned after a PONG that followed its publish, and the
 	// server sends the PONG after it routed the publish: a PING of our own
@@ -310,6 +334,21 @@ func TestSinkConcurrentWrites(t *testing.T) {
 	}
 	if err := sink.Write(ctx, &connectors.Message{Topic: subject}); !errors.Is(err, connectors.ErrClosed) {
 		t.Fatalf("Write after Close = %v, want ErrClosed", err)
+	}
+	if err := writeAsync(ctx, sink, &connectors.Message{Topic: subject}); !errors.Is(err, connectors.ErrClosed) {
+		t.Fatalf("WriteAsync after Close = %v, want ErrClosed", err)
+	}
+}
+
+// writeAsync calls WriteAsync and waits for its outcome.
+func writeAsync(ctx context.Context, sink *Sink, m *connectors.Message) error {
+	done := make(chan error, 1)
+	sink.WriteAsync(m, func(err error) { done <- err })
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 }
 

@@ -95,7 +95,8 @@ func (s *Sink) coreMessage(m *connectors.Message) *natsgo.Msg {
 // flushRound is one PING/PONG round trip shared by the Writes that joined
 // it before it started.
 type flushRound struct {
-	msgs []*natsgo.Msg // guarded by Sink.fmu until the flusher takes the round; nil: withdrawn
+	msgs  []*natsgo.Msg // guarded by Sink.fmu until the flusher takes the round; nil: withdrawn
+	dones []func(error) // per message: WriteAsync's callback, nil for a Write
 
 	// Set by the flusher, valid once done is closed.
 	done                chan struct{}
@@ -104,7 +105,10 @@ type flushRound struct {
 	genBefore, genAfter uint64  // the reconnect count before the publishes and after the PONG
 }
 
-var _ connectors.Sink = (*Sink)(nil)
+var (
+	_ connectors.Sink        = (*Sink)(nil)
+	_ connectors.AsyncWriter = (*Sink)(nil)
+)
 
 // NewSink checks cfg and returns a Sink; it connects on Start.
 func NewSink(cfg Config, report connectors.StateFunc) (*Sink, error) {
@@ -195,22 +199,9 @@ func (s *Sink) onAsyncError(_ *natsgo.Conn, _ *natsgo.Subscription, err error) {
 
 // Write publishes m and waits for the server's confirmation.
 func (s *Sink) Write(ctx context.Context, m *connectors.Message) error {
-	select {
-	case <-s.closed:
-		return connectors.ErrClosed
-	default:
-	}
-	s.mu.Lock()
-	nc, js, running := s.nc, s.js, s.running
-	s.mu.Unlock()
-	if !running {
-		return fmt.Errorf("nats: publish %q: the Sink has not started: %w", m.Topic, connectors.ErrNotConnected)
-	}
-	if !nc.IsConnected() {
-		if nc.IsClosed() {
-			return connectors.ErrClosed
-		}
-		return fmt.Errorf("nats: publish %q: %w", m.Topic, connectors.ErrNotConnected)
+	nc, js, err := s.ready(m.Topic)
+	if err != nil {
+		return err
 	}
 	if js != nil {
 		// Not the shared header: nats.go adds the expected-stream header
@@ -225,17 +216,70 @@ func (s *Sink) Write(ctx context.Context, m *connectors.Message) error {
 	if err != nil {
 		return err
 	}
+	return s.outcome(nc, r, i)
+}
+
+// WriteAsync implements [connectors.AsyncWriter]. Core NATS: m joins the
+// next round and done is called when the round's PONG confirms it, by the
+// goroutine that runs the rounds. JetStream: done is called once the
+// stream's PubAck (or its absence) is known.
+func (s *Sink) WriteAsync(m *connectors.Message, done func(error)) {
+	nc, js, err := s.ready(m.Topic)
+	if err != nil {
+		done(err)
+		return
+	}
+	if js != nil {
+		go func() {
+			err := s.writeJetStream(context.Background(), nc, js, fromMessage(m, s.cfg.LoopMarker))
+			if err == nil {
+				s.published.Add(1)
+			}
+			done(err)
+		}()
+		return
+	}
+	if !s.enqueue(s.coreMessage(m), done) {
+		done(connectors.ErrClosed)
+	}
+}
+
+// ready returns the connection to publish on, or why there is none.
+func (s *Sink) ready(subject string) (*natsgo.Conn, jetstream.JetStream, error) {
+	select {
+	case <-s.closed:
+		return nil, nil, connectors.ErrClosed
+	default:
+	}
+	s.mu.Lock()
+	nc, js, running := s.nc, s.js, s.running
+	s.mu.Unlock()
+	if !running {
+		return nil, nil, fmt.Errorf("nats: publish %q: the Sink has not started: %w", subject, connectors.ErrNotConnected)
+	}
+	if !nc.IsConnected() {
+		if nc.IsClosed() {
+			return nil, nil, connectors.ErrClosed
+		}
+		return nil, nil, fmt.Errorf("nats: publish %q: %w", subject, connectors.ErrNotConnected)
+	}
+	return nc, js, nil
+}
+
+// outcome is what the Write of message i of the finished round r returns.
+func (s *Sink) outcome(nc *natsgo.Conn, r *flushRound, i int) error {
+	subject := r.msgs[i].Subject
 	if err := r.errs[i]; err != nil {
-		return s.publishErr(nc, m.Topic, err)
+		return s.publishErr(nc, subject, err)
 	}
 	if err := r.err; err != nil {
 		if errors.Is(err, natsgo.ErrConnectionClosed) && !nc.IsClosed() || errors.Is(err, natsgo.ErrTimeout) && !nc.IsConnected() {
-			return fmt.Errorf("nats: publish %q: connection lost before the server confirmed it: %w", m.Topic, connectors.ErrNotConnected)
+			return fmt.Errorf("nats: publish %q: connection lost before the server confirmed it: %w", subject, connectors.ErrNotConnected)
 		}
-		return fmt.Errorf("nats: publish %q: %w", m.Topic, err)
+		return fmt.Errorf("nats: publish %q: %w", subject, err)
 	}
 	if r.genAfter != r.genBefore {
-		return fmt.Errorf("nats: publish %q: the connection was replaced before the server confirmed it: %w", m.Topic, connectors.ErrNotConnected)
+		return fmt.Errorf("nats: publish %q: the connection was replaced before the server confirmed it: %w", subject, connectors.ErrNotConnected)
 	}
 	s.published.Add(1)
 	return nil
@@ -265,17 +309,7 @@ func (s *Sink) join(ctx context.Context, msg *natsgo.Msg) (*flushRound, int, err
 		s.fmu.Unlock()
 		return nil, 0, connectors.ErrClosed
 	}
-	r := s.next
-	if r == nil {
-		r = &flushRound{done: make(chan struct{})}
-		s.next = r
-		select {
-		case s.kick <- struct{}{}:
-		default: // the flusher is already due to look
-		}
-	}
-	i := len(r.msgs)
-	r.msgs = append(r.msgs, msg)
+	r, i := s.add(msg, nil)
 	s.fmu.Unlock()
 	select {
 	case <-r.done:
@@ -288,6 +322,36 @@ func (s *Sink) join(ctx context.Context, msg *natsgo.Msg) (*flushRound, int, err
 		s.fmu.Unlock()
 		return nil, 0, ctx.Err()
 	}
+}
+
+// enqueue adds msg to the round that has not started yet, with done to be
+// called with its outcome. It reports false after Close.
+func (s *Sink) enqueue(msg *natsgo.Msg, done func(error)) bool {
+	s.fmu.Lock()
+	defer s.fmu.Unlock()
+	if s.stopped {
+		return false
+	}
+	s.add(msg, done)
+	return true
+}
+
+// add appends msg to the waiting round, starting one if none waits. The
+// caller holds fmu.
+func (s *Sink) add(msg *natsgo.Msg, done func(error)) (*flushRound, int) {
+	r := s.next
+	if r == nil {
+		r = &flushRound{done: make(chan struct{})}
+		s.next = r
+		select {
+		case s.kick <- struct{}{}:
+		default: // the flusher is already due to look
+		}
+	}
+	i := len(r.msgs)
+	r.msgs = append(r.msgs, msg)
+	r.dones = append(r.dones, done)
+	return r, i
 }
 
 // runFlusher runs the rounds one after another: it takes the waiting round
@@ -326,6 +390,11 @@ func (s *Sink) runFlusher(nc *natsgo.Conn) {
 			r.genAfter = nc.Stats().Reconnects
 			s.rounds.Add(1)
 			close(r.done)
+			for i, done := range r.dones {
+				if done != nil {
+					done(s.outcome(nc, r, i))
+				}
+			}
 		}
 		if stop {
 			return
