@@ -150,8 +150,10 @@ func weidaDirectRig(t *testing.T) *benchRig {
 	return rig
 }
 
-func publishWeida(pub *weida.Publisher) error {
-	r, err := pub.Publish(context.Background(), weida.Message{Topic: benchSubject, Payload: benchPayload})
+func publishWeida(pub *weida.Publisher) error { return publishWeidaTopic(pub, benchSubject) }
+
+func publishWeidaTopic(pub *weida.Publisher, topic string) error {
+	r, err := pub.Publish(context.Background(), weida.Message{Topic: topic, Payload: benchPayload})
 	if err == nil && r.Dropped > 0 {
 		err = fmt.Errorf("weida dropped %d copies (%+v, %+v)", r.Dropped, r, pub)
 	}
@@ -271,8 +273,12 @@ func inboundRig(t *testing.T, addr string) *benchRig {
 
 // outboundRig: a weida publisher → connectors.Bridge with the NATS Sink
 // (dialling it, in this process) → nats-server → a nats.go subscriber.
-func outboundRig(t *testing.T, addr string) *benchRig {
-	p, routes := natsBenchRoute(t, natsBenchFilter("bench"))
+func outboundRig(t *testing.T, addr string, blockingWrites bool) *benchRig {
+	prefix := "bench"
+	if blockingWrites {
+		prefix = "benchw"
+	}
+	p, routes := natsBenchRoute(t, natsBenchFilter(prefix))
 	l, err := weida.Listen(context.Background(), "127.0.0.1:0", weida.ListenConfig{})
 	if err != nil {
 		t.Fatal(err)
@@ -283,9 +289,12 @@ func outboundRig(t *testing.T, addr string) *benchRig {
 	}
 	url := "weida://" + l.Fingerprint() + "@" + l.Addr().String() + "/bench"
 	rig := &benchRig{name: "weida → bridge → nats-server", delivered: make(chan struct{}, benchWindow)}
+	if blockingWrites {
+		rig.name += " (Write)"
+	}
 	sub := natsConn(t, addr)
 	done := make(chan struct{})
-	s, err := sub.Subscribe(natsBenchFilter("bench"), func(*natsgo.Msg) { signal(rig.delivered, done) })
+	s, err := sub.Subscribe(natsBenchFilter(prefix), func(*natsgo.Msg) { signal(rig.delivered, done) })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -303,13 +312,16 @@ func outboundRig(t *testing.T, addr string) *benchRig {
 		func(report connectors.StateFunc) (connectors.Sink, error) {
 			var err error
 			sink, err = natsconn.NewSink(natsconn.Config{URL: "nats://" + addr, Name: "bench-out", LoopMarker: "bench"}, report)
+			if blockingWrites {
+				return struct{ connectors.Sink }{sink}, err // hides WriteAsync
+			}
 			return sink, err
 		}, connectors.Deps{Metrics: connectors.NewMetrics(prometheus.NewRegistry())})
 	stopBridge := runBridge(t, b)
 	waitSubscribers(t, wpub, 1, 10*time.Second)
-	syncRig(t, rig, func() error { return publishWeida(wpub) })
+	syncRig(t, rig, func() error { return publishWeidaTopic(wpub, natsBenchSubject(prefix)) })
 	rig.publish = func() error {
-		if err := publishWeida(wpub); err != nil {
+		if err := publishWeidaTopic(wpub, natsBenchSubject(prefix)); err != nil {
 			return fmt.Errorf("%w; listener %+v; bridge %+v", err, l.Stats(), b.Status())
 		}
 		return nil
@@ -361,9 +373,10 @@ func TestNATSThroughput(t *testing.T) {
 		{"nats", func() *benchRig { return natsDirectRig(t, srv.Addr()) }},
 		{"weida", func() *benchRig { return weidaDirectRig(t) }},
 		{"in", func() *benchRig { return inboundRig(t, srv.Addr()) }},
-		{"out", func() *benchRig { return outboundRig(t, srv.Addr()) }},
+		{"out", func() *benchRig { return outboundRig(t, srv.Addr(), false) }},
+		{"out-write", func() *benchRig { return outboundRig(t, srv.Addr(), true) }},
 	} {
-		if only == "" || slices.Contains(strings.Split(only, ","), r.short) {
+		if only == "" && r.short != "out-write" || slices.Contains(strings.Split(only, ","), r.short) {
 			rigs = append(rigs, r.build())
 		}
 	}
@@ -400,7 +413,7 @@ func TestNATSThroughput(t *testing.T) {
 			rigs[i].name, med[i], slices.Min(rates[i]), slices.Max(rates[i]),
 			time.Duration(median(cpus[i])), time.Duration(median(serverCPUs[i])))
 	}
-	if len(rigs) < 4 {
+	if len(rigs) != 4 || only != "" {
 		return
 	}
 	// The machine is shared: a ratio taken within one round, where the
