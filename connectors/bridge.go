@@ -582,7 +582,7 @@ func (b *Bridge) receiveLoop(ctx context.Context, sub *weida.Subscriber, out out
 // outboundRoute finds the first route that may produce foreign topic t, or
 // the reason none may. A topic kept from a route only by the foreign
 // protocol's own exclusion (MQTT: '$' topics under a leading wildcard) is
-// counted apart, under the policy's rule for it.
+// counted apart, under the policy's AdmitRule.
 func (b *Bridge) outboundRoute(t string) (Route, string) {
 	g := b.spec.Policy.Grammar()
 	excluded := false
@@ -595,8 +595,8 @@ func (b *Bridge) outboundRoute(t string) (Route, string) {
 			return r, ""
 		}
 	}
-	if excluded {
-		return Route{}, policy.RuleMQTTDollarTopic
+	if rule := b.spec.Policy.AdmitRule(); excluded && rule != "" {
+		return Route{}, rule
 	}
 	return Route{}, ReasonNoRoute
 }

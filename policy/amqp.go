@@ -221,6 +221,7 @@ func (amqpWords) TopicFromWeida(w string) (string, error) {
 }
 
 func (amqpWords) Admit(string, string) bool { return true }
+func (amqpWords) AdmitRule() string         { return "" }
 
 func (amqpWords) Losses(dir Direction, _ Options) []Loss {
 	ls := []Loss{LossOrdering, LossDeliveryBestEffort, LossEmptyRoutingKey}

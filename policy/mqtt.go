@@ -355,6 +355,8 @@ func (mqttLevels) Admit(foreignFilter, foreignTopic string) bool {
 	return mqttAdmit(foreignFilter, foreignTopic)
 }
 
+func (mqttLevels) AdmitRule() string { return RuleMQTTDollarTopic }
+
 func (p mqttLevels) Losses(dir Direction, opts Options) []Loss {
 	ls := []Loss{LossOrdering, LossDeliveryBestEffort}
 	if opts.QoS == 0 {

@@ -166,6 +166,7 @@ func (natsTokens) TopicFromWeida(w string) (string, error) {
 }
 
 func (natsTokens) Admit(string, string) bool { return true }
+func (natsTokens) AdmitRule() string         { return "" }
 
 func (natsTokens) Losses(dir Direction, opts Options) []Loss {
 	ls := []Loss{LossOrdering, LossDeliveryBestEffort}

@@ -21,7 +21,7 @@
 //
 // At run time a bridge drops a message whose topic a conversion refuses and
 // counts it under [LossForRule](refusal.Rule); outbound it also drops (as
-// [RuleMQTTDollarTopic]) a topic for which Admit is false. Every such loss
+// [Policy.AdmitRule]) a topic for which Admit is false. Every such loss
 // is among those [Policy.Losses] declares for the direction.
 //
 // The package is pure: no I/O, no goroutines, no clock, no mutable globals.
@@ -103,6 +103,10 @@ type Policy interface {
 	// starting with a wildcard never matches a topic starting with '$').
 	// Both arguments are in the foreign grammar.
 	Admit(foreignFilter, foreignTopic string) bool
+	// AdmitRule is the stable rule code under which a bridge counts the
+	// topics Admit keeps out (MQTT: [RuleMQTTDollarTopic]); it is empty
+	// when Admit is always true.
+	AdmitRule() string
 	// Losses returns, sorted and without duplicates, what a bridge using
 	// this policy in dir with opts cannot carry, in a new slice. It returns
 	// nil for a direction other than Inbound and Outbound.

@@ -532,6 +532,29 @@ func TestAdmit(t *testing.T) {
 	}
 }
 
+// TestAdmitRule: a policy whose Admit can be false names the rule its drops
+// are counted under, and that rule's loss is declared for outbound
+// bridges, where Admit drops happen.
+func TestAdmitRule(t *testing.T) {
+	for _, name := range Names() {
+		p, err := Lookup(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rule := p.AdmitRule()
+		if (rule != "") != (p.Protocol() == MQTT) {
+			t.Errorf("%s: AdmitRule() = %q; only MQTT policies exclude topics", name, rule)
+		}
+		if rule == "" {
+			continue
+		}
+		loss, ok := LossForRule(rule)
+		if !ok || !slices.Contains(p.Losses(Outbound, Options{}), loss) {
+			t.Errorf("%s: AdmitRule %q maps to loss %q (%v), not declared outbound", name, rule, loss, ok)
+		}
+	}
+}
+
 func TestRefusalError(t *testing.T) {
 	r := &Refusal{Policy: "p", Input: "in", Part: "i", Rule: "r", Reason: "why", Hint: "do"}
 	if got, want := r.Error(), `p refuses "in" at "i": why (r); do`; got != want {
