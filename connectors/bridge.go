@@ -706,8 +706,8 @@ func (b *Bridge) written(it outboundItem) {
 
 // finishWrite settles a message whose first write returned err: it counts
 // it, or writes it again with Write while the broker is unreachable (or,
-// a few times, when it refused the message), until it is published or
-// dropped and counted.
+// a few times, when it failed otherwise and not for good), until it is
+// published or dropped and counted.
 func (b *Bridge) finishWrite(ctx context.Context, sink Sink, it outboundItem, err error) {
 	const maxAttempts = 5
 	for attempt := 1; ; attempt++ {
@@ -716,9 +716,14 @@ func (b *Bridge) finishWrite(ctx context.Context, sink Sink, it outboundItem, er
 			return
 		}
 		var u Unroutable
+		var rj Rejected
 		switch {
 		case errors.As(err, &u) && u.Unroutable():
 			b.drop(it.route.Name, ReasonUnroutable, slog.LevelInfo, "the broker had nowhere to route the message", slog.String("topic", it.msg.Topic))
+			return
+		case errors.As(err, &rj):
+			b.drop(it.route.Name, rj.RejectReason(), slog.LevelError, "the broker rejected the message; dropped without retrying",
+				slog.String("topic", it.msg.Topic), slog.Int("bytes", len(it.msg.Payload)), slog.Any("err", err))
 			return
 		case ctx.Err() != nil:
 			b.drop(it.route.Name, ReasonShutdown, slog.LevelWarn, "stopping; message not published", slog.String("topic", it.msg.Topic))

@@ -105,9 +105,27 @@ type AsyncWriter interface {
 type Windowed interface{ Window() int }
 
 // Unroutable is implemented by errors a Sink returns when the broker took a
-// message but had nowhere to route it (AMQP mandatory return, MQTT PUBACK
-// "no matching subscribers"). The runtime counts them instead of retrying.
+// message but had nowhere to route it (AMQP mandatory return). The runtime
+// counts them instead of retrying. (An MQTT PUBACK "no matching
+// subscribers" is a success: the broker may have retained the message.)
 type Unroutable interface{ Unroutable() bool }
+
+// Rejected is implemented by errors a Sink returns when the broker refused
+// a message for good: it is larger than the broker takes, or the connector
+// may not publish on its topic. Writing it again would fail the same way,
+// so the runtime drops it at once and counts it under RejectReason
+// ([ReasonTooLarge], [ReasonPublishDenied] or [ReasonPublishFailed]).
+type Rejected interface{ RejectReason() string }
+
+// RejectedError is an error that implements [Rejected].
+type RejectedError struct {
+	Reason string
+	Err    error
+}
+
+func (e *RejectedError) Error() string        { return e.Err.Error() }
+func (e *RejectedError) Unwrap() error        { return e.Err }
+func (e *RejectedError) RejectReason() string { return e.Reason }
 
 // DropReporter is implemented by a Source whose client library discards
 // messages before Read could return them (the NATS slow-consumer

@@ -15,7 +15,8 @@ const (
 	ReasonWeidaRefused  = "weida-refused"  // the weida publisher refused the message (a field over its cap)
 	ReasonSubscriberBuf = "subscriber-buffer-full"
 	ReasonUnroutable    = "unroutable"      // the broker had nowhere to route it
-	ReasonPublishFailed = "publish-failed"  // the broker refused it or the write failed for good
+	ReasonPublishFailed = "publish-failed"  // the broker refused it for good, or five times
+	ReasonPublishDenied = "publish-denied"  // the broker does not let the connector publish on the topic
 	ReasonShutdown      = "shutdown"        // dropped because the bridge stopped mid-way
 	ReasonBrokerDropped = "broker-overflow" // the driver's client library discarded it (slow consumer, reconnect buffer)
 )

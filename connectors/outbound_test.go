@@ -110,6 +110,16 @@ func TestOutboundWrites(t *testing.T) {
 			fail:        func(string, int) error { return errors.New("refused") },
 			wantDropped: map[string]uint64{connectors.ReasonPublishFailed: 20},
 		},
+		{
+			name: "rejected for good, counted at once",
+			fail: func(_ string, attempt int) error {
+				if attempt > 1 {
+					return errors.New("written twice")
+				}
+				return &connectors.RejectedError{Reason: connectors.ReasonPublishDenied, Err: errors.New("not authorised")}
+			},
+			wantDropped: map[string]uint64{connectors.ReasonPublishDenied: 20},
+		},
 	}
 	for _, tc := range cases {
 		for _, async := range []bool{false, true} {
