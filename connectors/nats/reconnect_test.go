@@ -412,3 +412,37 @@ func TestQueueGroupSplits(t *testing.T) {
 	}
 	t.Logf("split %v", per)
 }
+
+// TestSinkRejectsOverMaxPayload: a message over the server's max_payload is
+// rejected for good (the runtime counts it as too-large at once) by both
+// Write and WriteAsync, and the connection stays usable.
+func TestSinkRejectsOverMaxPayload(t *testing.T) {
+	requireServer(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	sink, err := NewSink(Config{URL: "nats://" + serverAddr}, func(connectors.ConnState) {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sink.Close(context.Background())
+	if err := sink.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	subject := "big." + conntest.Unique()
+	sink.mu.Lock()
+	maxPayload := sink.nc.MaxPayload()
+	sink.mu.Unlock()
+	big := &connectors.Message{Topic: subject, Payload: make([]byte, maxPayload+1)}
+	for name, write := range map[string]func() error{
+		"Write":      func() error { return sink.Write(ctx, big) },
+		"WriteAsync": func() error { return writeAsync(ctx, sink, big) },
+	} {
+		var rj connectors.Rejected
+		if err := write(); !errors.As(err, &rj) || rj.RejectReason() != connectors.ReasonTooLarge {
+			t.Errorf("%s of %d bytes = %v, want a rejection as %s", name, len(big.Payload), err, connectors.ReasonTooLarge)
+		}
+	}
+	if err := sink.Write(ctx, &connectors.Message{Topic: subject, Payload: []byte("small")}); err != nil {
+		t.Fatalf("Write after the rejections: %v", err)
+	}
+}

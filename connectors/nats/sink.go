@@ -292,6 +292,10 @@ func (s *Sink) publishErr(nc *natsgo.Conn, subject string, err error) error {
 		s.rlog.Log(slog.LevelWarn, ReasonReconnectBuffer, "the nats reconnect buffer is full; the message is held and published again once connected",
 			slog.String("reason", ReasonReconnectBuffer), slog.Uint64("total", n))
 		return fmt.Errorf("nats: publish %q: reconnect buffer full: %w", subject, connectors.ErrNotConnected)
+	case errors.Is(err, natsgo.ErrMaxPayload):
+		// nats.go checks the server's max_payload before sending.
+		return &connectors.RejectedError{Reason: connectors.ReasonTooLarge,
+			Err: fmt.Errorf("nats: publish %q: over the server's max_payload of %d bytes: %w", subject, nc.MaxPayload(), err)}
 	case errors.Is(err, natsgo.ErrConnectionClosed):
 		return connectors.ErrClosed
 	case !nc.IsConnected() && !nc.IsClosed():
