@@ -111,16 +111,38 @@ func (s *Sink) Write(ctx context.Context, m *connectors.Message) error {
 	}
 	p := &paho.Publish{QoS: s.cfg.QoS, Topic: m.Topic, Payload: m.Payload, Properties: props}
 	resp, err := cm.Publish(ctx, p)
+	// paho returns the PUBACK of a refusal with an error of its own; the
+	// reason code says more.
+	if resp != nil && resp.ReasonCode >= 0x80 {
+		return pubackError(m.Topic, resp.ReasonCode)
+	}
 	if err != nil {
 		if errors.Is(err, autopaho.ConnectionDownError) {
 			return fmt.Errorf("mqtt: %w", connectors.ErrNotConnected)
 		}
 		return fmt.Errorf("mqtt: publish %q: %w", m.Topic, err)
 	}
-	if resp != nil && resp.ReasonCode >= 0x80 {
-		return fmt.Errorf("mqtt: broker refused publish %q: reason code 0x%02x", m.Topic, resp.ReasonCode)
-	}
 	return nil
+}
+
+// pubackError is the error for a PUBACK reason code of 0x80 or more (MQTT 5
+// §3.4.2.1). The codes that say the broker will never take this message as
+// it is are rejections, which the runtime counts at once; the others
+// (0x80 unspecified, 0x83 implementation specific, 0x91 packet identifier
+// in use, 0x97 quota exceeded) may pass when the message is sent again.
+func pubackError(topic string, code byte) error {
+	err := fmt.Errorf("mqtt: broker refused publish %q: reason code 0x%02x", topic, code)
+	switch code {
+	case 0x87: // Not authorized
+		return &connectors.RejectedError{Reason: connectors.ReasonPublishDenied, Err: fmt.Errorf("%w (not authorized)", err)}
+	case 0x95: // Packet too large
+		return &connectors.RejectedError{Reason: connectors.ReasonTooLarge, Err: fmt.Errorf("%w (packet too large)", err)}
+	case 0x90: // Topic Name invalid
+		return &connectors.RejectedError{Reason: connectors.ReasonPublishFailed, Err: fmt.Errorf("%w (topic name invalid)", err)}
+	case 0x99: // Payload format invalid
+		return &connectors.RejectedError{Reason: connectors.ReasonPublishFailed, Err: fmt.Errorf("%w (payload format invalid)", err)}
+	}
+	return err
 }
 
 // Close disconnects and waits for the connection manager to stop.
