@@ -128,8 +128,9 @@ type Bridge struct {
 	log   *slog.Logger
 
 	// inbound
-	newSource SourceFactory
-	pub       Publisher
+	newSource  SourceFactory
+	pub        Publisher
+	supersedes []string // broker filters of the resource this one replaced
 
 	// outbound
 	newSink SinkFactory
@@ -295,6 +296,9 @@ func (b *Bridge) runInbound(ctx context.Context) error {
 	if err != nil {
 		b.Fail("SourceInvalid", err)
 		return err
+	}
+	if sp, ok := src.(Superseding); ok && len(b.supersedes) > 0 {
+		sp.Supersede(b.supersedes)
 	}
 	if dr, ok := src.(DropReporter); ok {
 		dr.ReportDrops(func(filter, reason string, n int) {

@@ -127,6 +127,15 @@ func (e *RejectedError) Error() string        { return e.Err.Error() }
 func (e *RejectedError) Unwrap() error        { return e.Err }
 func (e *RejectedError) RejectReason() string { return e.Reason }
 
+// Superseding is implemented by a Source whose broker keeps subscriptions in
+// a session that outlives the connection (MQTT with a session expiry). When
+// a reload replaces a resource, the runtime calls Supersede before Start
+// with the broker filters the replaced Source subscribed. Once connected to
+// the session they were kept in, the Source withdraws those it does not
+// subscribe itself, so that a route the reload removed stops delivering
+// instead of filling the no-route count until the session expires.
+type Superseding interface{ Supersede(previous []string) }
+
 // DropReporter is implemented by a Source whose client library discards
 // messages before Read could return them (the NATS slow-consumer
 // condition). The runtime calls ReportDrops once, before Start, with a

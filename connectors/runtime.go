@@ -92,10 +92,18 @@ func (r *Runtime) Apply(ctx context.Context, units []Unit) error {
 	}
 	r.mu.Lock()
 	var stop []*runningUnit
+	// The broker filters of inbound resources being replaced, for their
+	// successors to withdraw what they no longer subscribe.
+	previous := make(map[string][]string)
 	for name, ru := range r.running {
 		if u, ok := want[name]; !ok || u.Resource == nil || ru.unit.Resource == nil || !u.Resource.Equal(ru.unit.Resource) {
 			stop = append(stop, ru)
 			delete(r.running, name)
+			if ok && u.Spec.Direction != policy.Outbound && ru.unit.Spec.Direction != policy.Outbound {
+				for _, rt := range ru.unit.Spec.Routes {
+					previous[name] = append(previous[name], rt.Foreign)
+				}
+			}
 		}
 	}
 	clear(r.failed)
@@ -118,7 +126,7 @@ func (r *Runtime) Apply(ctx context.Context, units []Unit) error {
 		if isRunning {
 			continue
 		}
-		if err := r.startUnit(ctx, want[name]); err != nil {
+		if err := r.startUnit(ctx, want[name], previous[name]); err != nil {
 			errs = append(errs, fmt.Errorf("resource %s: %w", name, err))
 		}
 	}
@@ -134,7 +142,9 @@ func (r *Runtime) Apply(ctx context.Context, units []Unit) error {
 	return errors.Join(errs...)
 }
 
-func (r *Runtime) startUnit(ctx context.Context, u Unit) error {
+// startUnit starts u; previous are the broker filters of the inbound unit
+// it replaces, if any.
+func (r *Runtime) startUnit(ctx context.Context, u Unit, previous []string) error {
 	var b *Bridge
 	var pub *weida.Publisher
 	if u.Spec.Direction == policy.Outbound {
@@ -151,6 +161,7 @@ func (r *Runtime) startUnit(ctx context.Context, u Unit) error {
 			return err
 		}
 		b = NewInbound(u.Spec, u.NewSource, pub, r.deps)
+		b.supersedes = previous
 	}
 	bctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	ru := &runningUnit{unit: u, bridge: b, pub: pub, cancel: cancel, done: make(chan struct{})}
