@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"sync"
 	"time"
 
@@ -39,6 +40,7 @@ type Source struct {
 	conn    net.Conn // the current network connection
 	cm      *autopaho.ConnectionManager
 	filters []string
+	stale   []string        // filters a replaced Source subscribed in this session and this one does not
 	runCtx  context.Context // ends when Close starts
 	cancel  context.CancelFunc
 	subs    sync.WaitGroup // OnConnectionUp's subscribe goroutines
@@ -50,7 +52,10 @@ type delivery struct {
 	done chan error
 }
 
-var _ connectors.Source = (*Source)(nil)
+var (
+	_ connectors.Source      = (*Source)(nil)
+	_ connectors.Superseding = (*Source)(nil)
+)
 
 // NewSource returns a Source; it connects on Start.
 func NewSource(cfg Config, report connectors.StateFunc) (*Source, error) {
@@ -74,6 +79,18 @@ func (s *Source) subscription(filter string) string {
 	return filter
 }
 
+// Supersede implements [connectors.Superseding]. It must be called before
+// Start. The previous filters this Source does not subscribe are withdrawn
+// (UNSUBSCRIBE) on the first connection that resumes a session: the broker
+// then holds the session the replaced Source used, with the same client ID.
+// A replaced Source with another client ID left its session to expire by
+// itself.
+func (s *Source) Supersede(previous []string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stale = slices.Clone(previous)
+}
+
 // Start connects and subscribes filters, then keeps re-subscribing on
 // every reconnection (a broker that lost its session has lost them too).
 //
@@ -88,7 +105,10 @@ func (s *Source) Start(ctx context.Context, filters []string) error {
 	if err != nil {
 		return err
 	}
+	s.mu.Lock()
 	s.filters = filters
+	s.stale = slices.DeleteFunc(s.stale, func(f string) bool { return slices.Contains(filters, f) })
+	s.mu.Unlock()
 	cc.EnableManualAcknowledgment = false
 	cc.OnPublishReceived = []func(paho.PublishReceived) (bool, error){s.onPublish}
 	runCtx, cancel := context.WithCancel(context.Background())
@@ -110,6 +130,7 @@ func (s *Source) Start(ctx context.Context, filters []string) error {
 			detail := fmt.Sprintf("%d subscriptions", len(s.filters))
 			if ca.SessionPresent {
 				detail += ", session resumed"
+				s.withdrawStale(runCtx, cm)
 			}
 			s.report(connectors.ConnState{Up: true, Reason: "Connected", Detail: detail})
 		}()
@@ -149,6 +170,34 @@ func (s *Source) subscribe(ctx context.Context, cm *autopaho.ConnectionManager) 
 		}
 	}
 	return nil
+}
+
+// withdrawStale unsubscribes the filters a replaced Source left in the
+// resumed session. Until it succeeds, their messages are counted as
+// no-route drops; it is tried again on the next resumed connection.
+func (s *Source) withdrawStale(ctx context.Context, cm *autopaho.ConnectionManager) {
+	s.mu.Lock()
+	stale := s.stale
+	s.mu.Unlock()
+	if len(stale) == 0 {
+		return
+	}
+	unsub := &paho.Unsubscribe{}
+	for _, f := range stale {
+		unsub.Topics = append(unsub.Topics, s.subscription(f))
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.timeout())
+	defer cancel()
+	if _, err := cm.Unsubscribe(ctx, unsub); err != nil {
+		if ctx.Err() == nil {
+			s.log.Warn("mqtt: could not withdraw the subscriptions of removed routes; their messages are counted as no-route", "filters", stale, "err", err)
+		}
+		return
+	}
+	s.mu.Lock()
+	s.stale = nil
+	s.mu.Unlock()
+	s.log.Info("mqtt: withdrew the subscriptions of routes a reload removed", "filters", stale)
 }
 
 func (s *Source) timeout() time.Duration {
