@@ -66,6 +66,14 @@ func (s *memSink) writtenTopics() []string {
 // asyncMemSink adds WriteAsync, so that the runtime takes its other path.
 type asyncMemSink struct{ *memSink }
 
+// shaped returns s with only Write, or with WriteAsync too.
+func (s *memSink) shaped(async bool) connectors.Sink {
+	if async {
+		return asyncMemSink{s}
+	}
+	return s
+}
+
 func (s asyncMemSink) WriteAsync(m *connectors.Message, done func(error)) {
 	go func() {
 		time.Sleep(s.delay)
@@ -126,11 +134,7 @@ func TestOutboundWrites(t *testing.T) {
 			t.Run(fmt.Sprintf("%s/async=%v", tc.name, async), func(t *testing.T) {
 				t.Parallel()
 				mem := &memSink{fail: tc.fail}
-				var sink connectors.Sink = mem
-				if async {
-					sink = asyncMemSink{mem}
-				}
-				env := startOutbound(t, sink, 4)
+				env := startOutbound(t, mem.shaped(async), 4)
 				for i := range 20 {
 					env.publish(t, fmt.Sprintf("out.t%d.data", i))
 				}
@@ -156,11 +160,7 @@ func TestOutboundStopWaitsForWrites(t *testing.T) {
 	for _, async := range []bool{false, true} {
 		t.Run(fmt.Sprintf("async=%v", async), func(t *testing.T) {
 			mem := &memSink{delay: 200 * time.Millisecond}
-			var sink connectors.Sink = mem
-			if async {
-				sink = asyncMemSink{mem}
-			}
-			env := startOutbound(t, sink, 8)
+			env := startOutbound(t, mem.shaped(async), 8)
 			for i := range 8 {
 				env.publish(t, fmt.Sprintf("out.t%d.data", i))
 			}

@@ -268,14 +268,7 @@ func TestSinkConcurrentWrites(t *testing.T) {
 	if err := nc.FlushWithContext(ctx); err != nil {
 		t.Fatal(err)
 	}
-	sink, err := NewSink(Config{URL: "nats://" + serverAddr}, func(connectors.ConnState) {})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sink.Close(context.Background())
-	if err := sink.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
+	sink := startSink(t, ctx)
 	// Half the writers wait in Write, the other half start every publish
 	// with WriteAsync and count the outcomes: both share the rounds.
 	const writers, each = 32, 100
@@ -420,14 +413,7 @@ func TestSinkRejectsOverMaxPayload(t *testing.T) {
 	requireServer(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	sink, err := NewSink(Config{URL: "nats://" + serverAddr}, func(connectors.ConnState) {})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sink.Close(context.Background())
-	if err := sink.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
+	sink := startSink(t, ctx)
 	subject := "big." + conntest.Unique()
 	sink.mu.Lock()
 	maxPayload := sink.nc.MaxPayload()
@@ -445,4 +431,19 @@ func TestSinkRejectsOverMaxPayload(t *testing.T) {
 	if err := sink.Write(ctx, &connectors.Message{Topic: subject, Payload: []byte("small")}); err != nil {
 		t.Fatalf("Write after the rejections: %v", err)
 	}
+}
+
+// startSink starts a core Sink on the shared server, closed when the test
+// ends.
+func startSink(t *testing.T, ctx context.Context) *Sink {
+	t.Helper()
+	sink, err := NewSink(Config{URL: "nats://" + serverAddr}, func(connectors.ConnState) {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sink.Close(context.Background()) })
+	if err := sink.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return sink
 }
