@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"regexp"
+	"strconv"
 	"sync"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -70,6 +72,7 @@ type publisher struct {
 type waiter struct {
 	done     chan error // buffered 1; receives the outcome once
 	returned *amqp.Return
+	size     int // payload bytes, to tell which Writes a size refusal concerns
 }
 
 var _ connectors.Sink = (*Sink)(nil)
@@ -189,9 +192,47 @@ func (p *publisher) settle(returns <-chan amqp.Return, confirms <-chan amqp.Conf
 	waiting := p.waiting
 	p.waiting = nil
 	p.mu.Unlock()
+	// The library closes the notifications when the channel ends; the
+	// link's watcher records why at the same time.
+	<-p.lost
 	for _, w := range waiting {
+		if err := rejection(p.why.err, w.size); err != nil {
+			w.done <- err
+			continue
+		}
 		w.done <- fmt.Errorf("amqp: the connection was lost before the broker confirmed: %w", connectors.ErrNotConnected)
 	}
+}
+
+// maxSizeRefusal is how RabbitMQ words the channel error for a message over
+// its max_message_size.
+var maxSizeRefusal = regexp.MustCompile(`message size \d+ is larger than configured max size (\d+)`)
+
+// rejection returns the rejection a channel closed by the broker with err
+// means for an unconfirmed Write of size bytes, or nil when sending it
+// again may succeed. RabbitMQ closes the channel, and drops what followed on
+// it, when a publish is refused: 403 ACCESS_REFUSED (the user may not write
+// to the exchange; every Write on the channel was for that exchange) and
+// 406 PRECONDITION_FAILED over max_message_size (only the Writes that are
+// too large).
+func rejection(err error, size int) error {
+	var ae *amqp.Error
+	if !errors.As(err, &ae) || !ae.Server {
+		return nil
+	}
+	switch ae.Code {
+	case amqp.AccessRefused:
+		return &connectors.RejectedError{Reason: connectors.ReasonPublishDenied, Err: fmt.Errorf("amqp: the broker refused the publish: %w", ae)}
+	case amqp.PreconditionFailed:
+		m := maxSizeRefusal.FindStringSubmatch(ae.Reason)
+		if m == nil {
+			return nil
+		}
+		if limit, perr := strconv.Atoi(m[1]); perr == nil && size > limit {
+			return &connectors.RejectedError{Reason: connectors.ReasonTooLarge, Err: fmt.Errorf("amqp: the broker refused the publish: %w", ae)}
+		}
+	}
+	return nil
 }
 
 func (p *publisher) returned(r amqp.Return) {
@@ -227,7 +268,9 @@ func (p *publisher) confirmed(c amqp.Confirmation) {
 // Write publishes m to the exchange with m.Topic as routing key and waits for
 // the broker's confirm. It returns nil once the broker confirmed the message,
 // an *[UnroutableError] when no queue was bound for it, an error wrapping
-// [ErrNacked] when the broker refused it, and an error wrapping
+// [ErrNacked] when the broker refused it, a [connectors.Rejected] error when
+// the broker closed the channel over it for good (403: the user may not
+// write to the exchange; 406: over max_message_size), and an error wrapping
 // [connectors.ErrNotConnected] while the connection is down or blocked by
 // the broker, or when it was lost before the confirm arrived (the message
 // may then have been delivered: the runtime's retry makes delivery
@@ -255,7 +298,7 @@ func (s *Sink) Write(ctx context.Context, m *connectors.Message) error {
 		return ctx.Err()
 	}
 	seq := p.ch.GetNextPublishSeqNo()
-	w := &waiter{done: make(chan error, 1)}
+	w := &waiter{done: make(chan error, 1), size: len(m.Payload)}
 	p.mu.Lock()
 	if p.waiting == nil { // settle has ended: the channel is gone
 		p.mu.Unlock()
