@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -36,16 +38,17 @@ type privateServer struct {
 	t    testing.TB
 	port string
 	dir  string
+	args []string // after the listen address, port and store
 	cmd  *exec.Cmd
 	done chan struct{}
 }
 
-func startPrivateServer(t testing.TB) *privateServer {
+func startPrivateServer(t testing.TB, extraArgs ...string) *privateServer {
 	t.Helper()
 	if _, err := exec.LookPath(natsServerBin); err != nil {
 		t.Skipf("%s is not installed", natsServerBin)
 	}
-	s := &privateServer{t: t, port: freePort(t), dir: t.TempDir()}
+	s := &privateServer{t: t, port: freePort(t), dir: t.TempDir(), args: extraArgs}
 	s.start()
 	t.Cleanup(s.kill)
 	return s
@@ -55,7 +58,7 @@ func (s *privateServer) URL() string { return "nats://127.0.0.1:" + s.port }
 
 func (s *privateServer) start() {
 	s.t.Helper()
-	s.cmd = exec.Command(natsServerBin, "-a", "127.0.0.1", "-p", s.port, "-js", "-sd", s.dir)
+	s.cmd = exec.Command(natsServerBin, append([]string{"-a", "127.0.0.1", "-p", s.port, "-js", "-sd", s.dir}, s.args...)...)
 	if err := s.cmd.Start(); err != nil {
 		s.t.Fatal(err)
 	}
@@ -63,9 +66,9 @@ func (s *privateServer) start() {
 	go func(cmd *exec.Cmd, done chan struct{}) { cmd.Wait(); close(done) }(s.cmd, s.done)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		nc, err := natsgo.Connect(s.URL(), natsgo.Timeout(time.Second))
+		c, err := net.DialTimeout("tcp", "127.0.0.1:"+s.port, time.Second)
 		if err == nil {
-			nc.Close()
+			c.Close()
 			return
 		}
 		if time.Now().After(deadline) {
@@ -446,4 +449,87 @@ func startSink(t *testing.T, ctx context.Context) *Sink {
 		t.Fatal(err)
 	}
 	return sink
+}
+
+// TestSinkRejectsDeniedPublish: nats-server drops a publish its permissions
+// refuse and says so only asynchronously (-ERR before the round trip's
+// PONG). The Sink attributes each refusal to its message, which the runtime
+// then counts as publish-denied, while the other messages of the same
+// rounds are confirmed.
+func TestSinkRejectsDeniedPublish(t *testing.T) {
+	conf := filepath.Join(t.TempDir(), "nats.conf")
+	err := os.WriteFile(conf, []byte(`authorization {
+  users = [
+    {user: bridge, password: pw, permissions: {publish: {deny: ["denied.>"]}, subscribe: ">"}}
+  ]
+}
+`), 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := startPrivateServer(t, "-c", conf)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	sink, err := NewSink(Config{URL: srv.URL(), User: "bridge", Password: "pw"}, func(connectors.ConnState) {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sink.Close(context.Background())
+	if err := sink.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	nc, err := natsgo.Connect(srv.URL(), natsgo.UserInfo("bridge", "pw"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	got, err := nc.SubscribeSync("allowed.>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.FlushWithContext(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// Allowed and denied messages interleaved, many at once so that
+	// rounds hold both kinds; Write and WriteAsync alike.
+	const n = 200
+	outcomes := make(chan error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		subject := fmt.Sprintf("allowed.%d", i)
+		if i%3 == 0 {
+			subject = fmt.Sprintf("denied.%d", i)
+		}
+		m := &connectors.Message{Topic: subject, Payload: []byte(subject)}
+		wg.Add(1)
+		if i%2 == 0 {
+			go func() { defer wg.Done(); outcomes <- sink.Write(ctx, m) }()
+		} else {
+			sink.WriteAsync(m, func(err error) { outcomes <- err; wg.Done() })
+		}
+	}
+	wg.Wait()
+	close(outcomes)
+	denied, confirmed := 0, 0
+	for err := range outcomes {
+		var rj connectors.Rejected
+		switch {
+		case err == nil:
+			confirmed++
+		case errors.As(err, &rj) && rj.RejectReason() == connectors.ReasonPublishDenied:
+			denied++
+		default:
+			t.Errorf("unexpected outcome: %v", err)
+		}
+	}
+	wantDenied := (n + 2) / 3
+	if denied != wantDenied || confirmed != n-wantDenied {
+		t.Errorf("%d denied, %d confirmed; want %d and %d", denied, confirmed, wantDenied, n-wantDenied)
+	}
+	for range n - wantDenied {
+		if _, err := got.NextMsg(5 * time.Second); err != nil {
+			t.Fatalf("an allowed message did not arrive: %v", err)
+		}
+	}
 }

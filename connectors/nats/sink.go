@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"regexp"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -23,7 +25,9 @@ import (
 // goroutine publishes their messages back to back and confirms them all
 // with one PING, so that many writers cost few round trips, few system
 // calls and no contention on the connection. The server delivering the
-// message to no subscriber is not an error (core NATS cannot tell).
+// message to no subscriber is not an error (core NATS cannot tell); a
+// publish the server's permissions refuse is a [connectors.Rejected] error
+// (publish-denied), attributed from the server's asynchronous -ERR.
 //
 // JetStream (Config.JetStream set): Write publishes asynchronously and
 // returns once the stream's PubAck arrives; the publish must land in
@@ -63,6 +67,7 @@ type Sink struct {
 	flusher  sync.WaitGroup
 
 	published, rounds, bufferFull atomic.Uint64
+	denials                       denials
 
 	markerOnly natsgo.Header // read-only after NewSink; nil without a marker
 }
@@ -194,7 +199,90 @@ func (s *Sink) Start(ctx context.Context) error {
 }
 
 func (s *Sink) onAsyncError(_ *natsgo.Conn, _ *natsgo.Subscription, err error) {
+	if m := publishDenied.FindStringSubmatch(err.Error()); m != nil && errors.Is(err, natsgo.ErrPermissionViolation) && s.cfg.JetStream == nil {
+		s.denials.add(err, m[1])
+		return // counted per message by the round it belongs to
+	}
 	s.rlog.Log(slog.LevelWarn, "async", "nats asynchronous error", slog.Any("err", err))
+}
+
+// publishDenied is how nats-server words a publish its permissions refuse.
+var publishDenied = regexp.MustCompile(`Permissions Violation for Publish to "([^"]+)"`)
+
+// denials are the publish refusals nats.go has handed to the asynchronous
+// error handler, in the order the server sent them.
+//
+// The server answers a refused publish with -ERR and drops it, and nats.go
+// reads that -ERR before the PONG of the round trip that follows the
+// publish; but it hands the error to the handler on another goroutine, later.
+// A round therefore compares nats.go's last error before and after its
+// round trip: a new refusal means this round had one or more, and once the
+// handler has seen that very error value, every refusal of the round is
+// here.
+type denials struct {
+	mu      sync.Mutex
+	list    []denial
+	changed chan struct{} // closed and replaced on every add
+}
+
+type denial struct {
+	err     error
+	subject string
+}
+
+// maxDenials bounds the denials kept for rounds to take: refusals of a
+// round whose round trip failed are never taken by it.
+const maxDenials = 4096
+
+func (d *denials) add(err error, subject string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if len(d.list) == maxDenials {
+		d.list = slices.Delete(d.list, 0, maxDenials/2)
+	}
+	d.list = append(d.list, denial{err, subject})
+	if d.changed != nil {
+		close(d.changed)
+		d.changed = nil
+	}
+}
+
+// takeThrough waits, up to timeout, until last has been added, then removes
+// and returns the subjects of every denial up to it. On timeout it returns
+// what has arrived.
+func (d *denials) takeThrough(last error, timeout time.Duration) map[string]bool {
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	for {
+		d.mu.Lock()
+		i := slices.IndexFunc(d.list, func(x denial) bool { return x.err == last })
+		if i >= 0 {
+			subjects := make(map[string]bool, i+1)
+			for _, x := range d.list[:i+1] {
+				subjects[x.subject] = true
+			}
+			d.list = slices.Delete(d.list, 0, i+1)
+			d.mu.Unlock()
+			return subjects
+		}
+		if d.changed == nil {
+			d.changed = make(chan struct{})
+		}
+		changed := d.changed
+		d.mu.Unlock()
+		select {
+		case <-changed:
+		case <-deadline.C:
+			d.mu.Lock()
+			subjects := make(map[string]bool, len(d.list))
+			for _, x := range d.list {
+				subjects[x.subject] = true
+			}
+			d.list = nil
+			d.mu.Unlock()
+			return subjects
+		}
+	}
 }
 
 // Write publishes m and waits for the server's confirmation.
@@ -286,7 +374,10 @@ func (s *Sink) outcome(nc *natsgo.Conn, r *flushRound, i int) error {
 }
 
 func (s *Sink) publishErr(nc *natsgo.Conn, subject string, err error) error {
+	var rj connectors.Rejected
 	switch {
+	case errors.As(err, &rj):
+		return err
 	case errors.Is(err, natsgo.ErrReconnectBufExceeded):
 		n := s.bufferFull.Add(1)
 		s.rlog.Log(slog.LevelWarn, ReasonReconnectBuffer, "the nats reconnect buffer is full; the message is held and published again once connected",
@@ -384,6 +475,7 @@ func (s *Sink) runFlusher(nc *natsgo.Conn) {
 		s.fmu.Unlock()
 		if r != nil {
 			r.genBefore = nc.Stats().Reconnects
+			lastBefore := nc.LastError()
 			r.errs = make([]error, len(r.msgs))
 			for i, m := range r.msgs {
 				if m != nil {
@@ -392,6 +484,9 @@ func (s *Sink) runFlusher(nc *natsgo.Conn) {
 			}
 			r.err = nc.FlushTimeout(s.cfg.flushTimeout())
 			r.genAfter = nc.Stats().Reconnects
+			if last := nc.LastError(); r.err == nil && last != lastBefore && errors.Is(last, natsgo.ErrPermissionViolation) {
+				s.markDenied(r, s.denials.takeThrough(last, s.cfg.flushTimeout()))
+			}
 			s.rounds.Add(1)
 			close(r.done)
 			for i, done := range r.dones {
@@ -402,6 +497,16 @@ func (s *Sink) runFlusher(nc *natsgo.Conn) {
 		}
 		if stop {
 			return
+		}
+	}
+}
+
+// markDenied fails the messages of r whose subjects the server refused.
+func (s *Sink) markDenied(r *flushRound, subjects map[string]bool) {
+	for i, m := range r.msgs {
+		if m != nil && r.errs[i] == nil && subjects[m.Subject] {
+			r.errs[i] = &connectors.RejectedError{Reason: connectors.ReasonPublishDenied,
+				Err: fmt.Errorf("nats: publish %q: the server's permissions refuse it", m.Subject)}
 		}
 	}
 }
