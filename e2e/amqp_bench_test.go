@@ -2,10 +2,8 @@ package e2e
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -20,9 +18,9 @@ import (
 	"weida.dev/connector/weida"
 )
 
-// The AMQP throughput benchmark reuses the rigs' frame of the NATS one
-// (nats_bench_test.go): benchRig, runRig, a window of benchWindow messages
-// in flight, 256-byte payloads, routing key benchSubject.
+// The AMQP throughput benchmark's rigs, in the frame of bench_frame_test.go:
+// a window of benchWindow messages in flight, 256-byte payloads, routing key
+// benchSubject.
 
 const benchPrefetch = 256 // broker-baselines.md: confirms + manual ack, prefetch 256
 
@@ -103,15 +101,7 @@ func amqpBenchRoute(t *testing.T) (policy.Policy, []connectors.Route) {
 // benchPrefetch) → the bridge's weida endpoint → a weida subscriber.
 func amqpInboundRig(t *testing.T, addr string) *benchRig {
 	p, routes := amqpBenchRoute(t)
-	l, err := weida.Listen(context.Background(), "127.0.0.1:0", weida.ListenConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	wpub, err := l.Publisher("/bench")
-	if err != nil {
-		t.Fatal(err)
-	}
-	url := "weida://" + l.Fingerprint() + "@" + l.Addr().String() + "/bench"
+	l, wpub, url := benchEndpoint(t)
 	spec := connectors.Spec{Name: "bench-in", Protocol: policy.AMQP, Direction: policy.Inbound, Policy: p, Routes: routes, Endpoint: url}
 	cfg := amqpconn.Config{URL: "amqp://" + addr + "/", Exchange: "bench-in", Prefetch: benchPrefetch, ConnectionName: "bench-in"}
 	b := connectors.NewInbound(spec, func(report connectors.StateFunc) (connectors.Source, error) {
@@ -125,11 +115,7 @@ func amqpInboundRig(t *testing.T, addr string) *benchRig {
 	syncRig(t, rig, rig.publish)
 	rig.close = func() {
 		stopRecv()
-		stopBridge()
-		l.Close()
-		if c := b.Status().Counters; len(c.Dropped) > 0 {
-			t.Errorf("%s dropped messages: %v", rig.name, c.Dropped)
-		}
+		closeBridgeRig(t, rig, b, stopBridge, l)
 	}
 	return rig
 }
@@ -139,15 +125,7 @@ func amqpInboundRig(t *testing.T, addr string) *benchRig {
 // RabbitMQ → a consumer with manual acks.
 func amqpOutboundRig(t *testing.T, addr string) *benchRig {
 	p, routes := amqpBenchRoute(t)
-	l, err := weida.Listen(context.Background(), "127.0.0.1:0", weida.ListenConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	wpub, err := l.Publisher("/bench")
-	if err != nil {
-		t.Fatal(err)
-	}
-	url := "weida://" + l.Fingerprint() + "@" + l.Addr().String() + "/bench"
+	l, wpub, url := benchEndpoint(t)
 	rig := &benchRig{name: "weida → bridge → RabbitMQ", delivered: make(chan struct{}, benchWindow)}
 	rabbitConsumer(t, addr, "bench-out", rig.delivered)
 	spec := connectors.Spec{Name: "bench-out", Protocol: policy.AMQP, Direction: policy.Outbound, Policy: p, Routes: routes,
@@ -161,34 +139,8 @@ func amqpOutboundRig(t *testing.T, addr string) *benchRig {
 	waitSubscribers(t, wpub, 1, 10*time.Second)
 	syncRig(t, rig, func() error { return publishWeida(wpub) })
 	rig.publish = func() error { return publishWeida(wpub) }
-	rig.close = func() {
-		stopBridge()
-		l.Close()
-		if c := b.Status().Counters; len(c.Dropped) > 0 {
-			t.Errorf("%s dropped messages: %v", rig.name, c.Dropped)
-		}
-	}
+	rig.close = func() { closeBridgeRig(t, rig, b, stopBridge, l) }
 	return rig
-}
-
-// cpuTime returns the CPU time (user and system) process pid has used; pid 0
-// means this process. It reads /proc, in clock ticks of 10 ms.
-func cpuTime(t *testing.T, pid int) time.Duration {
-	t.Helper()
-	path := "/proc/self/stat"
-	if pid != 0 {
-		path = fmt.Sprintf("/proc/%d/stat", pid)
-	}
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The command name (field 2) may hold spaces; the fields after it
-	// start at the last ')'.
-	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+2:]))
-	utime, _ := strconv.ParseInt(f[11], 10, 64)
-	stime, _ := strconv.ParseInt(f[12], 10, 64)
-	return time.Duration(utime+stime) * 10 * time.Millisecond
 }
 
 // beamPid returns the private node's Erlang VM process id.
@@ -210,68 +162,18 @@ func (r *privateRabbit) beamPid(t *testing.T) int {
 // the ratio of each bridged rate to the smaller direct rate (the goal is
 // 80 %). It runs only with WEIDA_BENCH=1; WEIDA_BENCH_MESSAGES and
 // WEIDA_BENCH_ROUNDS change the sample size (default 50000) and the number
-// of rounds (default 5); the rigs alternate within each round and the
-// medians are reported, with the ratios taken per round and the CPU time
-// RabbitMQ and this process (publishers, bridge, subscribers) spent per
-// message, which other load on the machine does not skew as much. The
-// broker is a private RabbitMQ node, so that other tests' traffic does not
-// skew the numbers.
+// of rounds (default 5); WEIDA_BENCH_RIGS (rabbitmq, weida, in, out) runs
+// only the rigs named. The broker is a private RabbitMQ node, so that other
+// tests' traffic does not skew the numbers.
 func TestAMQPThroughput(t *testing.T) {
 	if os.Getenv("WEIDA_BENCH") != "1" {
 		t.Skip("set WEIDA_BENCH=1 to run the throughput benchmark")
 	}
-	n := envInt(t, "WEIDA_BENCH_MESSAGES", 50000)
-	rounds := envInt(t, "WEIDA_BENCH_ROUNDS", 5)
 	rb := startPrivateRabbit(t)
-	rigs := []*benchRig{
-		rabbitDirectRig(t, rb.Addr()),
-		weidaDirectRig(t),
-		amqpInboundRig(t, rb.Addr()),
-		amqpOutboundRig(t, rb.Addr()),
-	}
-	defer func() {
-		for _, r := range rigs {
-			r.close()
-		}
-	}()
-	for _, r := range rigs {
-		runRig(t, r, n/10)
-	}
-	beam := rb.beamPid(t)
-	rates := make([][]float64, len(rigs))
-	brokerCPU := make([]time.Duration, len(rigs)) // per message, summed over rounds
-	selfCPU := make([]time.Duration, len(rigs))
-	var ratioIn, ratioOut []float64
-	for round := range rounds {
-		// Alternate the order, so that no rig always runs right after
-		// the same neighbour; the ratios are taken per round, from
-		// samples made under the same load.
-		order := []int{0, 2, 1, 3}
-		if round%2 == 1 {
-			slices.Reverse(order)
-		}
-		for _, i := range order {
-			b0, s0 := cpuTime(t, beam), cpuTime(t, 0)
-			rate := runRig(t, rigs[i], n)
-			brokerCPU[i] += (cpuTime(t, beam) - b0) / time.Duration(n*rounds)
-			selfCPU[i] += (cpuTime(t, 0) - s0) / time.Duration(n*rounds)
-			rates[i] = append(rates[i], rate)
-			t.Logf("round %d: %-28s %9.0f msg/s", round+1, rigs[i].name, rate)
-		}
-		direct := min(rates[0][round], rates[1][round])
-		ratioIn = append(ratioIn, rates[2][round]/direct)
-		ratioOut = append(ratioOut, rates[3][round]/direct)
-		t.Logf("round %d: inbound %.1f %%, outbound %.1f %% of min(direct)", round+1, 100*ratioIn[round], 100*ratioOut[round])
-	}
-	med := make([]float64, len(rigs))
-	for i := range rigs {
-		med[i] = median(rates[i])
-		t.Logf("median %-28s %9.0f msg/s (min %.0f, max %.0f); CPU per message: RabbitMQ %.1f µs, this process %.1f µs",
-			rigs[i].name, med[i], slices.Min(rates[i]), slices.Max(rates[i]),
-			float64(brokerCPU[i].Nanoseconds())/1e3, float64(selfCPU[i].Nanoseconds())/1e3)
-	}
-	t.Logf("inbound  bridged / min(direct): median of rounds %.1f %% (min %.1f, max %.1f)",
-		100*median(ratioIn), 100*slices.Min(ratioIn), 100*slices.Max(ratioIn))
-	t.Logf("outbound bridged / min(direct): median of rounds %.1f %% (min %.1f, max %.1f)",
-		100*median(ratioOut), 100*slices.Min(ratioOut), 100*slices.Max(ratioOut))
+	throughput{broker: "RabbitMQ", pid: rb.beamPid(t), rigs: []namedRig{
+		{short: "rabbitmq", build: func() *benchRig { return rabbitDirectRig(t, rb.Addr()) }},
+		{short: "weida", build: func() *benchRig { return weidaDirectRig(t) }},
+		{short: "in", build: func() *benchRig { return amqpInboundRig(t, rb.Addr()) }},
+		{short: "out", build: func() *benchRig { return amqpOutboundRig(t, rb.Addr()) }},
+	}}.run(t, envInt(t, "WEIDA_BENCH_MESSAGES", 50000), envInt(t, "WEIDA_BENCH_ROUNDS", 5))
 }
