@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -130,7 +131,8 @@ type Bridge struct {
 	// inbound
 	newSource  SourceFactory
 	pub        Publisher
-	supersedes []string // broker filters of the resource this one replaced
+	supersedes []string    // broker filters of the resource this one replaced
+	retiring   atomic.Bool // the resource is being removed, not restarted
 
 	// outbound
 	newSink SinkFactory
@@ -312,6 +314,11 @@ func (b *Bridge) runInbound(ctx context.Context) error {
 	defer func() {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
+		if rs, ok := src.(Retiring); ok && b.retiring.Load() {
+			if err := rs.Retire(cctx); err != nil {
+				b.log.Warn("the broker may keep this removed resource's subscriptions until its session expires", "err", err)
+			}
+		}
 		if err := src.Close(cctx); err != nil {
 			b.log.Warn("closing the broker connection", "err", err)
 		}

@@ -136,6 +136,15 @@ func (e *RejectedError) RejectReason() string { return e.Reason }
 // instead of filling the no-route count until the session expires.
 type Superseding interface{ Supersede(previous []string) }
 
+// Retiring is implemented by a Source whose broker keeps its subscriptions
+// after it disconnects (an MQTT session with an expiry). When a reload
+// removes the resource, the runtime calls Retire before Close, and the
+// Source withdraws its subscriptions, so that the broker stops keeping
+// messages for a bridge that no longer exists.
+type Retiring interface {
+	Retire(ctx context.Context) error
+}
+
 // DropReporter is implemented by a Source whose client library discards
 // messages before Read could return them (the NATS slow-consumer
 // condition). The runtime calls ReportDrops once, before Start, with a

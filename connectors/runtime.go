@@ -99,6 +99,9 @@ func (r *Runtime) Apply(ctx context.Context, units []Unit) error {
 		if u, ok := want[name]; !ok || u.Resource == nil || ru.unit.Resource == nil || !u.Resource.Equal(ru.unit.Resource) {
 			stop = append(stop, ru)
 			delete(r.running, name)
+			if !ok {
+				ru.bridge.retiring.Store(true)
+			}
 			if ok && u.Spec.Direction != policy.Outbound && ru.unit.Spec.Direction != policy.Outbound {
 				for _, rt := range ru.unit.Spec.Routes {
 					previous[name] = append(previous[name], rt.Foreign)
