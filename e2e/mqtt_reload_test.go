@@ -2,11 +2,14 @@ package e2e
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/eclipse/paho.golang/paho"
 
 	"weida.dev/connector/policy"
 	"weida.dev/connector/weida"
@@ -96,4 +99,65 @@ func TestMQTTReload(t *testing.T) {
 	Eventually(t, 20*time.Second, "the second reload refused", func() bool { return strings.Count(c.Output(), "reload refused") == 2 })
 	pub.publish(t, 1, u+"/b/4", "still")
 	Eventually(t, 10*time.Second, "route b still bridging", func() bool { return sub.Has(u+".b.4", "still") })
+}
+
+// TestMQTTReloadRetiresRemovedResource: a reload that removes an inbound
+// MQTT resource withdraws its subscriptions before disconnecting, so the
+// session the broker keeps for its client ID (until sessionExpiry) collects
+// nothing for a bridge that is gone.
+func TestMQTTReloadRetiresRemovedResource(t *testing.T) {
+	requireTCP(t, "Mosquitto", mosquittoAddr)
+	u := unique()
+	keep := mqttResource{
+		Name: "mqtt-keep", Direction: policy.Inbound, QoS: 1, ClientID: "keep-" + u,
+		Endpoint: fmt.Sprintf("weida://127.0.0.1:%d/keep", freePort(t, "udp")),
+		Routes:   []mqttRoute{{"k", u + "/keep/+"}},
+	}
+	gone := mqttResource{
+		Name: "mqtt-gone", Direction: policy.Inbound, QoS: 1, ClientID: "gone-" + u,
+		Endpoint: fmt.Sprintf("weida://127.0.0.1:%d/gone", freePort(t, "udp")),
+		Routes:   []mqttRoute{{"g", u + "/gone/+"}},
+	}
+	dir := t.TempDir()
+	file := writeFile(t, dir, "two.yaml", keep.YAML(t)+"---\n"+gone.YAML(t))
+	c := StartConnector(t, nil, "-f", file)
+	c.WaitReady(30 * time.Second)
+
+	writeFile(t, dir, "two.yaml", keep.YAML(t))
+	c.Signal(syscall.SIGHUP)
+	Eventually(t, 20*time.Second, "the reload applied", func() bool { return strings.Contains(c.Output(), "reload applied") })
+	if !strings.Contains(c.Output(), "withdrew the subscriptions of a removed resource") {
+		t.Fatalf("the removed resource's subscriptions were not withdrawn:\n%s", c.Output())
+	}
+	pub := mqttConnect(t, mosquittoAddr, "pub-"+u)
+	pub.publish(t, 1, u+"/gone/1", "after removal")
+
+	// Resume the removed resource's session: it still exists (the
+	// connector left it to expire), but holds no subscription, so the
+	// broker kept nothing for it.
+	got := make(chan string, 4)
+	conn, err := net.Dial("tcp", mosquittoAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cli := paho.NewClient(paho.ClientConfig{ClientID: gone.ClientID, Conn: conn,
+		OnPublishReceived: []func(paho.PublishReceived) (bool, error){func(pr paho.PublishReceived) (bool, error) {
+			got <- pr.Packet.Topic
+			return true, nil
+		}}})
+	expiry := uint32(0)
+	ca, err := cli.Connect(ctx(t, 10*time.Second), &paho.Connect{ClientID: gone.ClientID, KeepAlive: 30,
+		Properties: &paho.ConnectProperties{SessionExpiryInterval: &expiry}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Disconnect(&paho.Disconnect{})
+	if !ca.SessionPresent {
+		t.Fatalf("the removed resource's session is gone; the test cannot tell whether its subscriptions were withdrawn")
+	}
+	select {
+	case topic := <-got:
+		t.Errorf("the broker kept %q for the removed resource's session", topic)
+	case <-time.After(time.Second):
+	}
 }

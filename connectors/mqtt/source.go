@@ -55,6 +55,7 @@ type delivery struct {
 var (
 	_ connectors.Source      = (*Source)(nil)
 	_ connectors.Superseding = (*Source)(nil)
+	_ connectors.Retiring    = (*Source)(nil)
 )
 
 // NewSource returns a Source; it connects on Start.
@@ -169,6 +170,29 @@ func (s *Source) subscribe(ctx context.Context, cm *autopaho.ConnectionManager) 
 			return fmt.Errorf("mqtt: broker refused subscription %q: reason code 0x%02x", s.subscription(s.filters[i]), rc)
 		}
 	}
+	return nil
+}
+
+// Retire implements [connectors.Retiring]: it unsubscribes every filter,
+// so that the session the broker keeps after Close holds no subscription
+// and collects no messages until it expires. It needs the connection up.
+func (s *Source) Retire(ctx context.Context) error {
+	s.mu.Lock()
+	cm, filters := s.cm, s.filters
+	s.mu.Unlock()
+	if cm == nil || len(filters) == 0 {
+		return nil
+	}
+	unsub := &paho.Unsubscribe{}
+	for _, f := range filters {
+		unsub.Topics = append(unsub.Topics, s.subscription(f))
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.timeout())
+	defer cancel()
+	if _, err := cm.Unsubscribe(ctx, unsub); err != nil {
+		return fmt.Errorf("mqtt: withdrawing the subscriptions of a removed resource: %w", err)
+	}
+	s.log.Info("mqtt: withdrew the subscriptions of a removed resource", "filters", filters)
 	return nil
 }
 
