@@ -296,11 +296,15 @@ func (b *binder) bindAMQP(ra *rawAMQP) {
 	}
 	q := ra.Queue
 	qp := base + ".queue"
-	a.Queue = AMQPQueue{Name: q.Name, Durable: q.Durable, Exclusive: q.Name == ""}
+	a.Queue = AMQPQueue{Name: q.Name, Quorum: q.Type == "quorum", Durable: q.Durable, Exclusive: q.Name == ""}
 	if q.Exclusive != nil {
 		a.Queue.Exclusive = *q.Exclusive
 	}
 	switch {
+	case a.Queue.Quorum && (q.Name == "" || !q.Durable || a.Queue.Exclusive):
+		b.fail(qp+".type", b.at(qp+".type"), q.Type, "amqp-queue",
+			"needs a named, durable, non-exclusive queue: RabbitMQ replicates a quorum queue and keeps it across restarts",
+			"write queue: {name: weida-orders, type: quorum, durable: true, exclusive: false}")
 	case strings.HasPrefix(q.Name, "amq."):
 		b.fail(qp+".name", b.at(qp+".name"), q.Name, "amqp-reserved-name",
 			`starts with "amq.", which the broker reserves for its own queues`, "choose another name")

@@ -163,7 +163,10 @@ type AMQP struct {
 // AMQPQueue is an inbound resource's queue. Name "" asks the broker to name
 // it; such a queue is exclusive and not durable.
 type AMQPQueue struct {
-	Name      string
+	Name string
+	// Quorum declares a quorum queue (x-queue-type: quorum) instead of a
+	// classic one; it is named, durable and not exclusive.
+	Quorum    bool
 	Durable   bool
 	Exclusive bool
 }

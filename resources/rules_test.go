@@ -164,6 +164,10 @@ func TestRules(t *testing.T) {
 		{"amqp reserved queue name", amqpIn, []string{"  weida:\n", "    amqp: {queue: {name: amq.mine}}\n  weida:\n"}, []diag{{"spec.broker.amqp.queue.name", "amqp-reserved-name"}}},
 		{"amqp durable unnamed queue", amqpIn, []string{"  weida:\n", "    amqp: {queue: {durable: true, exclusive: false}}\n  weida:\n"}, []diag{{"spec.broker.amqp.queue.durable", "amqp-queue"}}},
 		{"amqp shared unnamed queue", amqpIn, []string{"  weida:\n", "    amqp: {queue: {exclusive: false}}\n  weida:\n"}, []diag{{"spec.broker.amqp.queue.exclusive", "amqp-queue"}}},
+		{"amqp quorum queue", amqpIn, []string{"  weida:\n", "    amqp: {queue: {name: q, type: quorum, durable: true, exclusive: false}}\n  weida:\n"}, nil},
+		{"amqp quorum queue not durable", amqpIn, []string{"  weida:\n", "    amqp: {queue: {name: q, type: quorum, exclusive: false}}\n  weida:\n"}, []diag{{"spec.broker.amqp.queue.type", "amqp-queue"}}},
+		{"amqp quorum queue unnamed", amqpIn, []string{"  weida:\n", "    amqp: {queue: {type: quorum}}\n  weida:\n"}, []diag{{"spec.broker.amqp.queue.type", "amqp-queue"}}},
+		{"amqp queue type unknown", amqpIn, []string{"  weida:\n", "    amqp: {queue: {name: q, type: stream}}\n  weida:\n"}, []diag{{"spec.broker.amqp.queue.type", "oneof"}}},
 		{"amqp durable exclusive queue", amqpIn, []string{"  weida:\n", "    amqp: {queue: {name: q, durable: true, exclusive: true}}\n  weida:\n"}, []diag{{"spec.broker.amqp.queue.exclusive", "amqp-queue"}}},
 
 		// The weida side.

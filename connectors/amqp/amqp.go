@@ -115,6 +115,10 @@ type Queue struct {
 	// Exclusive makes the queue private to the connector's connection and
 	// deletes it when the connection ends. Always true when Name is "".
 	Exclusive bool
+	// Quorum declares a quorum queue (x-queue-type: quorum), which
+	// RabbitMQ replicates across a cluster's nodes. It needs a Name and
+	// Durable, and excludes Exclusive.
+	Quorum bool
 }
 
 func (c *Config) validate() error {
@@ -133,6 +137,9 @@ func (c *Config) validate() error {
 	}
 	if c.Queue.Durable && c.Queue.Exclusive {
 		return fmt.Errorf("amqp: queue %q cannot be both durable and exclusive: an exclusive queue is deleted with its connection", c.Queue.Name)
+	}
+	if c.Queue.Quorum && (c.Queue.Name == "" || !c.Queue.Durable || c.Queue.Exclusive) {
+		return fmt.Errorf("amqp: a quorum queue must be named, durable and not exclusive")
 	}
 	if strings.HasPrefix(c.Queue.Name, "amq.") {
 		return fmt.Errorf("amqp: queue %q: the prefix amq. is reserved by the broker", c.Queue.Name)

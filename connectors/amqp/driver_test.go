@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os/exec"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -157,6 +159,8 @@ func TestConfigValidate(t *testing.T) {
 		{"minimal", Config{URL: "amqp://127.0.0.1"}, ""},
 		{"vhost and tls", Config{URL: "amqps://broker.example:5671/prod%2Feu"}, ""},
 		{"named durable", Config{URL: brokerURL, Queue: Queue{Name: "q", Durable: true}}, ""},
+		{"quorum", Config{URL: brokerURL, Queue: Queue{Name: "q", Durable: true, Quorum: true}}, ""},
+		{"quorum not durable", Config{URL: brokerURL, Queue: Queue{Name: "q", Quorum: true}}, "quorum queue"},
 		{"named exclusive", Config{URL: brokerURL, Queue: Queue{Name: "q", Exclusive: true}}, ""},
 		{"max prefetch", Config{URL: brokerURL, Prefetch: 65535}, ""},
 		{"no url", Config{}, "URL is required"},
@@ -252,6 +256,34 @@ func TestSourceNackRequeues(t *testing.T) {
 	ack(errors.New("weida hand-off failed"))
 	m, ack2, err := src.Read(ctx)
 	if err != nil || string(m.Payload) != "again" {
+		t.Fatalf("after nack: %v %v", m, err)
+	}
+	ack2(nil)
+	waitFor(t, "an empty queue", func() bool { return queueDepth(t, ch, queue) == 0 })
+}
+
+// TestSourceQuorumQueue: a resource may consume a quorum queue, which
+// RabbitMQ declares only with its type argument; a nack requeues there too.
+func TestSourceQuorumQueue(t *testing.T) {
+	key := conntest.Unique() + ".quorum"
+	src, _, queue := durableSource(t, key, func(c *Config) { c.Queue.Quorum = true })
+	out, err := exec.Command("rabbitmqctl", "-q", "list_queues", "name", "type").CombinedOutput()
+	if err != nil {
+		t.Fatalf("rabbitmqctl list_queues: %v\n%s", err, out)
+	}
+	if !regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(queue) + `\s+quorum\s*$`).Match(out) {
+		t.Fatalf("queue %s is not a quorum queue:\n%s", queue, out)
+	}
+	_, ch := directChannel(t)
+	ctx := testCtx(t)
+	publish(t, ch, key, "q1")
+	_, ack, err := src.Read(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ack(errors.New("weida hand-off failed"))
+	m, ack2, err := src.Read(ctx)
+	if err != nil || string(m.Payload) != "q1" {
 		t.Fatalf("after nack: %v %v", m, err)
 	}
 	ack2(nil)

@@ -180,7 +180,11 @@ func (s *Source) setup(l *link, keys []string) (string, error) {
 	}
 	q := s.cfg.Queue
 	exclusive := q.Exclusive || q.Name == ""
-	decl, err := l.ch.QueueDeclare(q.Name, q.Durable, false, exclusive, false, nil)
+	var args amqp.Table
+	if q.Quorum {
+		args = amqp.Table{"x-queue-type": "quorum"}
+	}
+	decl, err := l.ch.QueueDeclare(q.Name, q.Durable, false, exclusive, false, args)
 	if err != nil {
 		return "", fmt.Errorf("amqp: declare queue %q: %w", q.Name, err)
 	}
