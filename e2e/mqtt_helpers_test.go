@@ -32,10 +32,11 @@ type mqttResource struct {
 	CertFile, KeyFile string // inbound: the endpoint's identity; empty generates one
 	Routes            []mqttRoute
 	CleanStart        bool
-	SessionExpiry     string // empty means 60s
-	MaxMessageBytes   string // empty means the default
-	BufferBytes       string // empty means the default
-	InFlight          int    // zero means the default
+	SessionExpiry     string     // empty means 60s
+	MaxMessageBytes   string     // empty means the default
+	BufferBytes       string     // empty means the default
+	InFlight          int        // zero means the default
+	TLS               *brokerPKI // set: mqtts:// with the PKI's CA and client certificate
 }
 
 type mqttRoute struct{ Name, Filter string }
@@ -66,7 +67,13 @@ func (r mqttResource) YAML(t testing.TB) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "apiVersion: connector.weida.dev/v1alpha1\nkind: Connector\nmetadata:\n  name: %s\nspec:\n", r.Name)
 	fmt.Fprintf(&b, "  protocol: mqtt\n  direction: %s\n", r.Direction)
-	fmt.Fprintf(&b, "  broker:\n    url: mqtt://%s\n    clientID: %s\n    mqtt:\n      qos: %d\n", broker, id, r.QoS)
+	scheme := "mqtt"
+	if r.TLS != nil {
+		scheme = "mqtts"
+	}
+	fmt.Fprintf(&b, "  broker:\n    url: %s://%s\n    clientID: %s\n", scheme, broker, id)
+	b.WriteString(r.TLS.yaml())
+	fmt.Fprintf(&b, "    mqtt:\n      qos: %d\n", r.QoS)
 	if r.Direction == policy.Inbound {
 		fmt.Fprintf(&b, "      cleanStart: %t\n      sessionExpiry: %s\n", r.CleanStart, expiry)
 		fmt.Fprintf(&b, "  weida:\n    listen: %s\n", r.Endpoint)

@@ -34,6 +34,7 @@ type natsResource struct {
 	Durable    string // inbound JetStream consumer
 	Routes     []string
 	InFlight   int
+	TLS        *brokerPKI // set: tls:// with the PKI's CA and client certificate
 }
 
 // YAML renders the resource, declaring exactly the losses its conversion
@@ -47,7 +48,12 @@ func (r natsResource) YAML(t testing.TB) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "apiVersion: connector.weida.dev/v1alpha1\nkind: Connector\nmetadata:\n  name: %s\nspec:\n", r.Name)
 	fmt.Fprintf(&b, "  protocol: nats\n  direction: %s\n", r.Direction)
-	fmt.Fprintf(&b, "  broker:\n    url: nats://%s\n    clientID: %s-%s\n", broker, r.Name, unique())
+	scheme := "nats"
+	if r.TLS != nil {
+		scheme = "tls"
+	}
+	fmt.Fprintf(&b, "  broker:\n    url: %s://%s\n    clientID: %s-%s\n", scheme, broker, r.Name, unique())
+	b.WriteString(r.TLS.yaml())
 	if r.QueueGroup != "" || r.Stream != "" {
 		b.WriteString("    nats:\n")
 		if r.QueueGroup != "" {
@@ -133,6 +139,7 @@ type privateNATS struct {
 	t    testing.TB
 	port int
 	dir  string
+	args []string // after the address, port and store
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -141,12 +148,12 @@ type privateNATS struct {
 
 const natsServerBin = "/usr/sbin/nats-server"
 
-func startPrivateNATS(t testing.TB) *privateNATS {
+func startPrivateNATS(t testing.TB, extraArgs ...string) *privateNATS {
 	t.Helper()
 	if _, err := os.Stat(natsServerBin); err != nil {
 		t.Fatalf("nats-server is not installed at %s (run scripts/brokers): %v", natsServerBin, err)
 	}
-	s := &privateNATS{t: t, port: freePort(t, "tcp"), dir: t.TempDir()}
+	s := &privateNATS{t: t, port: freePort(t, "tcp"), dir: t.TempDir(), args: extraArgs}
 	s.start()
 	t.Cleanup(s.kill)
 	return s
@@ -163,7 +170,7 @@ func (s *privateNATS) Pid() int {
 
 func (s *privateNATS) start() {
 	s.t.Helper()
-	cmd := exec.Command(natsServerBin, "-a", "127.0.0.1", "-p", fmt.Sprint(s.port), "-js", "-sd", s.dir)
+	cmd := exec.Command(natsServerBin, append([]string{"-a", "127.0.0.1", "-p", fmt.Sprint(s.port), "-js", "-sd", s.dir}, s.args...)...)
 	if err := cmd.Start(); err != nil {
 		s.t.Fatal(err)
 	}
