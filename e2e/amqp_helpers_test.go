@@ -36,7 +36,8 @@ type amqpResource struct {
 	// Endpoint is the weida URL: listen (inbound) or dial (outbound).
 	Endpoint string
 	Routes   []amqpRoute
-	InFlight int // zero: the default
+	InFlight int        // zero: the default
+	TLS      *brokerPKI // set: amqps:// with the PKI's CA and client certificate
 }
 
 type amqpRoute struct{ Name, Filter string }
@@ -52,7 +53,12 @@ func (r amqpResource) YAML(t testing.TB) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "apiVersion: connector.weida.dev/v1alpha1\nkind: Connector\nmetadata:\n  name: %s\nspec:\n", r.Name)
 	fmt.Fprintf(&b, "  protocol: amqp\n  direction: %s\n", r.Direction)
-	fmt.Fprintf(&b, "  broker:\n    url: amqp://%s/%s\n    clientID: %s-%s\n", broker, r.VHost, r.Name, unique())
+	scheme := "amqp"
+	if r.TLS != nil {
+		scheme = "amqps"
+	}
+	fmt.Fprintf(&b, "  broker:\n    url: %s://%s/%s\n    clientID: %s-%s\n", scheme, broker, r.VHost, r.Name, unique())
+	b.WriteString(r.TLS.yaml())
 	b.WriteString("    credentials:\n      username: guest\n      password: {env: AMQP_PASSWORD}\n")
 	b.WriteString("    amqp:\n")
 	if r.Exchange != "" {

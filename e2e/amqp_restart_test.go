@@ -55,7 +55,7 @@ func sbin(name string) string {
 }
 
 // startPrivateRabbit configures a node in a fresh directory and starts it.
-func startPrivateRabbit(t testing.TB) *privateRabbit {
+func startPrivateRabbit(t testing.TB, extraConf ...string) *privateRabbit {
 	t.Helper()
 	r := &privateRabbit{t: t, bin: sbin("rabbitmq-server"), ctl: sbin("rabbitmqctl")}
 	if _, err := os.Stat(r.bin); err != nil {
@@ -81,6 +81,9 @@ func startPrivateRabbit(t testing.TB) *privateRabbit {
 	r.port = freePort(t, "tcp")
 	r.node = fmt.Sprintf("e2e-%08x@localhost", rand.Uint32())
 	conf := fmt.Sprintf("listeners.tcp.local = 127.0.0.1:%d\nloopback_users.guest = true\n", r.port)
+	for _, l := range extraConf {
+		conf += l + "\n"
+	}
 	writeFile(t, dir, "rabbitmq.conf", conf)
 	writeFile(t, dir, "enabled_plugins", "[].\n")
 	r.env = []string{
@@ -166,8 +169,19 @@ func (r *privateRabbit) Stop() {
 	if cmd == nil {
 		return
 	}
-	stop := exec.Command(r.ctl, "-n", r.node, "stop", filepath.Join(r.dir, "pid"))
+	select {
+	case <-done:
+		return // it exited by itself (it may never have started)
+	default:
+	}
+	// rabbitmqctl stop waits for the node's pid file: bound it, and end
+	// its whole tree (the script and su) if it overruns.
+	sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	stop := exec.CommandContext(sctx, r.ctl, "-n", r.node, "stop", filepath.Join(r.dir, "pid"))
 	stop.Env = append(os.Environ(), r.env...)
+	stop.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	stop.Cancel = func() error { return syscall.Kill(-stop.Process.Pid, syscall.SIGKILL) }
 	if out, err := stop.CombinedOutput(); err != nil {
 		r.t.Logf("rabbitmqctl stop: %v\n%s", err, out)
 	}

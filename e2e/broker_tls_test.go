@@ -19,6 +19,7 @@ import (
 
 	"github.com/eclipse/paho.golang/paho"
 	natsgo "github.com/nats-io/nats.go"
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"weida.dev/connector/policy"
 	"weida.dev/connector/weida"
@@ -193,4 +194,75 @@ func TestMQTTTLS(t *testing.T) {
 	if st, _ := c2.Status("mqtt-tls-nocert"); st.Counters.Received != 0 {
 		t.Errorf("a resource the broker refused received messages: %+v", st.Counters)
 	}
+}
+
+// TestAMQPTLS: the same for RabbitMQ: an amqps:// resource bridges from a
+// TLS listener that requires a client certificate, and one without its
+// certificate reports the refusal instead of becoming ready.
+func TestAMQPTLS(t *testing.T) {
+	pki := newBrokerPKI(t)
+	// The node runs as the rabbitmq user, which must read the server's
+	// key: a throw-away key of this test, so readable by all is fine (the
+	// test's temporary directory too, which it must traverse).
+	if err := os.Chmod(filepath.Dir(filepath.Dir(pki.CA)), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := filepath.WalkDir(filepath.Dir(pki.CA), func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		mode := os.FileMode(0o644)
+		if d.IsDir() {
+			mode = 0o755
+		}
+		return os.Chmod(path, mode)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	tlsPort := freePort(t, "tcp")
+	startPrivateRabbit(t,
+		fmt.Sprintf("listeners.ssl.default = 127.0.0.1:%d", tlsPort),
+		"ssl_options.cacertfile = "+pki.CA,
+		"ssl_options.certfile = "+pki.ServerCert,
+		"ssl_options.keyfile = "+pki.ServerKey,
+		"ssl_options.verify = verify_peer",
+		"ssl_options.fail_if_no_peer_cert = true")
+	tlsAddr := fmt.Sprintf("127.0.0.1:%d", tlsPort)
+	endpoint := fmt.Sprintf("weida://127.0.0.1:%d/tls", freePort(t, "udp"))
+	res := amqpResource{Name: "amqp-tls", Direction: policy.Inbound, Broker: tlsAddr, Exchange: "tls-" + unique(),
+		Endpoint: endpoint, Routes: []amqpRoute{{"t", "tls.*"}}, TLS: pki}
+	env := []string{"AMQP_PASSWORD=guest"}
+	c := StartConnector(t, env, "-f", writeFile(t, t.TempDir(), "tls.yaml", res.YAML(t)))
+	c.WaitReady(60 * time.Second)
+	sub := collectWeida(t, endpoint, weida.Limits{}, "#")
+	conn, err := amqp.DialTLS("amqps://guest:guest@"+tlsAddr+"/", pki.clientTLS(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub.Sync(20*time.Second, "over tls", func() {
+		if err := ch.Publish(res.Exchange, "tls.probe", false, false, amqp.Publishing{Body: []byte("over tls")}); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	bare := *pki
+	bare.ClientCert, bare.ClientKey = "", ""
+	res = amqpResource{Name: "amqp-tls-nocert", Direction: policy.Inbound, Broker: tlsAddr, Exchange: res.Exchange,
+		Endpoint: fmt.Sprintf("weida://127.0.0.1:%d/tls", freePort(t, "udp")), Routes: []amqpRoute{{"t", "tls.*"}}, TLS: &bare}
+	c2 := StartConnector(t, env, "-f", writeFile(t, t.TempDir(), "tls.yaml", res.YAML(t)))
+	var last string
+	Eventually(t, 30*time.Second, "the refused connection reported", func() bool {
+		st, ok := c2.Status("amqp-tls-nocert")
+		if !ok || len(st.Conditions) == 0 {
+			return false
+		}
+		last = st.Conditions[0].Reason + ": " + st.Conditions[0].Message
+		return st.Conditions[0].Status == "False" && st.Conditions[0].Message != ""
+	})
+	t.Logf("without a client certificate: %s", last)
 }
