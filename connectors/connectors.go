@@ -9,6 +9,13 @@
 // The split follows gocloud.dev/pubsub: what is the same for every broker
 // is written once here, so that a driver cannot forget to count a drop or to
 // acknowledge only after hand-off.
+//
+// A driver opts into more with optional interfaces, which the runtime
+// checks for: [AsyncWriter] (confirm many writes at once), [Windowed] (the
+// broker's own bound on unacknowledged publishes), [DropReporter] (losses
+// inside the client library), [Superseding] and [Retiring] (subscriptions
+// a broker session keeps across a reload), and, on errors, [Unroutable]
+// and [Rejected] (outcomes that retrying cannot change).
 package connectors
 
 import (
