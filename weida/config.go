@@ -194,7 +194,10 @@ type ListenConfig struct {
 	// alert bad_certificate, before any of its frames exist; every such
 	// refusal is logged at Warn ("weida: refused client", with the reason,
 	// the remote address and any fingerprint) and counted in
-	// [ListenerStats].ClientsRefused. When empty, a client certificate is
+	// [ListenerStats].ClientsRefused. So is a client that presents a listed
+	// certificate without holding its key: crypto/tls fails that handshake
+	// (decrypt_error) after the allowlist admitted it, and the refusal is
+	// logged once the handshake has not completed within 10 s. When empty, a client certificate is
 	// requested but not required; one that is presented still proves the
 	// peer's identity for MaxConnectionsPerPeer.
 	ClientFingerprints []string

@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"math/big"
 	"os"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -111,7 +112,7 @@ func selfSigned() (tls.Certificate, error) {
 // serverTLS builds the listener's TLS configuration and returns its
 // fingerprint and whether the certificate was generated. Clients refused
 // by cfg.ClientFingerprints are logged and counted in refused.
-func serverTLS(cfg *ListenConfig, log *slog.Logger, refused *atomic.Uint64) (*tls.Config, string, bool, error) {
+func serverTLS(cfg *ListenConfig, log *slog.Logger, refused *atomic.Uint64, proofs *proofs) (*tls.Config, string, bool, error) {
 	cert, ok, err := loadKeyPair(cfg.CertFile, cfg.KeyFile, "listen")
 	if err != nil {
 		return nil, "", false, err
@@ -159,12 +160,90 @@ func serverTLS(cfg *ListenConfig, log *slog.Logger, refused *atomic.Uint64) (*tl
 				remote = hello.Conn.RemoteAddr().String()
 			}
 			c.VerifyConnection = func(cs tls.ConnectionState) error {
-				return admitClient(cs.PeerCertificates, allowed, remote, log, refused)
+				err := admitClient(cs.PeerCertificates, allowed, remote, log, refused)
+				if err == nil {
+					proofs.await(remote, Fingerprint(cs.PeerCertificates[0]))
+				}
+				return err
 			}
 			return c, nil
 		}
 	}
 	return base, fp, generated, nil
+}
+
+// certificateProofWait is how long after the allowlist admits a client's
+// certificate its handshake must complete before the certificate counts as
+// not proven. The proof comes in the same flight as the certificate, so this
+// only needs to outlast a slow handshake; tests shorten it.
+var certificateProofWait atomic.Int64
+
+func init() { certificateProofWait.Store(int64(10 * time.Second)) }
+
+// proofs watches the handshakes whose certificate the allowlist admitted.
+//
+// crypto/tls calls VerifyConnection, where the allowlist decides, before it
+// checks that the client holds the certificate's key (CertificateVerify),
+// and fails the handshake by itself when it does not: the listener then
+// never sees the connection. A handshake admitted here and not accepted by
+// the listener within certificateProofWait is therefore counted and logged
+// as a refused client, so that a copied certificate does not go unnoticed.
+type proofs struct {
+	log     *slog.Logger
+	refused *atomic.Uint64
+
+	mu      sync.Mutex
+	pending map[string]*time.Timer // by remote address
+	closed  bool
+}
+
+func newProofs(log *slog.Logger, refused *atomic.Uint64) *proofs {
+	return &proofs{log: log, refused: refused, pending: make(map[string]*time.Timer)}
+}
+
+func (p *proofs) await(remote, fingerprint string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return
+	}
+	if old := p.pending[remote]; old != nil {
+		old.Stop()
+	}
+	var t *time.Timer
+	t = time.AfterFunc(time.Duration(certificateProofWait.Load()), func() {
+		p.mu.Lock()
+		if p.pending[remote] != t {
+			p.mu.Unlock()
+			return
+		}
+		delete(p.pending, remote)
+		p.mu.Unlock()
+		p.refused.Add(1)
+		p.log.Warn("weida: refused client", "reason", "key not proven (the handshake failed after the certificate was admitted)",
+			"fingerprint", fingerprint, "remote", remote)
+	})
+	p.pending[remote] = t
+}
+
+// completed is called for every connection the listener accepts.
+func (p *proofs) completed(remote string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if t := p.pending[remote]; t != nil {
+		t.Stop()
+		delete(p.pending, remote)
+	}
+}
+
+func (p *proofs) close() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.closed = true
+	for r, t := range p.pending {
+		t.Stop()
+		delete(p.pending, r)
+	}
 }
 
 // admitClient decides whether a client presenting certs (leaf first) is in

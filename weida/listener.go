@@ -29,9 +29,10 @@ type Listener struct {
 	log    *slog.Logger
 	fp     string
 
-	udp *net.UDPConn
-	tr  *quic.Transport
-	ln  *quic.Listener
+	udp    *net.UDPConn
+	tr     *quic.Transport
+	ln     *quic.Listener
+	proofs *proofs // handshakes admitted by the client allowlist, until accepted
 
 	cancel context.CancelFunc // stops the accept loop
 	wg     sync.WaitGroup     // the accept loop and every connection's supervisor
@@ -79,7 +80,8 @@ func Listen(ctx context.Context, addr string, cfg ListenConfig) (*Listener, erro
 		conns:   make(map[*serverConn]struct{}),
 		perPeer: make(map[string]int),
 	}
-	tlsConf, fp, generated, err := serverTLS(&cfg, log, &l.stats.clientsRefused)
+	l.proofs = newProofs(log, &l.stats.clientsRefused)
+	tlsConf, fp, generated, err := serverTLS(&cfg, log, &l.stats.clientsRefused, l.proofs)
 	if err != nil {
 		return nil, err
 	}
@@ -190,6 +192,7 @@ func (l *Listener) accept(ctx context.Context) {
 // admit applies the connection limits to a handshaken connection and starts
 // serving it.
 func (l *Listener) admit(qc *quic.Conn) {
+	l.proofs.completed(qc.RemoteAddr().String())
 	state := qc.ConnectionState().TLS
 	if state.NegotiatedProtocol != ALPN { // quic-go and crypto/tls enforce it; stay explicit
 		_ = qc.CloseWithError(quic.ApplicationErrorCode(ProtocolViolation), "ALPN must be "+ALPN)
@@ -239,6 +242,7 @@ func (l *Listener) admit(qc *quic.Conn) {
 // ended. Copies still queued are dropped (see [Listener.Shutdown] to drain
 // them first). Close returns nil, also when called again.
 func (l *Listener) Close() error {
+	l.proofs.close()
 	l.mu.Lock()
 	already := l.closed
 	l.closed = true

@@ -8,7 +8,7 @@ type ListenerStats struct {
 	Connections         int    // open connections
 	ConnectionsAccepted uint64 // connections admitted after the handshake
 	ConnectionsRefused  uint64 // closed at once: max_connections, max_connections_per_peer, or closing
-	ClientsRefused      uint64 // TLS handshakes refused by ClientFingerprints: no client certificate, or one not listed
+	ClientsRefused      uint64 // TLS handshakes refused by ClientFingerprints: no client certificate, one not listed, or a listed one whose key the client did not prove
 	Subscriptions       int64  // (path, filter) pairs held, over all connections
 
 	Published     uint64 // Publish calls that reached fan-out

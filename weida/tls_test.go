@@ -5,6 +5,7 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
@@ -283,5 +284,37 @@ func TestConfigErrors(t *testing.T) {
 	}
 	if _, err := Dial(testCtx(t), "http://x/y", DialConfig{}); err == nil {
 		t.Error("Dial accepted a non-weida URL")
+	}
+}
+
+// TestClientAllowlistKeyNotProven: a client that presents a listed
+// certificate without holding its key fails the handshake inside crypto/tls,
+// after the allowlist admitted it; the listener still counts and logs the
+// refusal, so a copied certificate does not go unnoticed.
+func TestClientAllowlistKeyNotProven(t *testing.T) {
+	prev := certificateProofWait.Swap(int64(300 * time.Millisecond))
+	defer certificateProofWait.Store(prev)
+	listed := newCert(t, "listed", nil)
+	other := newCert(t, "other", nil)
+	var logs logBuffer
+	l := listen(t, ListenConfig{ClientFingerprints: []string{Fingerprint(listed.cert)}, Logger: logs.logger()})
+	tc := rawTLS()
+	// The listed certificate, signed for with another key.
+	tc.Certificates = []tls.Certificate{{Certificate: [][]byte{listed.cert.Raw}, PrivateKey: other.key}}
+	if qc, err := quicDial(t, l, tc); err == nil {
+		if _, aerr := qc.AcceptUniStream(testCtx(t)); aerr == nil {
+			t.Fatal("a client without the certificate's key was served")
+		}
+	}
+	want := `reason="key not proven (the handshake failed after the certificate was admitted)" fingerprint=` + Fingerprint(listed.cert)
+	waitFor(t, "the refusal in the log", func() bool { return strings.Contains(logs.String(), want) })
+	if st := l.Stats(); st.ClientsRefused != 1 || st.ConnectionsAccepted != 0 {
+		t.Errorf("ClientsRefused = %d, ConnectionsAccepted = %d; want 1 and 0", st.ClientsRefused, st.ConnectionsAccepted)
+	}
+	// An admitted client is not counted once the wait has passed.
+	dial(t, l, "/p", DialConfig{CertFile: listed.certFile, KeyFile: listed.keyFile})
+	time.Sleep(500 * time.Millisecond)
+	if got := l.Stats().ClientsRefused; got != 1 {
+		t.Errorf("ClientsRefused = %d after an admitted client, want 1", got)
 	}
 }
