@@ -197,9 +197,9 @@ type ListenConfig struct {
 	// [ListenerStats].ClientsRefused. So is a client that presents a listed
 	// certificate without holding its key: crypto/tls fails that handshake
 	// (decrypt_error) after the allowlist admitted it, and the refusal is
-	// logged once the handshake has not completed within 10 s. When empty, a client certificate is
-	// requested but not required; one that is presented still proves the
-	// peer's identity for MaxConnectionsPerPeer.
+	// logged once the handshake has not completed within 10 s. When empty,
+	// a client certificate is requested but not required; one that is
+	// presented still proves the peer's identity for MaxConnectionsPerPeer.
 	ClientFingerprints []string
 
 	Limits Limits
