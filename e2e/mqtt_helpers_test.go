@@ -32,6 +32,7 @@ type mqttResource struct {
 	CertFile, KeyFile string // inbound: the endpoint's identity; empty generates one
 	Routes            []mqttRoute
 	CleanStart        bool
+	SharedGroup       string     // inbound: mqtt.sharedGroup
 	SessionExpiry     string     // empty means 60s
 	MaxMessageBytes   string     // empty means the default
 	BufferBytes       string     // empty means the default
@@ -76,6 +77,9 @@ func (r mqttResource) YAML(t testing.TB) string {
 	fmt.Fprintf(&b, "    mqtt:\n      qos: %d\n", r.QoS)
 	if r.Direction == policy.Inbound {
 		fmt.Fprintf(&b, "      cleanStart: %t\n      sessionExpiry: %s\n", r.CleanStart, expiry)
+		if r.SharedGroup != "" {
+			fmt.Fprintf(&b, "      sharedGroup: %s\n", r.SharedGroup)
+		}
 		fmt.Fprintf(&b, "  weida:\n    listen: %s\n", r.Endpoint)
 		if r.CertFile != "" {
 			fmt.Fprintf(&b, "    certFile: %s\n    keyFile: %s\n", r.CertFile, r.KeyFile)

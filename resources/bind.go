@@ -79,6 +79,10 @@ func (b *binder) bindBroker(rb *rawBroker) {
 	if br.ClientID == "" {
 		br.ClientID = c.Name
 	}
+	if p := clientIDTemplateProblem(rb.ClientID); p != "" && b.ok("spec.broker.clientID") {
+		b.fail("spec.broker.clientID", b.at("spec.broker.clientID"), rb.ClientID, "clientid-variable", p,
+			"write ${NAME} for an environment variable, e.g. clientID: orders-${HOSTNAME}")
+	}
 	if b.protoOK && b.ok("spec.broker.url") && rb.URL != "" {
 		u, _ := url.Parse(rb.URL) // brokerURLProblem accepted it
 		plain, _, port, securePort := brokerSchemes(s.Protocol)

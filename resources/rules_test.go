@@ -127,6 +127,10 @@ func TestRules(t *testing.T) {
 		{"tls cert without key", natsIn, []string{"nats://", "tls://", "    url: tls://127.0.0.1:4222\n", "    url: tls://127.0.0.1:4222\n    tls: {certFile: c.pem}\n"}, []diag{{"spec.broker.tls.keyFile", "required_with"}}},
 		{"tls server name", natsIn, []string{"nats://", "tls://", "    url: tls://127.0.0.1:4222\n", "    url: tls://127.0.0.1:4222\n    tls: {serverName: \"bad name\"}\n"}, []diag{{"spec.broker.tls.serverName", "hostname_rfc1123"}}},
 		{"section of another protocol", mqttIn, []string{"    mqtt:\n", "    nats: {queueGroup: g}\n    mqtt:\n"}, []diag{{"spec.broker.nats", "protocol-section"}}},
+		{"client id with an environment variable", mqttIn, []string{"    mqtt:\n", "    clientID: orders-${HOSTNAME}\n    mqtt:\n"}, nil},
+		{"client id with a malformed variable", mqttIn, []string{"    mqtt:\n", "    clientID: orders-${HOST-NAME}\n    mqtt:\n"}, []diag{{"spec.broker.clientID", "clientid-variable"}}},
+		{"client id with an unclosed variable", mqttIn, []string{"    mqtt:\n", "    clientID: orders-${HOSTNAME\n    mqtt:\n"}, []diag{{"spec.broker.clientID", "clientid-variable"}}},
+		{"client id with a dollar alone", mqttIn, []string{"    mqtt:\n", "    clientID: a$b\n    mqtt:\n"}, nil},
 		{"client id with control character", mqttIn, []string{"    mqtt:\n", "    clientID: \"a\\tb\"\n    mqtt:\n"}, []diag{{"spec.broker.clientID", "clientid"}}},
 
 		// Credentials.

@@ -159,3 +159,27 @@ func TestResolveCredentials(t *testing.T) {
 		t.Fatalf("resolved credentials print the secret: %s", s)
 	}
 }
+
+func TestResolverClientID(t *testing.T) {
+	env := map[string]string{"HOSTNAME": "pod-7", "ZONE": "eu", "EMPTY": ""}
+	r := Resolver{LookupEnv: func(k string) (string, bool) { v, ok := env[k]; return v, ok }}
+	for _, c := range []struct {
+		in, want string
+		err      string // substring; "" for none
+	}{
+		{"orders", "orders", ""},
+		{"orders-${HOSTNAME}", "orders-pod-7", ""},
+		{"${ZONE}/${HOSTNAME}", "eu/pod-7", ""},
+		{"a$b", "a$b", ""},
+		{"orders-${MISSING}", "", "MISSING is not set or empty"},
+		{"orders-${EMPTY}-${MISSING}", "", "EMPTY, MISSING"},
+	} {
+		got, err := r.ClientID(c.in)
+		switch {
+		case c.err == "" && (err != nil || got != c.want):
+			t.Errorf("ClientID(%q) = %q, %v; want %q", c.in, got, err, c.want)
+		case c.err != "" && (err == nil || !strings.Contains(err.Error(), c.err)):
+			t.Errorf("ClientID(%q) = %q, %v; want an error with %q", c.in, got, err, c.err)
+		}
+	}
+}

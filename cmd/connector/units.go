@@ -72,6 +72,17 @@ func buildUnit(c *resources.Connector, env unitEnv) (connectors.Unit, error) {
 	if err != nil {
 		return connectors.Unit{}, err
 	}
+	// The drivers read the broker identity from the resource; give them
+	// a copy with its ${NAME} references expanded.
+	id, err := env.resolver.ClientID(c.Broker.ClientID)
+	if err != nil {
+		return connectors.Unit{}, err
+	}
+	if id != c.Broker.ClientID {
+		expanded := *c
+		expanded.Broker.ClientID = id
+		c = &expanded
+	}
 	routes := make([]connectors.Route, len(c.Routes))
 	for i, r := range c.Routes {
 		routes[i] = connectors.Route{Name: r.Name, Foreign: r.Foreign, Weida: r.Weida}
