@@ -115,6 +115,7 @@ func (c *Config) clientConfig(report connectors.StateFunc, log *slog.Logger, onC
 	if backoff == nil {
 		backoff = connectors.ExponentialBackoff(100*time.Millisecond, 10*time.Second)
 	}
+	flaps := &flapGuard{backoff: backoff}
 	cfg := autopaho.ClientConfig{
 		ServerUrls:                    []*url.URL{u},
 		KeepAlive:                     uint16(keepAlive / time.Second),
@@ -123,10 +124,17 @@ func (c *Config) clientConfig(report connectors.StateFunc, log *slog.Logger, onC
 		ConnectTimeout:                connectTimeout,
 		// autopaho calls the backoff with 0 before the very first attempt.
 		ReconnectBackoff: func(n int) time.Duration {
-			if n == 0 {
-				return 0
+			d := time.Duration(0)
+			if n > 0 {
+				d = backoff(n)
 			}
-			return backoff(n)
+			return max(d, flaps.wait())
+		},
+		// Source and Sink wrap OnConnectionUp with their own work.
+		OnConnectionUp: func(*autopaho.ConnectionManager, *paho.Connack) { flaps.up() },
+		OnConnectionDown: func() bool {
+			report(flaps.down(c.ClientID))
+			return true
 		},
 		AttemptConnection: func(ctx context.Context, _ autopaho.ClientConfig, u *url.URL) (net.Conn, error) {
 			conn, err := dial(ctx, u.Host, useTLS, tlsCfg)
@@ -146,11 +154,91 @@ func (c *Config) clientConfig(report connectors.StateFunc, log *slog.Logger, onC
 				log.Warn("mqtt client error", "err", err)
 			},
 			OnServerDisconnect: func(d *paho.Disconnect) {
+				if d.ReasonCode == sessionTakenOver {
+					flaps.sessionTakenOver()
+				}
 				report(connectors.ConnState{Reason: "ServerDisconnected", Detail: fmt.Sprintf("reason code 0x%02x %s", d.ReasonCode, reasonString(d))})
 			},
 		},
 	}
 	return cfg, nil
+}
+
+// sessionTakenOver is the DISCONNECT reason code a broker sends when another
+// connection with the same client ID takes the session (MQTT 5 §3.14.2.1).
+// Mosquitto 2.0 closes the older connection without sending it.
+const sessionTakenOver = 0x8E
+
+// shortLived is how soon a lost connection must have come up to count as
+// flapping.
+const shortLived = 30 * time.Second
+
+// flapGuard slows the reconnections of a client whose connections keep
+// dropping soon after they come up: most often another connection with the
+// same client ID taking the session. autopaho reconnects at once after a
+// connection that came up, so two clients with one client ID would take
+// the session from each other hundreds of times a second. Each connection in
+// a row that lasted less than shortLived doubles the wait before the next
+// attempt (the Config's backoff); a longer one starts the count again.
+type flapGuard struct {
+	backoff func(n int) time.Duration
+
+	mu        sync.Mutex
+	upAt      time.Time
+	lostAt    time.Time
+	flaps     int
+	takenOver bool // the broker said so (DISCONNECT 0x8E)
+}
+
+func (g *flapGuard) up() {
+	g.mu.Lock()
+	g.upAt = time.Now()
+	g.mu.Unlock()
+}
+
+// down records a lost connection and returns the state to report.
+func (g *flapGuard) down(clientID string) connectors.ConnState {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	now := time.Now()
+	if !g.upAt.IsZero() && now.Sub(g.upAt) < shortLived {
+		g.flaps++
+	} else {
+		g.flaps = 0
+	}
+	g.lostAt = now
+	takenOver := g.takenOver
+	g.takenOver = false
+	if g.flaps < 2 && !takenOver {
+		return connectors.ConnState{Reason: "ConnectionLost", Detail: "reconnecting"}
+	}
+	why := fmt.Sprintf("the connection dropped %d times in a row within %s of coming up", g.flaps, shortLived)
+	if takenOver {
+		why = "the broker says another connection took the session"
+	}
+	return connectors.ConnState{Reason: "ConnectionLost", Detail: fmt.Sprintf(
+		"%s; if another client uses client ID %q (replicas sharing one file), give each its own clientID, e.g. name-${HOSTNAME}; reconnecting in %s",
+		why, clientID, g.waitLocked().Round(time.Millisecond))}
+}
+
+func (g *flapGuard) sessionTakenOver() {
+	g.mu.Lock()
+	g.takenOver = true
+	g.mu.Unlock()
+}
+
+// wait is how long the next connection attempt must wait.
+func (g *flapGuard) wait() time.Duration {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.waitLocked()
+}
+
+func (g *flapGuard) waitLocked() time.Duration {
+	if g.flaps == 0 {
+		return 0
+	}
+	return max(0, g.backoff(g.flaps)-time.Since(g.lostAt))
 }
 
 func reasonString(d *paho.Disconnect) string {

@@ -63,17 +63,15 @@ func (s *Sink) Start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	cc.OnConnectionUp = func(_ *autopaho.ConnectionManager, ca *paho.Connack) {
+	markUp := cc.OnConnectionUp
+	cc.OnConnectionUp = func(cm *autopaho.ConnectionManager, ca *paho.Connack) {
+		markUp(cm, ca)
 		window := int32(65535) // MQTT 5: an absent Receive Maximum means 65,535
 		if ca != nil && ca.Properties != nil && ca.Properties.ReceiveMaximum != nil {
 			window = int32(*ca.Properties.ReceiveMaximum)
 		}
 		s.window.Store(window)
 		s.report(connectors.ConnState{Up: true, Reason: "Connected"})
-	}
-	cc.OnConnectionDown = func() bool {
-		s.report(connectors.ConnState{Reason: "ConnectionLost", Detail: "reconnecting"})
-		return true
 	}
 	runCtx, cancel := context.WithCancel(context.Background())
 	cm, err := autopaho.NewConnection(runCtx, cc)

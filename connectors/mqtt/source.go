@@ -116,7 +116,9 @@ func (s *Source) Start(ctx context.Context, filters []string) error {
 	s.mu.Lock()
 	s.runCtx, s.cancel = runCtx, cancel
 	s.mu.Unlock()
+	markUp := cc.OnConnectionUp
 	cc.OnConnectionUp = func(cm *autopaho.ConnectionManager, ca *paho.Connack) {
+		markUp(cm, ca)
 		// Must not block: subscribe from a goroutine Close waits for.
 		s.subs.Add(1)
 		go func() {
@@ -135,10 +137,6 @@ func (s *Source) Start(ctx context.Context, filters []string) error {
 			}
 			s.report(connectors.ConnState{Up: true, Reason: "Connected", Detail: detail})
 		}()
-	}
-	cc.OnConnectionDown = func() bool {
-		s.report(connectors.ConnState{Reason: "ConnectionLost", Detail: "reconnecting"})
-		return true
 	}
 	cm, err := autopaho.NewConnection(runCtx, cc)
 	if err != nil {
