@@ -188,7 +188,7 @@ func TestMQTTTLS(t *testing.T) {
 			return false
 		}
 		last = st.Conditions[0].Reason + ": " + st.Conditions[0].Message
-		return st.Conditions[0].Status == "False" && st.Conditions[0].Message != ""
+		return st.Conditions[0].Status == "False" && strings.Contains(st.Conditions[0].Message, "certificate required")
 	})
 	t.Logf("without a client certificate: %s", last)
 	if st, _ := c2.Status("mqtt-tls-nocert"); st.Counters.Received != 0 {

@@ -265,7 +265,40 @@ func dial(ctx context.Context, addr string, useTLS bool, tlsCfg *tls.Config) (ne
 	if err != nil {
 		return nil, err
 	}
-	return &bufferedConn{Conn: conn, r: bufio.NewReaderSize(conn, 64<<10)}, nil
+	br := bufio.NewReaderSize(conn, 64<<10)
+	if tc, ok := conn.(*tls.Conn); ok && tc.ConnectionState().Version == tls.VersionTLS13 {
+		if err := tlsRefusal(tc, br); err != nil {
+			conn.Close()
+			return nil, err
+		}
+	}
+	return &bufferedConn{Conn: conn, r: br}, nil
+}
+
+// tlsAlertWait is how long dial waits for a TLS 1.3 server to refuse the
+// client's certificate.
+const tlsAlertWait = 100 * time.Millisecond
+
+// tlsRefusal reports the alert of a TLS 1.3 server that refused the
+// session after the handshake. Such a server checks the client certificate
+// (or its absence) only once the client has finished its side, and its
+// alert shows only on the client's next read; without this wait paho would
+// report merely that the connection closed. An MQTT broker sends nothing
+// before CONNECT, so a read that times out means the session stands (a
+// timeout does not spoil a tls.Conn), and Peek keeps anything it read.
+func tlsRefusal(c *tls.Conn, br *bufio.Reader) error {
+	if err := c.SetReadDeadline(time.Now().Add(tlsAlertWait)); err != nil {
+		return err
+	}
+	_, err := br.Peek(1)
+	if derr := c.SetReadDeadline(time.Time{}); derr != nil {
+		return derr
+	}
+	var ne net.Error
+	if err == nil || errors.As(err, &ne) && ne.Timeout() {
+		return nil
+	}
+	return fmt.Errorf("the broker ended the TLS session after the handshake (a refused or missing client certificate?): %w", err)
 }
 
 // bufferedConn reads through a buffer and writes each MQTT packet whole.
