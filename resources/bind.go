@@ -300,9 +300,23 @@ func (b *binder) bindAMQP(ra *rawAMQP) {
 	}
 	q := ra.Queue
 	qp := base + ".queue"
-	a.Queue = AMQPQueue{Name: q.Name, Quorum: q.Type == "quorum", Durable: q.Durable, Exclusive: q.Name == ""}
+	a.Queue = AMQPQueue{Name: q.Name, Quorum: q.Type == "quorum", Passive: q.Passive, Durable: q.Durable, Exclusive: q.Name == ""}
 	if q.Exclusive != nil {
 		a.Queue.Exclusive = *q.Exclusive
+	}
+	if q.Passive {
+		// The queue's properties are the existing queue's own.
+		a.Queue.Exclusive = false
+		switch {
+		case q.Name == "":
+			b.fail(qp+".passive", b.at(qp+".passive"), "true", "amqp-queue",
+				"needs a queue name: passive uses a queue that already exists", "name the queue: queue: {name: orders, passive: true}")
+		case q.Type != "" || q.Durable || q.Exclusive != nil:
+			b.fail(qp+".passive", b.at(qp+".passive"), "true", "amqp-queue",
+				"uses the queue as it was declared, so type, durable and exclusive would be ignored",
+				"remove type, durable and exclusive, or passive")
+		}
+		return
 	}
 	switch {
 	case a.Queue.Quorum && (q.Name == "" || !q.Durable || a.Queue.Exclusive):

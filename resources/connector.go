@@ -166,7 +166,10 @@ type AMQPQueue struct {
 	Name string
 	// Quorum declares a quorum queue (x-queue-type: quorum) instead of a
 	// classic one; it is named, durable and not exclusive.
-	Quorum    bool
+	Quorum bool
+	// Passive uses a queue that already exists, as it was declared
+	// (whatever its type and arguments), instead of declaring it.
+	Passive   bool
 	Durable   bool
 	Exclusive bool
 }

@@ -171,6 +171,9 @@ func TestRules(t *testing.T) {
 		{"amqp quorum queue", amqpIn, []string{"  weida:\n", "    amqp: {queue: {name: q, type: quorum, durable: true, exclusive: false}}\n  weida:\n"}, nil},
 		{"amqp quorum queue not durable", amqpIn, []string{"  weida:\n", "    amqp: {queue: {name: q, type: quorum, exclusive: false}}\n  weida:\n"}, []diag{{"spec.broker.amqp.queue.type", "amqp-queue"}}},
 		{"amqp quorum queue unnamed", amqpIn, []string{"  weida:\n", "    amqp: {queue: {type: quorum}}\n  weida:\n"}, []diag{{"spec.broker.amqp.queue.type", "amqp-queue"}}},
+		{"amqp passive queue", amqpIn, []string{"  weida:\n", "    amqp: {queue: {name: q, passive: true}}\n  weida:\n"}, nil},
+		{"amqp passive queue unnamed", amqpIn, []string{"  weida:\n", "    amqp: {queue: {passive: true}}\n  weida:\n"}, []diag{{"spec.broker.amqp.queue.passive", "amqp-queue"}}},
+		{"amqp passive queue with durable", amqpIn, []string{"  weida:\n", "    amqp: {queue: {name: q, passive: true, durable: true}}\n  weida:\n"}, []diag{{"spec.broker.amqp.queue.passive", "amqp-queue"}}},
 		{"amqp queue type unknown", amqpIn, []string{"  weida:\n", "    amqp: {queue: {name: q, type: stream}}\n  weida:\n"}, []diag{{"spec.broker.amqp.queue.type", "oneof"}}},
 		{"amqp durable exclusive queue", amqpIn, []string{"  weida:\n", "    amqp: {queue: {name: q, durable: true, exclusive: true}}\n  weida:\n"}, []diag{{"spec.broker.amqp.queue.exclusive", "amqp-queue"}}},
 

@@ -90,6 +90,7 @@ type rawAMQP struct {
 type rawQueue struct {
 	Name      string `yaml:"name" validate:"omitempty,amqpname"`
 	Type      string `yaml:"type" validate:"omitempty,oneof=classic quorum"`
+	Passive   bool   `yaml:"passive"`
 	Durable   bool   `yaml:"durable"`
 	Exclusive *bool  `yaml:"exclusive"`
 }

@@ -48,7 +48,7 @@ func amqpConfig(c *resources.Connector, creds resources.ResolvedCredentials, env
 		Password:       creds.Password.Reveal(),
 		TLS:            tlsCfg,
 		Exchange:       o.Exchange,
-		Queue:          amqp.Queue{Name: o.Queue.Name, Quorum: o.Queue.Quorum, Durable: o.Queue.Durable, Exclusive: o.Queue.Exclusive},
+		Queue:          amqp.Queue{Name: o.Queue.Name, Quorum: o.Queue.Quorum, Passive: o.Queue.Passive, Durable: o.Queue.Durable, Exclusive: o.Queue.Exclusive},
 		Prefetch:       o.Prefetch,
 		ConnectionName: c.Broker.ClientID,
 		LoopMarker:     env.marker,

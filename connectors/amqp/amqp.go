@@ -119,6 +119,11 @@ type Queue struct {
 	// RabbitMQ replicates across a cluster's nodes. It needs a Name and
 	// Durable, and excludes Exclusive.
 	Quorum bool
+	// Passive uses the existing queue Name as it was declared, whatever
+	// its type and arguments (queue.declare passive), instead of declaring
+	// it; Durable, Exclusive and Quorum are then ignored. A queue that does
+	// not exist is reported as DeclareFailed until it does.
+	Passive bool
 }
 
 func (c *Config) validate() error {
@@ -138,7 +143,10 @@ func (c *Config) validate() error {
 	if c.Queue.Durable && c.Queue.Exclusive {
 		return fmt.Errorf("amqp: queue %q cannot be both durable and exclusive: an exclusive queue is deleted with its connection", c.Queue.Name)
 	}
-	if c.Queue.Quorum && (c.Queue.Name == "" || !c.Queue.Durable || c.Queue.Exclusive) {
+	if c.Queue.Passive && c.Queue.Name == "" {
+		return fmt.Errorf("amqp: a passive queue needs a name")
+	}
+	if c.Queue.Quorum && !c.Queue.Passive && (c.Queue.Name == "" || !c.Queue.Durable || c.Queue.Exclusive) {
 		return fmt.Errorf("amqp: a quorum queue must be named, durable and not exclusive")
 	}
 	if strings.HasPrefix(c.Queue.Name, "amq.") {

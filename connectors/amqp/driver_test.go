@@ -290,6 +290,29 @@ func TestSourceQuorumQueue(t *testing.T) {
 	waitFor(t, "an empty queue", func() bool { return queueDepth(t, ch, queue) == 0 })
 }
 
+// TestSourcePassiveQueue: a queue an operator declared with arguments of
+// its own (here a length limit) cannot be declared again without them;
+// passive uses it as it is.
+func TestSourcePassiveQueue(t *testing.T) {
+	requireBroker(t)
+	_, ch := directChannel(t)
+	name := "drv-" + conntest.Unique()
+	if _, err := ch.QueueDeclare(name, true, false, false, false, amqp.Table{"x-max-length": int32(1000)}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { deleteQueue(t, name) })
+	key := name + ".passive"
+	src, _, _ := durableSource(t, key, func(c *Config) {
+		c.Queue = Queue{Name: name, Passive: true}
+	})
+	publish(t, ch, key, "p1")
+	m, ack, err := src.Read(testCtx(t))
+	if err != nil || string(m.Payload) != "p1" {
+		t.Fatalf("Read = %v, %v", m, err)
+	}
+	ack(nil)
+}
+
 // TestSourcePrefetchBound: with prefetch 3 and nothing settled, the broker
 // delivers three messages and keeps the rest.
 func TestSourcePrefetchBound(t *testing.T) {

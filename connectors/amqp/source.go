@@ -184,7 +184,11 @@ func (s *Source) setup(l *link, keys []string) (string, error) {
 	if q.Quorum {
 		args = amqp.Table{"x-queue-type": "quorum"}
 	}
-	decl, err := l.ch.QueueDeclare(q.Name, q.Durable, false, exclusive, false, args)
+	declare := l.ch.QueueDeclare
+	if q.Passive {
+		declare, exclusive = l.ch.QueueDeclarePassive, false
+	}
+	decl, err := declare(q.Name, q.Durable, false, exclusive, false, args)
 	if err != nil {
 		return "", fmt.Errorf("amqp: declare queue %q: %w", q.Name, err)
 	}
