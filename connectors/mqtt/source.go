@@ -181,13 +181,7 @@ func (s *Source) Retire(ctx context.Context) error {
 	if cm == nil || len(filters) == 0 {
 		return nil
 	}
-	unsub := &paho.Unsubscribe{}
-	for _, f := range filters {
-		unsub.Topics = append(unsub.Topics, s.subscription(f))
-	}
-	ctx, cancel := context.WithTimeout(ctx, s.timeout())
-	defer cancel()
-	if _, err := cm.Unsubscribe(ctx, unsub); err != nil {
+	if err := s.unsubscribe(ctx, cm, filters); err != nil {
 		return fmt.Errorf("mqtt: withdrawing the subscriptions of a removed resource: %w", err)
 	}
 	s.log.Info("mqtt: withdrew the subscriptions of a removed resource", "filters", filters)
@@ -204,13 +198,7 @@ func (s *Source) withdrawStale(ctx context.Context, cm *autopaho.ConnectionManag
 	if len(stale) == 0 {
 		return
 	}
-	unsub := &paho.Unsubscribe{}
-	for _, f := range stale {
-		unsub.Topics = append(unsub.Topics, s.subscription(f))
-	}
-	ctx, cancel := context.WithTimeout(ctx, s.timeout())
-	defer cancel()
-	if _, err := cm.Unsubscribe(ctx, unsub); err != nil {
+	if err := s.unsubscribe(ctx, cm, stale); err != nil {
 		if ctx.Err() == nil {
 			s.log.Warn("mqtt: could not withdraw the subscriptions of removed routes; their messages are counted as no-route", "filters", stale, "err", err)
 		}
@@ -220,6 +208,19 @@ func (s *Source) withdrawStale(ctx context.Context, cm *autopaho.ConnectionManag
 	s.stale = nil
 	s.mu.Unlock()
 	s.log.Info("mqtt: withdrew the subscriptions of routes a reload removed", "filters", stale)
+}
+
+// unsubscribe withdraws the broker's subscriptions to filters, waiting at
+// most the connect timeout for the UNSUBACK.
+func (s *Source) unsubscribe(ctx context.Context, cm *autopaho.ConnectionManager, filters []string) error {
+	unsub := &paho.Unsubscribe{}
+	for _, f := range filters {
+		unsub.Topics = append(unsub.Topics, s.subscription(f))
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.timeout())
+	defer cancel()
+	_, err := cm.Unsubscribe(ctx, unsub)
+	return err
 }
 
 func (s *Source) timeout() time.Duration {
