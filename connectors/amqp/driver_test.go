@@ -246,6 +246,13 @@ func TestSourceVoidTagsAfterReconnect(t *testing.T) {
 func TestSourceNackRequeues(t *testing.T) {
 	key := conntest.Unique() + ".nack"
 	src, _, queue := durableSource(t, key, nil)
+	checkNackRequeues(t, src, key, queue)
+}
+
+// checkNackRequeues publishes one message for key, nacks it, and expects
+// it delivered again and then, acknowledged, gone from queue.
+func checkNackRequeues(t *testing.T, src *Source, key, queue string) {
+	t.Helper()
 	_, ch := directChannel(t)
 	ctx := testCtx(t)
 	publish(t, ch, key, "again")
@@ -274,20 +281,7 @@ func TestSourceQuorumQueue(t *testing.T) {
 	if !regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(queue) + `\s+quorum\s*$`).Match(out) {
 		t.Fatalf("queue %s is not a quorum queue:\n%s", queue, out)
 	}
-	_, ch := directChannel(t)
-	ctx := testCtx(t)
-	publish(t, ch, key, "q1")
-	_, ack, err := src.Read(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ack(errors.New("weida hand-off failed"))
-	m, ack2, err := src.Read(ctx)
-	if err != nil || string(m.Payload) != "q1" {
-		t.Fatalf("after nack: %v %v", m, err)
-	}
-	ack2(nil)
-	waitFor(t, "an empty queue", func() bool { return queueDepth(t, ch, queue) == 0 })
+	checkNackRequeues(t, src, key, queue)
 }
 
 // TestSourcePassiveQueue: a queue an operator declared with arguments of
