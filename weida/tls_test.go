@@ -225,6 +225,12 @@ func TestClientAllowlistHandshakeFailure(t *testing.T) {
 		if st, aerr := qc.AcceptUniStream(testCtx(t)); aerr == nil {
 			t.Fatalf("the refused client was sent stream %d", st.StreamID())
 		}
+		// AcceptUniStream can return a moment before the connection's
+		// context records why it closed.
+		select {
+		case <-qc.Context().Done():
+		case <-time.After(5 * time.Second):
+		}
 		err = context.Cause(qc.Context())
 	}
 	var te *quic.TransportError
