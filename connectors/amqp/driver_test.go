@@ -249,6 +249,18 @@ func TestSourceNackRequeues(t *testing.T) {
 	checkNackRequeues(t, src, key, queue)
 }
 
+// roundTrip publishes payload for key and expects src to deliver it, then
+// acknowledges it.
+func roundTrip(t *testing.T, src *Source, ch *amqp.Channel, key, payload string) {
+	t.Helper()
+	publish(t, ch, key, payload)
+	m, ack, err := src.Read(testCtx(t))
+	if err != nil || string(m.Payload) != payload {
+		t.Fatalf("Read = %v, %v; want %q", m, err, payload)
+	}
+	ack(nil)
+}
+
 // checkNackRequeues publishes one message for key, nacks it, and expects
 // it delivered again and then, acknowledged, gone from queue.
 func checkNackRequeues(t *testing.T, src *Source, key, queue string) {
@@ -299,12 +311,7 @@ func TestSourcePassiveQueue(t *testing.T) {
 	src, _, _ := durableSource(t, key, func(c *Config) {
 		c.Queue = Queue{Name: name, Passive: true}
 	})
-	publish(t, ch, key, "p1")
-	m, ack, err := src.Read(testCtx(t))
-	if err != nil || string(m.Payload) != "p1" {
-		t.Fatalf("Read = %v, %v", m, err)
-	}
-	ack(nil)
+	roundTrip(t, src, ch, key, "p1")
 }
 
 // TestSourcePrefetchBound: with prefetch 3 and nothing settled, the broker
@@ -356,12 +363,7 @@ func TestSourceQueueDeleted(t *testing.T) {
 	if rec.count(reason("ConsumerCancelled")) == 0 {
 		t.Fatalf("the cancellation was not reported: %s", rec)
 	}
-	publish(t, ch, key, "after")
-	m, ack, err := src.Read(testCtx(t))
-	if err != nil || string(m.Payload) != "after" {
-		t.Fatalf("after re-declaration: %v %v", m, err)
-	}
-	ack(nil)
+	roundTrip(t, src, ch, key, "after")
 }
 
 // TestSourceDeclareRefusedThenFixed: a queue that exists with other
@@ -434,12 +436,7 @@ func TestSourceServerNamedQueue(t *testing.T) {
 		t.Fatalf("state does not name the server-named queue: %s", rec)
 	}
 	_, ch := directChannel(t)
-	publish(t, ch, key, "hi")
-	m, ack, err := src.Read(testCtx(t))
-	if err != nil || string(m.Payload) != "hi" {
-		t.Fatalf("%v %v", m, err)
-	}
-	ack(nil)
+	roundTrip(t, src, ch, key, "hi")
 }
 
 // TestSinkConfirmsAndReturns: many concurrent Writes, half of them to a
