@@ -11,13 +11,15 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"weida.dev/connector/internal/cli"
 )
 
 // Exit codes shared by every subcommand.
 const (
-	exitOK      = 0
-	exitFailure = 1
-	exitUsage   = 2
+	exitOK      = cli.ExitOK
+	exitFailure = cli.ExitFailure
+	exitUsage   = cli.ExitUsage
 )
 
 // version is set at link time (-ldflags "-X main.version=...").
