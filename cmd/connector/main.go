@@ -13,6 +13,7 @@ import (
 	"syscall"
 
 	"weida.dev/connector/internal/cli"
+	"weida.dev/connector/weida/weidacli"
 )
 
 // Exit codes shared by every subcommand.
@@ -37,7 +38,7 @@ func commands() []command {
 		{"check", "validate resource files without connecting anywhere", cmdCheck},
 		{"explain", "show how a filter or topic converts under a policy", cmdExplain},
 		{"demo", "run an embedded demonstration; needs no broker", cmdDemo},
-		{"weida", "talk to weida endpoints directly (sub, pub, bench)", cmdWeida},
+		{"weida", "talk to weida endpoints directly (sub, pub, bench)", weidacli.Main},
 		{"version", "print the version", cmdVersion},
 	}
 }

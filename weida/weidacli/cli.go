@@ -1,4 +1,10 @@
-package main
+// Package weidacli is the "connector weida" tool: a weida subscriber (sub),
+// a publisher fed from stdin (pub) and a benchmark against raw quic-go
+// (bench), for operators who want to look at or feed a weida endpoint
+// without writing a resource file. It uses only the weida peer and its
+// subpackages, never the bridge runtime, so what it shows is what any weida
+// client would see.
+package weidacli
 
 import (
 	"context"
@@ -12,10 +18,11 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"weida.dev/connector/internal/cli"
 	"weida.dev/connector/weida/topic"
 )
 
-const weidaUsage = `usage: connector weida <command> [flags]
+const toolUsage = `usage: connector weida <command> [flags]
 
 Talks to weida endpoints directly, without a resource file: look at what a
 connector publishes, feed a connector that dials a weida publisher, or
@@ -54,34 +61,40 @@ matched 1, queued 1, dropped 0"), and shell 2 prints:
 
 End shell 1 with Ctrl-D (end of input), shell 2 with Ctrl-C or --count N.`
 
-// cmdWeida dispatches the weida subcommands.
-func cmdWeida(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+// Main runs the tool with args, the arguments after "connector weida"
+// (the subcommand first), and returns the process exit status: 0 on
+// success, 1 when the command fails, 2 on a usage error. It reads stdin
+// only for pub, writes results to stdout and diagnostics to stderr, and
+// returns once every goroutine it started has ended, except that pub's
+// reader of stdin may stay blocked in stdin.Read until stdin ends. Ending
+// ctx interrupts it as Ctrl-C would; each subcommand's --help says what an
+// interruption means for its exit status.
+func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
-		fmt.Fprintln(stderr, weidaUsage)
-		return exitUsage
+		fmt.Fprintln(stderr, toolUsage)
+		return cli.ExitUsage
 	}
 	switch args[0] {
 	case "-h", "-help", "--help", "help":
-		fmt.Fprintln(stdout, weidaUsage)
-		return exitOK
+		fmt.Fprintln(stdout, toolUsage)
+		return cli.ExitOK
 	case "sub":
-		return cmdWeidaSub(ctx, args[1:], stdout, stderr)
+		return cmdSub(ctx, args[1:], stdout, stderr)
 	case "pub":
-		return cmdWeidaPub(ctx, args[1:], stdin, stdout, stderr)
+		return cmdPub(ctx, args[1:], stdin, stdout, stderr)
 	case "bench":
-		return cmdWeidaBench(ctx, args[1:], stdout, stderr)
+		return cmdBench(ctx, args[1:], stdout, stderr)
 	}
-	fmt.Fprintf(stderr, "connector weida: unknown command %q\n\n%s\n", args[0], weidaUsage)
-	return exitUsage
+	fmt.Fprintf(stderr, "connector weida: unknown command %q\n\n%s\n", args[0], toolUsage)
+	return cli.ExitUsage
 }
 
 // parseInterspersed parses flags that may come before, between and after
 // positional arguments (connector weida sub URL --filter F), which the
 // flag package alone stops at. Everything after "--" is positional. done
-// and code are those of parseFlags: --help prints the usage to stdout and
-// gives exitOK, a bad flag prints the error and the usage to stderr and
-// gives exitUsage. (It does not call parseFlags, whose flag.Parse prints
-// the usage to stderr before parseFlags prints it again to stdout.)
+// and code are those of cli.ParseFlags: --help prints the usage to stdout
+// and gives cli.ExitOK, a bad flag prints the error and the usage to stderr
+// and gives cli.ExitUsage.
 func parseInterspersed(fs *flag.FlagSet, args []string, stdout io.Writer) (positional []string, code int, done bool) {
 	usage := fs.Usage
 	fs.Usage = func() {} // flag.Parse calls it on every error; print once, below
@@ -91,18 +104,18 @@ func parseInterspersed(fs *flag.FlagSet, args []string, stdout io.Writer) (posit
 		if errors.Is(err, flag.ErrHelp) {
 			fs.SetOutput(stdout)
 			usage()
-			return nil, exitOK, true
+			return nil, cli.ExitOK, true
 		}
 		if err != nil {
 			usage()
-			return nil, exitUsage, true
+			return nil, cli.ExitUsage, true
 		}
 		rest := fs.Args()
 		if len(rest) == 0 {
-			return positional, exitOK, false
+			return positional, cli.ExitOK, false
 		}
 		if consumed := len(args) - len(rest); consumed > 0 && args[consumed-1] == "--" {
-			return append(positional, rest...), exitOK, false
+			return append(positional, rest...), cli.ExitOK, false
 		}
 		positional = append(positional, rest[0])
 		args = rest[1:]
@@ -110,11 +123,11 @@ func parseInterspersed(fs *flag.FlagSet, args []string, stdout io.Writer) (posit
 }
 
 // usageError prints a usage error of the named command and returns
-// exitUsage.
+// cli.ExitUsage.
 func usageError(stderr io.Writer, cmd, format string, a ...any) int {
 	fmt.Fprintf(stderr, "connector weida %s: %s\n", cmd, fmt.Sprintf(format, a...))
 	fmt.Fprintf(stderr, "Run 'connector weida %s --help' for usage.\n", cmd)
-	return exitUsage
+	return cli.ExitUsage
 }
 
 // explainFilterError says, in words, which rule of weida's filter grammar

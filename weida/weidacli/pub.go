@@ -1,4 +1,4 @@
-package main
+package weidacli
 
 import (
 	"bufio"
@@ -16,12 +16,13 @@ import (
 	"strings"
 	"time"
 
+	"weida.dev/connector/internal/cli"
 	"weida.dev/connector/weida"
 	"weida.dev/connector/weida/address"
 	"weida.dev/connector/weida/topic"
 )
 
-const weidaPubSynopsis = `connector weida pub --path P [--path Q...] [--listen ADDR] [--cert FILE --key FILE]
+const pubSynopsis = `connector weida pub --path P [--path Q...] [--listen ADDR] [--cert FILE --key FILE]
            [--allow sha256:<hex>...] [--wait-subscribers N] [--quiet] [--strict]
 
 Hosts a weida publisher endpoint: binds ADDR (UDP), registers each --path,
@@ -57,9 +58,9 @@ subscribers; 2 on a usage error.`
 // in base64 inside JSON, with room to spare.
 const maxPubLine = 16 << 20
 
-func cmdWeidaPub(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	fs := newFlagSet("weida pub", weidaPubSynopsis, stderr)
-	var paths, allow stringList
+func cmdPub(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	fs := cli.NewFlagSet("weida pub", pubSynopsis, stderr)
+	var paths, allow cli.StringList
 	fs.Var(&paths, "path", "a publisher path to host, starting with '/'; repeatable")
 	listen := fs.String("listen", "127.0.0.1:4433", "UDP address to bind, host:port (port 0 picks a free one)")
 	certFile := fs.String("cert", "", "certificate chain (PEM); without it a self-signed certificate is generated")
@@ -109,14 +110,14 @@ func cmdWeidaPub(ctx context.Context, args []string, stdin io.Reader, stdout, st
 	})
 	if err != nil {
 		fmt.Fprintf(stderr, "connector weida pub: %v\n", err)
-		return exitFailure
+		return cli.ExitFailure
 	}
 	defer l.Close()
 	pubs := make(map[string]*weida.Publisher, len(paths))
 	for _, p := range paths {
 		if pubs[p], err = l.Publisher(p); err != nil {
 			fmt.Fprintf(stderr, "connector weida pub: %v\n", err)
-			return exitFailure
+			return cli.ExitFailure
 		}
 	}
 	writePubBanner(stdout, l, paths)
@@ -124,7 +125,7 @@ func cmdWeidaPub(ctx context.Context, args []string, stdin io.Reader, stdout, st
 	pp := &pubRun{l: l, pubs: pubs, first: paths[0], quiet: *quiet, stdout: stdout, stderr: stderr}
 	if *wait > 0 && !pp.waitSubscribers(ctx, *wait) {
 		fmt.Fprintln(stderr, "connector weida pub: interrupted while waiting for subscribers")
-		return exitFailure
+		return cli.ExitFailure
 	}
 	code = pp.publishLines(ctx, stdin, *strict)
 	pp.finish(ctx, *drain, *linger)
@@ -204,27 +205,27 @@ func (pp *pubRun) publishLines(ctx context.Context, r io.Reader, strict bool) in
 		var in inputLine
 		select {
 		case <-ctx.Done():
-			return exitOK
+			return cli.ExitOK
 		case in = <-lines:
 		}
 		switch {
 		case in.eof:
-			return exitOK
+			return cli.ExitOK
 		case in.err != nil:
 			fmt.Fprintf(pp.stderr, "connector weida pub: reading stdin: %v\n", in.err)
-			return exitFailure
+			return cli.ExitFailure
 		}
 		err := pp.publishLine(ctx, in)
 		if err == nil {
 			continue
 		}
 		if ctx.Err() != nil {
-			return exitOK
+			return cli.ExitOK
 		}
 		pp.invalid++
 		if strict {
 			fmt.Fprintf(pp.stderr, "connector weida pub: line %d: %v\n", in.n, err)
-			return exitFailure
+			return cli.ExitFailure
 		}
 		fmt.Fprintf(pp.stderr, "connector weida pub: line %d: %v; skipped\n", in.n, err)
 	}

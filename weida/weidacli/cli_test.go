@@ -1,4 +1,4 @@
-package main
+package weidacli
 
 import (
 	"bufio"
@@ -25,8 +25,17 @@ import (
 
 	"go.uber.org/goleak"
 
+	"weida.dev/connector/internal/cli"
 	"weida.dev/connector/weida"
 )
+
+// runCLI runs Main to its end with stdin and returns what it printed.
+func runCLI(t *testing.T, stdin string, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	code = Main(context.Background(), args, strings.NewReader(stdin), &out, &errb)
+	return code, out.String(), errb.String()
+}
 
 // syncBuffer is a bytes.Buffer safe for the concurrent writes of a
 // command's goroutines (slog handlers write from the listener's).
@@ -47,7 +56,7 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-// cliProc is one run() in a goroutine, with stdin a pipe and stdout read
+// cliProc is one Main() in a goroutine, with stdin a pipe and stdout read
 // line by line as it is written.
 type cliProc struct {
 	t      *testing.T
@@ -77,7 +86,7 @@ func startCLI(t *testing.T, args ...string) *cliProc {
 		close(p.lines)
 	}()
 	go func() {
-		code := run(ctx, args, inR, outW, p.stderr)
+		code := Main(ctx, args, inR, outW, p.stderr)
 		_ = outW.Close()
 		_ = inR.Close()
 		p.code <- code
@@ -137,32 +146,32 @@ func (p *cliProc) write(s string) {
 // returns it with the URL its banner suggests for the first path.
 func startPub(t *testing.T, args ...string) (*cliProc, string) {
 	t.Helper()
-	p := startCLI(t, append([]string{"weida", "pub", "--listen", "127.0.0.1:0"}, args...)...)
+	p := startCLI(t, append([]string{"pub", "--listen", "127.0.0.1:0"}, args...)...)
 	m := p.waitLine(`^  connector weida sub '(weida://sha256:[0-9a-f]{64}@127\.0\.0\.1:[0-9]+/[^']*)' --filter ''$`)
 	return p, m[1]
 }
 
 func TestWeidaHelp(t *testing.T) {
 	for _, args := range [][]string{
-		{"weida", "--help"}, {"weida", "help"},
-		{"weida", "sub", "--help"}, {"weida", "pub", "--help"}, {"weida", "bench", "--help"},
-		{"weida", "sub", "weida://h:1/p", "--help"}, // after a positional argument too
+		{"--help"}, {"help"},
+		{"sub", "--help"}, {"pub", "--help"}, {"bench", "--help"},
+		{"sub", "weida://h:1/p", "--help"}, // after a positional argument too
 	} {
 		code, out, errOut := runCLI(t, "", args...)
-		if code != exitOK || !strings.Contains(out, "usage: connector weida") || errOut != "" {
+		if code != cli.ExitOK || !strings.Contains(out, "usage: connector weida") || errOut != "" {
 			t.Errorf("%v: code %d, stdout %q, stderr %q", args, code, out, errOut)
 		}
 	}
 	// The two-shell example of the README tour is in the help.
-	_, out, _ := runCLI(t, "", "weida", "--help")
+	_, out, _ := runCLI(t, "", "--help")
 	for _, want := range []string{"connector weida pub --listen 127.0.0.1:4433 --path /sensors --wait-subscribers 1",
 		"connector weida sub 'weida://sha256:", "--filter 'sensors.*.temp'"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("weida --help lacks %q", want)
 		}
 	}
-	for _, args := range [][]string{{"weida"}, {"weida", "bogus"}, {"weida", "sub", "--bogus"}} {
-		if code, _, errOut := runCLI(t, "", args...); code != exitUsage || !strings.Contains(errOut, "usage") {
+	for _, args := range [][]string{{}, {"bogus"}, {"sub", "--bogus"}} {
+		if code, _, errOut := runCLI(t, "", args...); code != cli.ExitUsage || !strings.Contains(errOut, "usage") {
 			t.Errorf("%v: code %d, stderr %q", args, code, errOut)
 		}
 	}
@@ -197,8 +206,8 @@ func TestWeidaSubUsage(t *testing.T) {
 		{"no trust", []string{"weida://127.0.0.1:1/p", "--filter", "a"}, []string{"pins no fingerprint", "--ca"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			code, out, errOut := runCLI(t, "", append([]string{"weida", "sub"}, tc.args...)...)
-			if code != exitUsage || out != "" {
+			code, out, errOut := runCLI(t, "", append([]string{"sub"}, tc.args...)...)
+			if code != cli.ExitUsage || out != "" {
 				t.Fatalf("code %d, stdout %q, stderr %q", code, out, errOut)
 			}
 			for _, w := range tc.want {
@@ -226,15 +235,15 @@ func TestWeidaPubUsage(t *testing.T) {
 		{"positional", []string{"--path", "/p", "extra"}, `unexpected argument "extra"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			code, out, errOut := runCLI(t, "", append([]string{"weida", "pub", "--listen", "127.0.0.1:0"}, tc.args...)...)
-			if code != exitUsage || out != "" || !strings.Contains(errOut, tc.want) {
+			code, out, errOut := runCLI(t, "", append([]string{"pub", "--listen", "127.0.0.1:0"}, tc.args...)...)
+			if code != cli.ExitUsage || out != "" || !strings.Contains(errOut, tc.want) {
 				t.Errorf("code %d, stdout %q, stderr %q; want %q", code, out, errOut, tc.want)
 			}
 		})
 	}
 	// A listen failure is not a usage error.
-	code, _, errOut := runCLI(t, "", "weida", "pub", "--listen", "256.0.0.1:0", "--path", "/p")
-	if code != exitFailure || errOut == "" {
+	code, _, errOut := runCLI(t, "", "pub", "--listen", "256.0.0.1:0", "--path", "/p")
+	if code != cli.ExitFailure || errOut == "" {
 		t.Errorf("unusable --listen: code %d, stderr %q", code, errOut)
 	}
 }
@@ -246,8 +255,8 @@ func TestWeidaPubSub(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	pub, url := startPub(t, "--path", "/sensors", "--path", "/other", "--wait-subscribers", "2")
 
-	text := startCLI(t, "weida", "sub", url, "--filter", "sensors.*.temp", "--count", "3")
-	js := startCLI(t, "weida", "sub", "--output", "json", url, "--filter", "", "--count", "4")
+	text := startCLI(t, "sub", url, "--filter", "sensors.*.temp", "--count", "3")
+	js := startCLI(t, "sub", "--output", "json", url, "--filter", "", "--count", "4")
 
 	// Lines that must not reach the text subscriber come first, so that a
 	// wrong match would take the place of a right one.
@@ -260,7 +269,7 @@ func TestWeidaPubSub(t *testing.T) {
 	pub.write(`{"topic":"sensors.bin.temp","payloadBase64":"AAEC/w=="}` + "\n")
 
 	code, out := text.wait()
-	if code != exitOK {
+	if code != cli.ExitOK {
 		t.Fatalf("text sub: code %d, stderr %q", code, text.stderr)
 	}
 	slices.Sort(out)
@@ -277,7 +286,7 @@ func TestWeidaPubSub(t *testing.T) {
 	}
 
 	code, out = js.wait()
-	if code != exitOK {
+	if code != cli.ExitOK {
 		t.Fatalf("json sub: code %d, stderr %q", code, js.stderr)
 	}
 	got := map[string]subJSON{}
@@ -310,7 +319,7 @@ func TestWeidaPubSub(t *testing.T) {
 
 	_ = pub.stdin.Close()
 	code, out = pub.wait()
-	if code != exitOK {
+	if code != cli.ExitOK {
 		t.Fatalf("pub: code %d, stderr %q", code, pub.stderr)
 	}
 	for _, w := range []string{
@@ -348,29 +357,29 @@ func equalSubJSON(a, b subJSON) bool {
 func TestWeidaSubEnds(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	pub, url := startPub(t, "--path", "/p", "--wait-subscribers", "3", "--quiet")
-	lost := startCLI(t, "weida", "sub", url, "--filter", "")
-	untilCount := startCLI(t, "weida", "sub", url, "--filter", "", "--count", "5")
-	forever := startCLI(t, "weida", "sub", url, "--filter", "a.#")
+	lost := startCLI(t, "sub", url, "--filter", "")
+	untilCount := startCLI(t, "sub", url, "--filter", "", "--count", "5")
+	forever := startCLI(t, "sub", url, "--filter", "a.#")
 	pub.write("a\tone\n")
 	for _, s := range []*cliProc{lost, untilCount, forever} {
 		s.waitLine("^a\tone$")
 	}
 
 	untilCount.cancel()
-	if code, _ := untilCount.wait(); code != exitFailure || !strings.Contains(untilCount.stderr.String(), "interrupted after 1 of 5 messages") {
+	if code, _ := untilCount.wait(); code != cli.ExitFailure || !strings.Contains(untilCount.stderr.String(), "interrupted after 1 of 5 messages") {
 		t.Errorf("interrupted before --count: code %d, stderr %q", code, untilCount.stderr)
 	}
 	forever.cancel()
-	if code, _ := forever.wait(); code != exitOK {
+	if code, _ := forever.wait(); code != cli.ExitOK {
 		t.Errorf("interrupted without --count: code %d, stderr %q", code, forever.stderr)
 	}
 
 	_ = pub.stdin.Close() // pub drains and closes its listener: SHUTDOWN
-	if code, out := pub.wait(); code != exitOK || !slices.Contains(out, "published 1 message: matched 3, queued 3, dropped 0; 3 copies written to QUIC") {
+	if code, out := pub.wait(); code != cli.ExitOK || !slices.Contains(out, "published 1 message: matched 3, queued 3, dropped 0; 3 copies written to QUIC") {
 		t.Errorf("pub: code %d, stdout %q, stderr %q", code, out, pub.stderr)
 	}
 	code, _ := lost.wait()
-	if errOut := lost.stderr.String(); code != exitFailure || !strings.Contains(errOut, "ended after 1 message") || !strings.Contains(errOut, "SHUTDOWN") {
+	if errOut := lost.stderr.String(); code != cli.ExitFailure || !strings.Contains(errOut, "ended after 1 message") || !strings.Contains(errOut, "SHUTDOWN") {
 		t.Errorf("lost connection: code %d, stderr %q", code, errOut)
 	}
 }
@@ -381,8 +390,8 @@ func TestWeidaSubEnds(t *testing.T) {
 func TestWeidaPubStrict(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	code, out, errOut := runCLI(t, "a.b\tx\n{\"topic\":\"a\",\"bogus\":1}\nc\td\n",
-		"weida", "pub", "--listen", "127.0.0.1:0", "--path", "/p", "--strict")
-	if code != exitFailure || !strings.Contains(errOut, `line 2: JSON: json: unknown field "bogus"`) {
+		"pub", "--listen", "127.0.0.1:0", "--path", "/p", "--strict")
+	if code != cli.ExitFailure || !strings.Contains(errOut, `line 2: JSON: json: unknown field "bogus"`) {
 		t.Errorf("code %d, stderr %q", code, errOut)
 	}
 	if !strings.Contains(out, "line 1: a.b: matched 0, queued 0, dropped 0") || strings.Contains(out, "line 3") ||
@@ -391,8 +400,8 @@ func TestWeidaPubStrict(t *testing.T) {
 	}
 
 	// --quiet: the banner and the summary only.
-	code, out, _ = runCLI(t, "a\tx\nb\ty\n", "weida", "pub", "--listen", "127.0.0.1:0", "--path", "/p", "--quiet")
-	if code != exitOK || strings.Contains(out, "line ") || !strings.Contains(out, "published 2 messages") {
+	code, out, _ = runCLI(t, "a\tx\nb\ty\n", "pub", "--listen", "127.0.0.1:0", "--path", "/p", "--quiet")
+	if code != cli.ExitOK || strings.Contains(out, "line ") || !strings.Contains(out, "published 2 messages") {
 		t.Errorf("--quiet: code %d, stdout %q", code, out)
 	}
 }
@@ -403,7 +412,7 @@ func TestWeidaPubInterrupted(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	p, _ := startPub(t, "--path", "/p", "--wait-subscribers", "1")
 	p.cancel()
-	if code, _ := p.wait(); code != exitFailure || !strings.Contains(p.stderr.String(), "interrupted while waiting for subscribers") {
+	if code, _ := p.wait(); code != cli.ExitFailure || !strings.Contains(p.stderr.String(), "interrupted while waiting for subscribers") {
 		t.Errorf("code %d, stderr %q", code, p.stderr)
 	}
 	_ = p.stdin.Close()
@@ -412,7 +421,7 @@ func TestWeidaPubInterrupted(t *testing.T) {
 	p.write("a\tb\n")
 	p.waitLine("^line 1: a: matched 0")
 	p.cancel()
-	if code, out := p.wait(); code != exitOK || !slices.Contains(out, "published 1 message: matched 0, queued 0, dropped 0; 0 copies written to QUIC") {
+	if code, out := p.wait(); code != cli.ExitOK || !slices.Contains(out, "published 1 message: matched 0, queued 0, dropped 0; 0 copies written to QUIC") {
 		t.Errorf("code %d, stdout %q, stderr %q", code, out, p.stderr)
 	}
 	_ = p.stdin.Close() // ends the goroutine reading it
@@ -420,8 +429,8 @@ func TestWeidaPubInterrupted(t *testing.T) {
 
 func TestWeidaBenchCommand(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
-	code, out, errOut := runCLI(t, "", "weida", "bench", "--messages", "100", "--rounds", "2", "--subscribers", "1,3", "--window", "16", "--output", "json")
-	if code != exitOK {
+	code, out, errOut := runCLI(t, "", "bench", "--messages", "100", "--rounds", "2", "--subscribers", "1,3", "--window", "16", "--output", "json")
+	if code != cli.ExitOK {
 		t.Fatalf("code %d, stderr %q", code, errOut)
 	}
 	var rep benchJSON
@@ -441,12 +450,12 @@ func TestWeidaBenchCommand(t *testing.T) {
 		t.Errorf("progress %q", errOut)
 	}
 
-	code, out, errOut = runCLI(t, "", "weida", "bench", "--messages", "50", "--rounds", "1", "--subscribers", "2", "--quiet")
-	if code != exitOK || errOut != "" || !strings.Contains(out, "weida, 2 subscribers") || !strings.Contains(out, "no ratio: add 1") {
+	code, out, errOut = runCLI(t, "", "bench", "--messages", "50", "--rounds", "1", "--subscribers", "2", "--quiet")
+	if code != cli.ExitOK || errOut != "" || !strings.Contains(out, "weida, 2 subscribers") || !strings.Contains(out, "no ratio: add 1") {
 		t.Errorf("text: code %d, stdout %q, stderr %q", code, out, errOut)
 	}
-	code, out, _ = runCLI(t, "", "weida", "bench", "--messages", "50", "--rounds", "1", "--subscribers", "1", "--quiet")
-	if code != exitOK || !regexp.MustCompile(`(?m)^raw quic-go +[0-9,]+ +[0-9,]+ +[0-9.]+µs`).MatchString(out) ||
+	code, out, _ = runCLI(t, "", "bench", "--messages", "50", "--rounds", "1", "--subscribers", "1", "--quiet")
+	if code != cli.ExitOK || !regexp.MustCompile(`(?m)^raw quic-go +[0-9,]+ +[0-9,]+ +[0-9.]+µs`).MatchString(out) ||
 		!regexp.MustCompile(`goal: at least 85% of raw quic-go's rate: (met|NOT met)`).MatchString(out) {
 		t.Errorf("text: code %d, stdout %q", code, out)
 	}
@@ -458,7 +467,7 @@ func TestWeidaBenchUsage(t *testing.T) {
 		{"--rounds", "0"}, {"--size", "0"}, {"--window", "0"}, {"--duration", "0s"},
 		{"--messages", "-1"}, {"--window", "100000"}, {"--output", "xml"}, {"extra"},
 	} {
-		if code, out, errOut := runCLI(t, "", append([]string{"weida", "bench"}, args...)...); code != exitUsage || out != "" || errOut == "" {
+		if code, out, errOut := runCLI(t, "", append([]string{"bench"}, args...)...); code != cli.ExitUsage || out != "" || errOut == "" {
 			t.Errorf("%v: code %d, stdout %q, stderr %q", args, code, out, errOut)
 		}
 	}
@@ -472,18 +481,18 @@ func TestWeidaAllow(t *testing.T) {
 	certFile, keyFile, fp := writeTestClientCert(t)
 	pub, url := startPub(t, "--path", "/p", "--allow", fp, "--wait-subscribers", "1")
 
-	code, _, errOut := runCLI(t, "", "weida", "sub", url, "--filter", "")
-	if code != exitFailure || !strings.Contains(errOut, "refused the client certificate") || !strings.Contains(errOut, "--cert and --key") {
+	code, _, errOut := runCLI(t, "", "sub", url, "--filter", "")
+	if code != cli.ExitFailure || !strings.Contains(errOut, "refused the client certificate") || !strings.Contains(errOut, "--cert and --key") {
 		t.Errorf("sub without a certificate: code %d, stderr %q", code, errOut)
 	}
 
-	sub := startCLI(t, "weida", "sub", url, "--filter", "", "--cert", certFile, "--key", keyFile, "--count", "1")
+	sub := startCLI(t, "sub", url, "--filter", "", "--cert", certFile, "--key", keyFile, "--count", "1")
 	pub.write("a\tadmitted\n")
-	if code, out := sub.wait(); code != exitOK || !slices.Equal(out, []string{"a\tadmitted"}) {
+	if code, out := sub.wait(); code != cli.ExitOK || !slices.Equal(out, []string{"a\tadmitted"}) {
 		t.Errorf("sub with the listed certificate: code %d, stdout %q, stderr %q", code, out, sub.stderr)
 	}
 	_ = pub.stdin.Close()
-	if code, _ := pub.wait(); code != exitOK {
+	if code, _ := pub.wait(); code != cli.ExitOK {
 		t.Errorf("pub: code %d, stderr %q", code, pub.stderr)
 	}
 }
@@ -539,13 +548,13 @@ func TestWeidaCAFile(t *testing.T) {
 		t.Fatalf("banner URL %q does not pin the certificate's fingerprint %s", url, fp)
 	}
 	unpinned := strings.Replace(url, fp+"@", "", 1)
-	sub := startCLI(t, "weida", "sub", unpinned, "--ca", certFile, "--filter", "a", "--count", "1")
+	sub := startCLI(t, "sub", unpinned, "--ca", certFile, "--filter", "a", "--count", "1")
 	pub.write("a\tvia CA\n")
-	if code, out := sub.wait(); code != exitOK || !slices.Equal(out, []string{"a\tvia CA"}) {
+	if code, out := sub.wait(); code != cli.ExitOK || !slices.Equal(out, []string{"a\tvia CA"}) {
 		t.Errorf("sub: code %d, stdout %q, stderr %q", code, out, sub.stderr)
 	}
 	_ = pub.stdin.Close()
-	if code, _ := pub.wait(); code != exitOK {
+	if code, _ := pub.wait(); code != cli.ExitOK {
 		t.Errorf("pub: code %d, stderr %q", code, pub.stderr)
 	}
 }

@@ -1,4 +1,4 @@
-package main
+package weidacli
 
 import (
 	"bytes"
@@ -13,6 +13,7 @@ import (
 
 	"pgregory.net/rapid"
 
+	"weida.dev/connector/internal/cli"
 	"weida.dev/connector/weida"
 	"weida.dev/connector/weida/topic"
 )
@@ -273,10 +274,10 @@ func TestParseInterspersed(t *testing.T) {
 		{nil, nil, nil},
 	} {
 		fs := flag.NewFlagSet("t", flag.ContinueOnError)
-		var filters stringList
+		var filters cli.StringList
 		fs.Var(&filters, "filter", "")
 		pos, code, done := parseInterspersed(fs, tc.args, io.Discard)
-		if done || code != exitOK || !slices.Equal(pos, tc.pos) || !slices.Equal(filters, tc.filters) {
+		if done || code != cli.ExitOK || !slices.Equal(pos, tc.pos) || !slices.Equal(filters, tc.filters) {
 			t.Errorf("%q: pos %q, filters %q, code %d, done %v", tc.args, pos, filters, code, done)
 		}
 	}

@@ -1,4 +1,4 @@
-package main
+package weidacli
 
 import (
 	"context"
@@ -12,12 +12,13 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"weida.dev/connector/internal/cli"
 	"weida.dev/connector/weida"
 	"weida.dev/connector/weida/address"
 	"weida.dev/connector/weida/topic"
 )
 
-const weidaSubSynopsis = `connector weida sub URL --filter F [--filter G...] [--count N] [--output text|json]
+const subSynopsis = `connector weida sub URL --filter F [--filter G...] [--count N] [--output text|json]
            [--ca FILE] [--cert FILE --key FILE] [--insecure-skip-verify-for-testing]
 
 Dials a weida publisher path, URL = weida://[sha256:<hex>@]host:port/path,
@@ -54,9 +55,9 @@ type subJSON struct {
 	PayloadBase64 *string `json:"payloadBase64,omitempty"`
 }
 
-func cmdWeidaSub(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := newFlagSet("weida sub", weidaSubSynopsis, stderr)
-	var filters stringList
+func cmdSub(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := cli.NewFlagSet("weida sub", subSynopsis, stderr)
+	var filters cli.StringList
 	fs.Var(&filters, "filter", "a weida filter to subscribe to; repeatable; '' matches every topic")
 	count := fs.Int("count", 0, "exit after this many messages; 0 runs until interrupted")
 	output := fs.String("output", "text", "output format: text or json")
@@ -122,13 +123,13 @@ func cmdWeidaSub(ctx context.Context, args []string, stdout, stderr io.Writer) i
 				fmt.Fprintln(stderr, "connector weida sub: if the publisher admits listed clients only (pub --allow), give --cert and --key")
 			}
 		}
-		return exitFailure
+		return cli.ExitFailure
 	}
 	defer sub.Close()
 	for _, f := range filters {
 		if err := sub.Subscribe(ctx, f); err != nil {
 			fmt.Fprintf(stderr, "connector weida sub: subscribing to %s: %v\n", safeText(f), err)
-			return exitFailure
+			return cli.ExitFailure
 		}
 	}
 	fmt.Fprintf(stderr, "connector weida sub: subscribed to %s on %s\n", quotedList(filters), addr)
@@ -143,21 +144,21 @@ func cmdWeidaSub(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		if err != nil {
 			if ctx.Err() != nil {
 				if *count == 0 {
-					return exitOK
+					return cli.ExitOK
 				}
 				fmt.Fprintf(stderr, "connector weida sub: interrupted after %d of %d messages\n", n, *count)
-				return exitFailure
+				return cli.ExitFailure
 			}
 			fmt.Fprintf(stderr, "connector weida sub: connection to %s ended after %s: %v\n", addr, countOf(n, "message", "messages"), err)
-			return exitFailure
+			return cli.ExitFailure
 		}
 		buf = write(buf[:0], &m)
 		if _, err := stdout.Write(buf); err != nil {
 			fmt.Fprintf(stderr, "connector weida sub: writing output: %v\n", err)
-			return exitFailure
+			return cli.ExitFailure
 		}
 	}
-	return exitOK
+	return cli.ExitOK
 }
 
 // writeSubText appends one text line for m.

@@ -1,4 +1,4 @@
-package main
+package weidacli
 
 import (
 	"context"
@@ -11,11 +11,12 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"weida.dev/connector/internal/cli"
 	"weida.dev/connector/weida"
 	"weida.dev/connector/weida/bench"
 )
 
-const weidaBenchSynopsis = `connector weida bench [--duration 1s | --messages N] [--size 256]
+const benchSynopsis = `connector weida bench [--duration 1s | --messages N] [--size 256]
            [--subscribers 1,10,100] [--rounds 5] [--output text|json]
 
 Measures, in one process over 127.0.0.1, how fast package weida delivers
@@ -41,8 +42,8 @@ a usage error.`
 // benchGoal is the share of raw quic-go's rate weida aims for (issue 2).
 const benchGoal = 0.85
 
-func cmdWeidaBench(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := newFlagSet("weida bench", weidaBenchSynopsis, stderr)
+func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := cli.NewFlagSet("weida bench", benchSynopsis, stderr)
 	duration := fs.Duration("duration", time.Second, "length of one sample")
 	messages := fs.Int64("messages", 0, "messages per sample instead of --duration (with both, whichever ends first)")
 	size := fs.Int("size", bench.DefaultSize, "payload bytes per message")
@@ -103,7 +104,7 @@ func cmdWeidaBench(ctx context.Context, args []string, stdout, stderr io.Writer)
 		} else {
 			fmt.Fprintf(stderr, "connector weida bench: %v\n", err)
 		}
-		return exitFailure
+		return cli.ExitFailure
 	}
 	if *output == "json" {
 		out, err := marshalJSONLine(benchJSONReport(rep))
@@ -112,12 +113,12 @@ func cmdWeidaBench(ctx context.Context, args []string, stdout, stderr io.Writer)
 		}
 		if err != nil {
 			fmt.Fprintf(stderr, "connector weida bench: %v\n", err)
-			return exitFailure
+			return cli.ExitFailure
 		}
-		return exitOK
+		return cli.ExitOK
 	}
 	writeBenchText(stdout, rep)
-	return exitOK
+	return cli.ExitOK
 }
 
 // parseCounts reads "1,10,100": positive, distinct integers.
