@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"syscall"
 
 	"weida.dev/connector/internal/cli"
@@ -23,8 +24,10 @@ const (
 	exitUsage   = cli.ExitUsage
 )
 
-// version is set at link time (-ldflags "-X main.version=...").
-var version = "dev"
+// version is set at link time (-ldflags "-X main.version=v1.2.3") by
+// release builds. Empty, the version recorded in the build information is
+// printed instead; see versionLine.
+var version string
 
 type command struct {
 	name    string
@@ -39,7 +42,7 @@ func commands() []command {
 		{"explain", "show how a filter or topic converts under a policy", cmdExplain},
 		{"demo", "run an embedded demonstration; needs no broker", cmdDemo},
 		{"weida", "talk to weida endpoints directly (sub, pub, bench)", weidacli.Main},
-		{"version", "print the version", cmdVersion},
+		{"version", "print the version and VCS revision of this build", cmdVersion},
 	}
 }
 
@@ -59,6 +62,9 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		}
 		usage(out)
 		return code
+	}
+	if args[0] == "--version" || args[0] == "-version" {
+		args = append([]string{"version"}, args[1:]...)
 	}
 	for _, c := range commands() {
 		if c.name == args[0] {
@@ -83,6 +89,36 @@ func cmdVersion(_ context.Context, args []string, _ io.Reader, stdout, stderr io
 	if code, done := parseFlags(fs, args, stdout); done {
 		return code
 	}
-	fmt.Fprintf(stdout, "connector %s\n", version)
+	bi, _ := debug.ReadBuildInfo() // nil when the binary has none
+	fmt.Fprintln(stdout, versionLine(version, bi))
 	return exitOK
+}
+
+// versionLine names the build: the version set at link time when there is
+// one, else the main module's version from bi, which is the tagged or
+// pseudo-version for a binary made by "go install module@version" and
+// "(devel)" for one built from a checkout; then the VCS revision and
+// whether the tree had uncommitted changes, when the build recorded them
+// (a build from a git checkout does, unless -buildvcs=false). bi may be nil
+// when the binary carries no build information.
+func versionLine(linked string, bi *debug.BuildInfo) string {
+	v := linked
+	if v == "" && bi != nil {
+		v = bi.Main.Version
+	}
+	if v == "" {
+		v = "(unknown)"
+	}
+	line := "connector " + v
+	if bi == nil {
+		return line
+	}
+	for _, key := range []string{"vcs.revision", "vcs.modified"} {
+		for _, s := range bi.Settings {
+			if s.Key == key {
+				line += " " + key + "=" + s.Value
+			}
+		}
+	}
+	return line
 }

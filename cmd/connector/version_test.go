@@ -1,0 +1,90 @@
+package main
+
+import (
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime/debug"
+	"strings"
+	"testing"
+)
+
+func TestVersionLine(t *testing.T) {
+	vcs := []debug.BuildSetting{
+		{Key: "vcs", Value: "git"},
+		{Key: "vcs.revision", Value: "0123abcd"},
+		{Key: "vcs.time", Value: "2026-01-02T03:04:05Z"},
+		{Key: "vcs.modified", Value: "true"},
+	}
+	for _, tc := range []struct {
+		name, linked string
+		bi           *debug.BuildInfo
+		want         string
+	}{
+		{"go install", "", &debug.BuildInfo{Main: debug.Module{Path: "weida.dev/connector", Version: "v1.4.0"}},
+			"connector v1.4.0"},
+		{"local build", "", &debug.BuildInfo{Main: debug.Module{Version: "(devel)"}, Settings: vcs},
+			"connector (devel) vcs.revision=0123abcd vcs.modified=true"},
+		{"linked wins", "v2.0.0-rc.1", &debug.BuildInfo{Main: debug.Module{Version: "(devel)"}, Settings: vcs},
+			"connector v2.0.0-rc.1 vcs.revision=0123abcd vcs.modified=true"},
+		{"linked, no build info", "v2.0.0", nil, "connector v2.0.0"},
+		{"nothing known", "", nil, "connector (unknown)"},
+	} {
+		if got := versionLine(tc.linked, tc.bi); got != tc.want {
+			t.Errorf("%s: %q, want %q", tc.name, got, tc.want)
+		}
+	}
+}
+
+// TestVersionOfBinary builds the command as a user would and runs it. A
+// build from this checkout says "(devel)", then exactly the VCS settings
+// the go command recorded in the binary (none in a linked git worktree,
+// golang/go#58218, or with -buildvcs=false); a version set with -ldflags -X
+// takes the place of the module version.
+func TestVersionOfBinary(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary")
+	}
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		t.Skip("no go command to build with")
+	}
+	dir := t.TempDir()
+	build := func(name string, extra ...string) string {
+		t.Helper()
+		bin := filepath.Join(dir, name)
+		args := append(append([]string{"build", "-o", bin}, extra...), ".")
+		if out, err := exec.Command(goBin, args...).CombinedOutput(); err != nil {
+			t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+		return bin
+	}
+	runBin := func(name string, args ...string) string {
+		t.Helper()
+		out, err := exec.Command(name, args...).Output()
+		if err != nil {
+			t.Fatalf("%s %s: %v", name, strings.Join(args, " "), err)
+		}
+		return strings.TrimSpace(string(out))
+	}
+
+	local := build("connector")
+	want := "connector (devel)"
+	recorded := runBin(goBin, "version", "-m", local)
+	for _, key := range []string{"vcs.revision", "vcs.modified"} {
+		if m := regexp.MustCompile(`(?m)^\tbuild\t` + regexp.QuoteMeta(key) + `=(\S+)$`).FindStringSubmatch(recorded); m != nil {
+			want += " " + key + "=" + m[1]
+		}
+	}
+	if got := runBin(local, "version"); got != want {
+		t.Errorf("local build prints %q, want %q", got, want)
+	}
+	if got := runBin(local, "--version"); got != want {
+		t.Errorf("--version prints %q, want %q", got, want)
+	}
+
+	linked := build("connector-linked", "-ldflags", "-X main.version=v9.8.7-test")
+	if got, want := runBin(linked, "version"), strings.Replace(want, "(devel)", "v9.8.7-test", 1); got != want {
+		t.Errorf("build with -X main.version prints %q, want %q", got, want)
+	}
+}
