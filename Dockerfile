@@ -5,7 +5,10 @@ WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
-RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o /out/connector ./cmd/connector
+# .git is not sent to the builder, so the binary names its version only
+# through VERSION (docker build --build-arg VERSION=$(git describe --tags --always --dirty)).
+ARG VERSION=
+RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" -o /out/connector ./cmd/connector
 
 FROM alpine:3.20
 RUN adduser -D -H -u 10001 connector

@@ -3,8 +3,12 @@
 FUZZTIME ?= 30s
 BENCHTIME ?= 1s
 BENCHCOUNT ?= 1
+# The version the binary reports. git describe names the commit even where
+# the go command records none (a linked worktree, -buildvcs=false); empty
+# (no git) leaves the build information to speak.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null)
 
-.PHONY: test brokers fuzz bench build
+.PHONY: test brokers fuzz bench build compile
 
 test:
 	./scripts/test
@@ -12,7 +16,11 @@ test:
 brokers:
 	./scripts/brokers
 
-build:
+# Compiles every package, then links ./connector.
+build: compile
+	go build -ldflags "-X main.version=$(VERSION)" -o connector ./cmd/connector
+
+compile:
 	go build ./...
 
 # Runs every fuzz target for FUZZTIME each (go test allows one target per run).
