@@ -95,12 +95,13 @@ func cmdVersion(_ context.Context, args []string, _ io.Reader, stdout, stderr io
 }
 
 // versionLine names the build: the version set at link time when there is
-// one, else the main module's version from bi, which is the tagged or
-// pseudo-version for a binary made by "go install module@version" and
-// "(devel)" for one built from a checkout; then the VCS revision and
-// whether the tree had uncommitted changes, when the build recorded them
-// (a build from a git checkout does, unless -buildvcs=false). bi may be nil
-// when the binary carries no build information.
+// one, else the main module's version from bi. That is the release for a
+// binary made by "go install module@version"; for a build from a git
+// checkout, a pseudo-version made from the commit (+dirty when modified)
+// since Go 1.24, or "(devel)" when the go command recorded no VCS data.
+// Then come the VCS revision and whether the tree had uncommitted changes,
+// when recorded. bi may be nil when the binary carries no build
+// information.
 func versionLine(linked string, bi *debug.BuildInfo) string {
 	v := linked
 	if v == "" && bi != nil {

@@ -37,10 +37,12 @@ func TestVersionLine(t *testing.T) {
 }
 
 // TestVersionOfBinary builds the command as a user would and runs it. A
-// build from this checkout says "(devel)", then exactly the VCS settings
-// the go command recorded in the binary (none in a linked git worktree,
-// golang/go#58218, or with -buildvcs=false); a version set with -ldflags -X
-// takes the place of the module version.
+// build from this checkout prints exactly what the go command recorded in
+// the binary: the module version, a pseudo-version made from the commit
+// since Go 1.24 or "(devel)" when no VCS data was recorded (in a linked git
+// worktree, golang/go#58218, or with -buildvcs=false), then the revision
+// and modified flag when recorded. A version set with -ldflags -X takes
+// the place of the module version.
 func TestVersionOfBinary(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binary")
@@ -69,8 +71,16 @@ func TestVersionOfBinary(t *testing.T) {
 	}
 
 	local := build("connector")
-	want := "connector (devel)"
 	recorded := runBin(goBin, "version", "-m", local)
+	m := regexp.MustCompile(`(?m)^\tmod\tweida\.dev/connector\t(\S+)`).FindStringSubmatch(recorded)
+	if m == nil {
+		t.Fatalf("go version -m records no main module:\n%s", recorded)
+	}
+	if !strings.HasPrefix(m[1], "v") && m[1] != "(devel)" {
+		t.Errorf("module version %q is neither (devel) nor a pseudo-version", m[1])
+	}
+	moduleVersion := m[1]
+	want := "connector " + moduleVersion
 	for _, key := range []string{"vcs.revision", "vcs.modified"} {
 		if m := regexp.MustCompile(`(?m)^\tbuild\t` + regexp.QuoteMeta(key) + `=(\S+)$`).FindStringSubmatch(recorded); m != nil {
 			want += " " + key + "=" + m[1]
@@ -84,7 +94,7 @@ func TestVersionOfBinary(t *testing.T) {
 	}
 
 	linked := build("connector-linked", "-ldflags", "-X main.version=v9.8.7-test")
-	if got, want := runBin(linked, "version"), strings.Replace(want, "(devel)", "v9.8.7-test", 1); got != want {
+	if got, want := runBin(linked, "version"), strings.Replace(want, moduleVersion, "v9.8.7-test", 1); got != want {
 		t.Errorf("build with -X main.version prints %q, want %q", got, want)
 	}
 }
