@@ -241,6 +241,11 @@ func (m *Mounted) ConvertFilter(f string) (string, error) {
 			return "", m.parentless(f)
 		}
 	}
+	if c == "" && m.m.Weida == "" {
+		return "", refuse(name, f, f, RuleMountEmptyRest,
+			"the filter selects one empty level below the prefix, which is weida's topic \"\"; no weida filter selects only that (the empty filter selects everything)",
+			"give the mount a weida prefix")
+	}
 	out := m.m.Weida + c
 	if len(out) > topic.MaxLen {
 		return "", refuse(name, f, f, RuleFilterTooLong,

@@ -71,4 +71,5 @@ const (
 	RuleMountEmptyJoint = "mount-empty-joint" // the last level or segment of a prefix, next to the joint, is empty
 	RuleMountOutside    = "mount-outside"     // a filter may select, or a topic is, outside the mounted subtree
 	RuleMountParent     = "mount-parent"      // the foreign prefix's parent topic has no weida form (empty weida prefix)
+	RuleMountEmptyRest  = "mount-empty-rest"  // a filter selecting only prefix+"" under an empty weida prefix, whose weida form "" selects all
 )
