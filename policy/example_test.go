@@ -111,3 +111,45 @@ func ExampleLookup() {
 	// policy refuses "mqtt-levels/v2": no conversion policy has this name (unknown-policy); known policies: amqp-words/v1, mqtt-levels-escaped/v1, mqtt-levels/v1, nats-tokens/v1
 	// amqp-words/v1
 }
+
+func ExampleNATSTail() {
+	p := policy.NATSTail()
+	show(p.ConvertFilter("orders.>"))
+	show(p.ConvertFilter(">"))
+	show(p.ConvertFilter("orders.#"))
+	back := p.(policy.WeidaFilterConverter)
+	show(back.FilterFromWeida("orders.*.#"))
+	show(back.FilterFromWeida("orders.#"))
+	// Output:
+	// orders.*.#
+	// *.#
+	// refused (nats-hash-token) at "#"
+	// orders.>
+	// refused (nats-zero-or-more) at "#"
+}
+
+func ExampleNewMounted() {
+	m, err := policy.NewMounted(policy.Default(policy.MQTT), policy.Mount{Foreign: "factory/", Weida: "plants.berlin."})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	show(m.ConvertFilter("factory/#"))
+	show(m.ConvertFilter("factory/+/temperature"))
+	show(m.ConvertFilter("+/temperature"))
+	show(m.TopicToWeida("factory"))
+	show(m.TopicToWeida("factory/line1/temperature"))
+	show(m.TopicFromWeida("plants.berlin.line1"))
+	show(m.TopicFromWeida("plants.paris.line1"))
+	_, err = policy.NewMounted(policy.Default(policy.MQTT), policy.Mount{Foreign: "factory", Weida: "plants.berlin."})
+	fmt.Println(err)
+	// Output:
+	// plants.berlin.#
+	// plants.berlin.*.temperature
+	// refused (mount-outside) at "+/temperature"
+	// plants.berlin
+	// plants.berlin.line1.temperature
+	// factory/line1
+	// refused (mount-outside) at "plants.paris.line1"
+	// mqtt-levels/v1 refuses "factory": the foreign prefix must end at a level boundary, with '/' (mount-boundary); write "factory/"
+}

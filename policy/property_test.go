@@ -221,10 +221,23 @@ func instantiate(t *rapid.T, w string) string {
 	return strings.Join(segs, ".")
 }
 
-func forEachPolicy(t *testing.T, fn func(t *testing.T, p Policy, g protoGen)) {
+// allPolicies returns every registered policy and the opt-in policies the
+// registry does not list (yet), so that each property covers them too.
+func allPolicies() []Policy {
+	var ps []Policy
 	for _, n := range Names() {
 		p, _ := Lookup(n)
-		t.Run(n, func(t *testing.T) { fn(t, p, protoGens[p.Protocol()]) })
+		ps = append(ps, p)
+	}
+	if !slices.Contains(Names(), NATSTokensTail) {
+		ps = append(ps, NATSTail())
+	}
+	return ps
+}
+
+func forEachPolicy(t *testing.T, fn func(t *testing.T, p Policy, g protoGen)) {
+	for _, p := range allPolicies() {
+		t.Run(p.Name(), func(t *testing.T) { fn(t, p, protoGens[p.Protocol()]) })
 	}
 }
 

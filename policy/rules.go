@@ -50,6 +50,8 @@ const (
 	RuleNATSHashToken   = "nats-hash-token"     // a literal token '#' would be a weida wildcard
 	RuleNATSWildcardMix = "nats-wildcard-mix"   // a literal token mixing '*' or '#' with other bytes is invalid weida
 	RuleNATSWildcardTok = "nats-wildcard-token" // topic: a weida segment '*' or '>' would be a NATS wildcard
+	RuleNATSTailTooLong = "nats-tail-too-long"  // writing a final '>' as '*.#' (nats-tokens-tail/v1) passes 256 bytes
+	RuleNATSZeroOrMore  = "nats-zero-or-more"   // weida filter X.# (zero or more) has no single NATS filter
 
 	// AMQP 0-9-1 topic exchange (RabbitMQ 3.10.8).
 
@@ -58,4 +60,16 @@ const (
 	RuleAMQPEmptyBindingKey = "amqp-empty-binding-key" // binding key "" selects only "", which weida cannot express
 	RuleAMQPHashThenLiteral = "amqp-hash-then-literal" // '#' followed by a literal word (#.leaf, a.#.b)
 	RuleAMQPWildcardMix     = "amqp-wildcard-mix"      // a word mixing '*' or '#' with other bytes is invalid weida
+
+	// Mounting ([Mount], [Mounted]). None of them refuses a topic at run
+	// time under a bridge whose routes the same Mounted converted: such a
+	// route selects only topics inside the mount, so LossForRule maps
+	// none of them to a loss.
+
+	RuleMountBoundary   = "mount-boundary"    // a prefix does not end with its separator ('/' for MQTT, '.' otherwise)
+	RuleMountWildcard   = "mount-wildcard"    // a prefix holds a wildcard
+	RuleMountEmptyJoint = "mount-empty-joint" // the last level or segment of a prefix, next to the joint, is empty
+	RuleMountOutside    = "mount-outside"     // a filter may select, or a topic is, outside the mounted subtree
+	RuleMountParent     = "mount-parent"      // the foreign prefix's parent topic has no weida form (empty weida prefix)
+	RuleMountEmptyRest  = "mount-empty-rest"  // a filter selecting only prefix+"" under an empty weida prefix, whose weida form "" selects all
 )
