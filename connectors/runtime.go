@@ -187,72 +187,78 @@ func (r *Runtime) startUnit(ctx context.Context, u Unit, previous []string) erro
 			b.setPublisher(ru.pub)
 		}
 	}
+	// The first failure is on record before Apply returns.
+	failures, wait, permanent := 0, time.Duration(0), false
+	if first != nil {
+		failures = 1
+		wait, permanent = r.recordFailure(b, &Failure{Reason: FailListen, Err: first}, failures)
+	}
 	r.mu.Lock()
 	r.running[u.Spec.Name] = ru
 	r.mu.Unlock()
-	var firstFailure *Failure
-	if first != nil {
-		firstFailure = &Failure{Reason: FailListen, Err: first}
-	}
 	go func() {
 		defer close(ru.done)
-		r.supervise(sctx, ru, firstFailure)
+		r.supervise(sctx, ru, failures, wait, permanent)
 	}()
 	return first
 }
 
 // supervise runs attempts of ru until ctx ends or one fails for good.
-// first, if not nil, is the failure of an attempt already made.
-func (r *Runtime) supervise(ctx context.Context, ru *runningUnit, first *Failure) {
-	b := ru.bridge
-	failures := 0
-	fail := first
+// failures, wait and permanent describe a failure already recorded.
+func (r *Runtime) supervise(ctx context.Context, ru *runningUnit, failures int, wait time.Duration, permanent bool) {
 	for {
-		if fail == nil {
-			started := r.deps.Now()
-			err := r.attempt(ctx, ru)
-			if ctx.Err() != nil {
+		if failures > 0 {
+			if permanent {
+				<-ctx.Done()
 				return
 			}
-			if err == nil {
-				err = errors.New("connectors: the attempt ended by itself")
+			if !sleep(ctx, wait) {
+				return
 			}
-			fail = failure(err, FailConnectionLost)
-			if r.deps.Now().Sub(started) >= StableAfter {
-				failures = 0
-			}
+		}
+		started := r.deps.Now()
+		err := r.attempt(ctx, ru)
+		if ctx.Err() != nil {
+			return
+		}
+		if err == nil {
+			err = errors.New("connectors: the attempt ended by itself")
+		}
+		if r.deps.Now().Sub(started) >= StableAfter {
+			failures = 0
 		}
 		failures++
-		now := r.deps.Now()
-		st := FailureStatus{
-			Reason:        fail.Reason,
-			Message:       fail.Error(),
-			Attempts:      failures,
-			Permanent:     fail.Permanent,
-			LastErrorTime: now,
-		}
-		var wait time.Duration
-		if !fail.Permanent {
-			wait = r.deps.Backoff(failures)
-			st.NextRetryTime = now.Add(wait)
-		}
-		b.failed(st, failureSide(b, fail))
-		if fail.Permanent {
-			b.log.Error("resource failed for good; fix its configuration and reload", "reason", fail.Reason, "err", fail.Err)
-			<-ctx.Done()
-			return
-		}
-		b.log.Warn("resource attempt failed; retrying", "reason", fail.Reason, "err", fail.Err,
-			"attempts", failures, "retry_in", wait.Round(time.Millisecond).String())
-		if !sleep(ctx, wait) {
-			return
-		}
-		fail = nil
+		wait, permanent = r.recordFailure(ru.bridge, failure(err, FailConnectionLost), failures)
 	}
 }
 
+// recordFailure records the failures-th failure in a row of b's unit and
+// returns the wait before the next attempt, or permanent.
+func (r *Runtime) recordFailure(b *Bridge, fail *Failure, failures int) (wait time.Duration, permanent bool) {
+	now := r.deps.Now()
+	st := FailureStatus{
+		Reason:        fail.Reason,
+		Message:       fail.Error(),
+		Attempts:      failures,
+		Permanent:     fail.Permanent,
+		LastErrorTime: now,
+	}
+	if !fail.Permanent {
+		wait = r.deps.Backoff(failures)
+		st.NextRetryTime = now.Add(wait)
+	}
+	b.failed(st, failureSide(fail))
+	if fail.Permanent {
+		b.log.Error("resource failed for good; fix its configuration and reload", "reason", fail.Reason, "err", fail.Err)
+	} else {
+		b.log.Warn("resource attempt failed; retrying", "reason", fail.Reason, "err", fail.Err,
+			"attempts", failures, "retry_in", wait.Round(time.Millisecond).String())
+	}
+	return wait, fail.Permanent
+}
+
 // failureSide is the condition a failure of b is blamed on.
-func failureSide(b *Bridge, f *Failure) int {
+func failureSide(f *Failure) int {
 	switch f.Reason {
 	case FailListen, FailWeidaDial, FailFingerprintMismatch:
 		return condWeida
