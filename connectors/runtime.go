@@ -91,7 +91,9 @@ func NewRuntime(deps Deps) *Runtime {
 
 // Apply makes the running set equal to units: it stops the resources that
 // are gone or changed, and those down after a failed attempt (a reload is
-// the operator's "try again now"), then starts the new and stopped ones.
+// the operator's "try again now"), then starts the new and stopped ones. A
+// unit retried so with an unchanged Revision keeps its counters and metric
+// series; a changed or removed one loses them.
 // The first weida listen of an inbound unit is tried before Apply returns:
 // the error joins every such failure, and each of those units stays
 // visible in Statuses and is retried in the background like any failed
@@ -116,10 +118,17 @@ func (r *Runtime) Apply(ctx context.Context, units []Unit) error {
 	// The broker filters of inbound resources being replaced, for their
 	// successors to withdraw what they no longer subscribe.
 	previous := make(map[string][]string)
+	// Units retried by the reload with their configuration unchanged keep
+	// their counters and series: only the attempt is new.
+	carry := make(map[string]*stats)
 	for name, ru := range r.running {
 		u, ok := want[name]
-		if ok && u.Revision != "" && u.Revision == ru.unit.Revision && !ru.bridge.down() {
+		same := ok && u.Revision != "" && u.Revision == ru.unit.Revision
+		if same && !ru.bridge.down() {
 			continue
+		}
+		if same {
+			carry[name] = ru.bridge.stats
 		}
 		stop = append(stop, ru)
 		delete(r.running, name)
@@ -135,7 +144,7 @@ func (r *Runtime) Apply(ctx context.Context, units []Unit) error {
 	r.mu.Unlock()
 
 	for _, ru := range stop {
-		r.stopUnit(ru, keep)
+		r.stopUnit(ru, keep, carry[ru.unit.Spec.Name] == nil)
 	}
 
 	var errs []error
@@ -151,7 +160,7 @@ func (r *Runtime) Apply(ctx context.Context, units []Unit) error {
 		if isRunning {
 			continue
 		}
-		if err := r.startUnit(ctx, want[name], previous[name]); err != nil {
+		if err := r.startUnit(ctx, want[name], previous[name], carry[name]); err != nil {
 			errs = append(errs, fmt.Errorf("resource %s: %w", name, err))
 		}
 	}
@@ -168,15 +177,19 @@ func (r *Runtime) Apply(ctx context.Context, units []Unit) error {
 }
 
 // startUnit starts the supervisor of u; previous are the broker filters of
-// the inbound unit it replaces, if any. It returns the error of the first
-// weida listen, which the supervisor then retries.
-func (r *Runtime) startUnit(ctx context.Context, u Unit, previous []string) error {
+// the inbound unit it replaces, if any, and st the accounting it carries
+// on, if any. It returns the error of the first weida listen, which the
+// supervisor then retries.
+func (r *Runtime) startUnit(ctx context.Context, u Unit, previous []string, st *stats) error {
 	var b *Bridge
 	if u.Spec.Direction == policy.Outbound {
 		b = NewOutbound(u.Spec, u.Dial, u.NewSink, r.deps)
 	} else {
 		b = NewInbound(u.Spec, u.NewSource, nil, r.deps)
 		b.in.supersedes = previous
+	}
+	if st != nil {
+		b.stats = st
 	}
 	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	ru := &runningUnit{unit: u, bridge: b, cancel: cancel, done: make(chan struct{})}
@@ -323,11 +336,14 @@ func sameListenIdentity(a, b weida.ListenConfig) bool {
 
 // stopUnit stops a unit and releases its publisher path. Its listener is
 // closed with its last path unless keep holds the address with the same
-// identity (a reload restarting the resources on it).
-func (r *Runtime) stopUnit(ru *runningUnit, keep map[string]weida.ListenConfig) {
+// identity (a reload restarting the resources on it). forget removes the
+// unit's metric series.
+func (r *Runtime) stopUnit(ru *runningUnit, keep map[string]weida.ListenConfig, forget bool) {
 	ru.cancel()
 	<-ru.done
-	r.deps.Metrics.forget(ru.unit.Spec.Name)
+	if forget {
+		r.deps.Metrics.forget(ru.unit.Spec.Name)
+	}
 	if ru.pub == nil {
 		return
 	}
@@ -394,7 +410,7 @@ func (r *Runtime) Stop() {
 	r.mu.Unlock()
 	var wg sync.WaitGroup
 	for _, ru := range all {
-		wg.Go(func() { r.stopUnit(ru, nil) })
+		wg.Go(func() { r.stopUnit(ru, nil, true) })
 	}
 	wg.Wait()
 	r.mu.Lock()

@@ -187,7 +187,8 @@ func TestSupervisorRetriesStart(t *testing.T) {
 // TestSupervisorStatusWhileDownAndReload: a Read failure ends the attempt;
 // while the unit waits for its next one, /status shows why, and a reload
 // with the same configuration tries again at once. A healthy unit with the
-// same configuration is left running by a reload.
+// same configuration is left running by a reload. The retried unit keeps
+// its counters and series.
 func TestSupervisorStatusWhileDownAndReload(t *testing.T) {
 	f := &sources{}
 	rt, m := newRuntime(t, func(int) time.Duration { return time.Hour })
@@ -196,6 +197,8 @@ func TestSupervisorStatusWhileDownAndReload(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, "the unit to be ready", rt.Ready)
+	f.last().report(connectors.ConnState{Reason: "ConnectionLost"})
+	f.last().report(connectors.ConnState{Up: true, Reason: "Connected"})
 	f.last().readErr <- connectors.Retryable("StreamGone", errors.New("nats: stream not found"))
 	waitFor(t, "the failure", func() bool { return statusOf(rt, "down").Failure != nil })
 
@@ -226,6 +229,12 @@ func TestSupervisorStatusWhileDownAndReload(t *testing.T) {
 	waitFor(t, "the unit to be ready again", rt.Ready)
 	if got := f.count(); got != 2 {
 		t.Errorf("sources built: %d, want 2", got)
+	}
+	if got := statusOf(rt, "down").Counters.Reconnects; got != 1 {
+		t.Errorf("reconnects = %d after the reload, want the count kept", got)
+	}
+	if got := testutil.ToFloat64(m.AttemptsFailed.WithLabelValues("down", "StreamGone")); got != 1 {
+		t.Errorf("attempts_failed_total = %v after the reload, want the series kept", got)
 	}
 	// And again: now it is healthy, so it is kept.
 	if err := rt.Apply(context.Background(), units); err != nil {
