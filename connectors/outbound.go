@@ -121,6 +121,8 @@ func (b *Bridge) runOutbound(ctx context.Context) error {
 	if ctx.Err() != nil {
 		return nil
 	}
+	// The subscription went with the attempt; the next one dials again.
+	b.reportWeida(false, FailConnectionLost, "the broker side failed; the endpoint is dialled again by the next attempt")
 	if err := context.Cause(actx); err != nil {
 		var f *Failure
 		if errors.As(err, &f) {
