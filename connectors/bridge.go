@@ -3,17 +3,12 @@ package connectors
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
-	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"weida.dev/connector/policy"
 	"weida.dev/connector/weida"
-	"weida.dev/connector/weida/topic"
 )
 
 // Route is one validated route of a resource: the filter in the broker's
@@ -56,8 +51,11 @@ type Deps struct {
 	Logger  *slog.Logger // nil: discard
 	// Now is the clock; nil means time.Now. Tests inject one.
 	Now func() time.Time
-	// Backoff returns the wait before re-dial attempt n (n ≥ 1); nil
-	// means exponential from 100 ms to 10 s.
+	// Backoff returns the wait after the n-th failure in a row (n ≥ 1):
+	// between attempts of a unit, between re-dials of a weida endpoint and
+	// between writes held while a broker is down. nil means
+	// [Backoff]{}.Wait (jittered, 250 ms to 30 s). Tests inject a
+	// deterministic one.
 	Backoff func(n int) time.Duration
 	// Drain bounds how long a stopping bridge keeps finishing the work it
 	// already took; zero means 5 s.
@@ -79,26 +77,8 @@ func (d *Deps) fill() {
 		d.Now = time.Now
 	}
 	if d.Backoff == nil {
-		d.Backoff = ExponentialBackoff(100*time.Millisecond, 10*time.Second)
+		d.Backoff = Backoff{}.Wait
 	}
-}
-
-// ExponentialBackoff doubles from min to max.
-func ExponentialBackoff(min, max time.Duration) func(int) time.Duration {
-	return func(n int) time.Duration {
-		d := min
-		for i := 1; i < n && d < max; i++ {
-			d *= 2
-		}
-		return min2(d, max)
-	}
-}
-
-func min2(a, b time.Duration) time.Duration {
-	if a < b {
-		return a
-	}
-	return b
 }
 
 // Publisher is the weida side of an inbound bridge: a publisher path the
@@ -119,60 +99,34 @@ type SinkFactory func(report StateFunc) (Sink, error)
 type DialFunc func(ctx context.Context) (*weida.Subscriber, error)
 
 // Bridge runs one resource. Create it with [NewInbound] or [NewOutbound],
-// start it with Run; Status may be called at any time from any goroutine.
+// start an attempt with Run; Status may be called at any time from any
+// goroutine. Its counters, metrics and conditions outlive an attempt: the
+// runtime runs the attempts of one unit on one Bridge.
 type Bridge struct {
 	spec  Spec
 	deps  Deps
 	conds *conditions
-	count counters
-	rlog  *rateLogger
+	stats *stats
 	log   *slog.Logger
 
-	// inbound
-	newSource  SourceFactory
-	pub        Publisher
-	supersedes []string    // broker filters of the resource this one replaced
-	retiring   atomic.Bool // the resource is being removed, not restarted
-
-	// outbound
-	newSink SinkFactory
-	dial    DialFunc
+	// gen numbers attempts; state reports of a Source or Sink from an
+	// attempt that ended are ignored, so a failed attempt's last words
+	// cannot overwrite the failure.
+	gen atomic.Uint64
 
 	routeByForeign map[string]Route // routes keyed by foreign filter
-	weidaFilters   []string         // distinct weida filters, outbound subscriptions
-	m              series
-}
 
-// series are the bridge's metric children, resolved once: a label lookup
-// per message costs more than the count itself.
-type series struct {
-	received, acked, copiesQueued, copiesDropped prometheus.Counter
-	inFlight                                     prometheus.Gauge
-	latency                                      prometheus.Observer
-	bridged                                      map[string]prometheus.Counter // by route name
-}
-
-func newSeries(m *Metrics, name string, routes []Route) series {
-	s := series{
-		received:      m.Received.WithLabelValues(name),
-		acked:         m.Acknowledged.WithLabelValues(name),
-		copiesQueued:  m.CopiesQueued.WithLabelValues(name, "queued"),
-		copiesDropped: m.CopiesQueued.WithLabelValues(name, "dropped"),
-		inFlight:      m.InFlight.WithLabelValues(name),
-		latency:       m.Latency.WithLabelValues(name),
-		bridged:       make(map[string]prometheus.Counter, len(routes)),
-	}
-	for _, r := range routes {
-		s.bridged[r.Name] = m.Bridged.WithLabelValues(name, r.Name)
-	}
-	return s
+	in  inbound
+	out outbound
 }
 
 // NewInbound returns a bridge from a broker (through the Source newSource
-// builds) onto a hosted weida publisher path.
+// builds) onto a hosted weida publisher path. pub may be nil when the
+// runtime sets it before each attempt.
 func NewInbound(spec Spec, newSource SourceFactory, pub Publisher, deps Deps) *Bridge {
 	b := newBridge(spec, deps)
-	b.newSource, b.pub = newSource, pub
+	b.in.newSource = newSource
+	b.setPublisher(pub)
 	return b
 }
 
@@ -180,7 +134,14 @@ func NewInbound(spec Spec, newSource SourceFactory, pub Publisher, deps Deps) *B
 // (dialled with dial) onto a broker, through the Sink newSink builds.
 func NewOutbound(spec Spec, dial DialFunc, newSink SinkFactory, deps Deps) *Bridge {
 	b := newBridge(spec, deps)
-	b.dial, b.newSink = dial, newSink
+	b.out.dial, b.out.newSink = dial, newSink
+	seen := make(map[string]bool)
+	for _, r := range spec.Routes {
+		if !seen[r.Weida] {
+			seen[r.Weida] = true
+			b.out.weidaFilters = append(b.out.weidaFilters, r.Weida)
+		}
+	}
 	return b
 }
 
@@ -191,18 +152,12 @@ func newBridge(spec Spec, deps Deps) *Bridge {
 		spec:           spec,
 		deps:           deps,
 		conds:          newConditions(deps.Now),
-		rlog:           newRateLogger(log, 10*time.Second, deps.Now),
 		log:            log,
 		routeByForeign: make(map[string]Route, len(spec.Routes)),
 	}
-	b.m = newSeries(deps.Metrics, spec.Name, spec.Routes)
-	seen := make(map[string]bool)
+	b.stats = newStats(deps.Metrics, spec.Name, spec.Routes, NewRateLogger(log, 10*time.Second, deps.Now))
 	for _, r := range spec.Routes {
 		b.routeByForeign[r.Foreign] = r
-		if !seen[r.Weida] {
-			seen[r.Weida] = true
-			b.weidaFilters = append(b.weidaFilters, r.Weida)
-		}
 	}
 	return b
 }
@@ -210,64 +165,82 @@ func newBridge(spec Spec, deps Deps) *Bridge {
 // Spec returns the resource the bridge runs.
 func (b *Bridge) Spec() Spec { return b.spec }
 
-// Status returns a snapshot of the bridge's conditions and counters.
+// Status returns a snapshot of the bridge's conditions and counters, and of
+// its failure while it is down.
 func (b *Bridge) Status() Status {
-	c := b.count.snapshot()
-	if b.pub != nil {
-		c.Subscribers = b.pub.Subscribers()
+	c := b.stats.count.snapshot()
+	if pub := b.publisher(); pub != nil {
+		c.Subscribers = pub.Subscribers()
 		b.deps.Metrics.Subscribers.WithLabelValues(b.spec.Name).Set(float64(c.Subscribers))
 	}
+	conds, failure := b.conds.snapshot()
 	return Status{
 		Name:       b.spec.Name,
 		Protocol:   string(b.spec.Protocol),
 		Direction:  string(b.spec.Direction),
 		Endpoint:   b.spec.Endpoint,
-		Conditions: b.conds.snapshot(),
+		Conditions: conds,
 		Counters:   c,
+		Failure:    failure,
 	}
 }
 
-// Fail marks the bridge as failed with a reason that stays visible in its
-// status; used when it cannot even start.
-func (b *Bridge) Fail(reason string, err error) {
-	b.conds.fail(reason, err.Error())
-	b.log.Error("resource failed", "reason", reason, "err", err)
+// down reports whether the bridge is down after a failed attempt.
+func (b *Bridge) down() bool {
+	_, f := b.conds.snapshot()
+	return f != nil
+}
+
+// failed records a failed attempt: it stays in Status until an attempt
+// starts. side is the condition to blame (condBroker, condWeida) or -1.
+func (b *Bridge) failed(f FailureStatus, side int) {
+	b.conds.setFailure(&f, side)
+	b.stats.attemptFailed(f.Reason)
+	switch side {
+	case condBroker:
+		b.stats.up("broker", false)
+	case condWeida:
+		b.stats.up("weida", false)
+	}
+}
+
+// attemptStarted clears the failure once an attempt is up.
+func (b *Bridge) attemptStarted() { b.conds.setFailure(nil, -1) }
+
+// newAttempt starts counting a new attempt and returns the StateFunc its
+// Source or Sink reports to, and a func that retires it.
+func (b *Bridge) newAttempt() (StateFunc, func()) {
+	gen := b.gen.Add(1)
+	report := func(s ConnState) {
+		if b.gen.Load() == gen {
+			b.reportBroker(s)
+		}
+	}
+	return report, func() { b.gen.CompareAndSwap(gen, gen+1) }
 }
 
 func (b *Bridge) reportBroker(s ConnState) {
-	was := b.conds.snapshot()[0]
-	b.conds.set(0, s.Up, s.Reason, s.Detail)
-	up := 0.0
-	if s.Up {
-		up = 1
-		if was.Reason != "Starting" && was.Status != "True" {
-			b.count.reconnects.Add(1)
-			b.deps.Metrics.Reconnects.WithLabelValues(b.spec.Name, "broker").Inc()
-		}
+	was := b.conds.get(condBroker)
+	b.conds.set(condBroker, s.Up, s.Reason, s.Detail)
+	if s.Up && was.Reason != "Starting" && was.Status != "True" {
+		b.stats.reconnected("broker")
 	}
-	b.deps.Metrics.Up.WithLabelValues(b.spec.Name, "broker").Set(up)
+	b.stats.up("broker", s.Up)
 	if s.Up {
 		b.log.Info("broker connected", "reason", s.Reason)
 	} else {
-		b.rlog.Log(slog.LevelWarn, "broker-down", "broker not connected", slog.String("reason", s.Reason), slog.String("detail", s.Detail))
+		b.stats.rlog.Log(slog.LevelWarn, "broker-down", "broker not connected", slog.String("reason", s.Reason), slog.String("detail", s.Detail))
 	}
 }
 
 func (b *Bridge) reportWeida(up bool, reason, detail string) {
-	b.conds.set(1, up, reason, detail)
-	v := 0.0
-	if up {
-		v = 1
-	}
-	b.deps.Metrics.Up.WithLabelValues(b.spec.Name, "weida").Set(v)
+	b.conds.set(condWeida, up, reason, detail)
+	b.stats.up("weida", up)
 }
 
 // drop counts one message not delivered and logs it at a rate-limited level.
 func (b *Bridge) drop(route, reason string, level slog.Level, msg string, attrs ...slog.Attr) {
-	b.count.drop(reason, 1)
-	b.deps.Metrics.Dropped.WithLabelValues(b.spec.Name, route, reason).Inc()
-	attrs = append(attrs, slog.String("reason", reason), slog.String("route", route))
-	b.rlog.Log(level, "drop:"+reason, msg, attrs...)
+	b.stats.drop(route, reason, 1, level, msg, attrs...)
 }
 
 func refusalRule(err error) string {
@@ -278,488 +251,42 @@ func refusalRule(err error) string {
 	return "conversion-failed"
 }
 
-// Run bridges until ctx ends, then drains: in-flight work is given until
-// the context's cause... it returns after every goroutine it started has
-// stopped. It returns nil on a clean stop and an error when the bridge
-// could not start.
+// Run runs one attempt of the bridge: it builds the Source or Sink from its
+// factory, starts it and bridges until ctx ends or the attempt fails. It
+// returns after every goroutine it started has stopped and the Source or
+// Sink is closed. It returns nil when ctx ended (a clean stop), and
+// otherwise a [*Failure] saying why the attempt ended; the runtime then
+// records it and, unless it is permanent, runs another attempt on the same
+// Bridge after a backoff.
 func (b *Bridge) Run(ctx context.Context) error {
-	b.deps.Metrics.Up.WithLabelValues(b.spec.Name, "broker").Set(0)
-	b.deps.Metrics.Up.WithLabelValues(b.spec.Name, "weida").Set(0)
+	b.stats.up("broker", false)
 	if b.spec.Direction == policy.Outbound {
+		b.stats.up("weida", false)
 		return b.runOutbound(ctx)
 	}
 	return b.runInbound(ctx)
 }
 
-// ---- inbound ----
-
-func (b *Bridge) runInbound(ctx context.Context) error {
-	src, err := b.newSource(b.reportBroker)
-	if err != nil {
-		b.Fail("SourceInvalid", err)
-		return err
-	}
-	if sp, ok := src.(Superseding); ok && len(b.supersedes) > 0 {
-		sp.Supersede(b.supersedes)
-	}
-	if dr, ok := src.(DropReporter); ok {
-		dr.ReportDrops(func(filter, reason string, n int) {
-			route := b.routeByForeign[filter].Name
-			b.count.drop(reason, uint64(n))
-			b.deps.Metrics.Dropped.WithLabelValues(b.spec.Name, route, reason).Add(float64(n))
-			b.rlog.Log(slog.LevelWarn, "drop:"+reason, "the broker client discarded messages before the bridge read them",
-				slog.String("reason", reason), slog.String("route", route), slog.Int("messages", n))
-		})
-	}
-	defer func() {
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		if rs, ok := src.(Retiring); ok && b.retiring.Load() {
-			if err := rs.Retire(cctx); err != nil {
-				b.log.Warn("the broker may keep this removed resource's subscriptions until its session expires", "err", err)
-			}
+// failure classifies err, which ended an attempt, as a [*Failure] with
+// fallback as its reason when nothing more precise is known.
+func failure(err error, fallback string) *Failure {
+	var f *Failure
+	if errors.As(err, &f) {
+		if f.Reason == "" {
+			return &Failure{Reason: fallback, Err: f.Err, Permanent: f.Permanent}
 		}
-		if err := src.Close(cctx); err != nil {
-			b.log.Warn("closing the broker connection", "err", err)
-		}
-	}()
-	// The publisher path is registered before the broker subscription, so
-	// the endpoint is ready as soon as messages can arrive.
-	b.reportWeida(true, "Hosting", b.spec.Endpoint)
-	filters := make([]string, 0, len(b.spec.Routes))
-	for _, r := range b.spec.Routes {
-		filters = append(filters, r.Foreign)
+		return f
 	}
-	if err := src.Start(ctx, filters); err != nil {
-		if ctx.Err() != nil {
-			return nil
-		}
-		b.Fail("SubscribeFailed", err)
-		return err
-	}
-	for {
-		m, ack, err := src.Read(ctx)
-		if err != nil {
-			if ctx.Err() != nil || errors.Is(err, ErrClosed) {
-				return nil
-			}
-			b.rlog.Log(slog.LevelWarn, "read", "reading from the broker failed", slog.Any("err", err))
-			continue
-		}
-		b.handleInbound(ctx, m, ack)
-	}
+	reason, permanent := Classify(err, fallback)
+	return &Failure{Reason: reason, Err: err, Permanent: permanent}
 }
 
-// handleInbound converts, guards and publishes one message, then settles it.
-func (b *Bridge) handleInbound(ctx context.Context, m *Message, ack AckFunc) {
-	name := b.spec.Name
-	start := b.deps.Now()
-	if m.ReceivedUnixNano == 0 {
-		m.ReceivedUnixNano = start.UnixNano()
-	}
-	b.count.received.Add(1)
-	b.count.inFlight.Add(1)
-	b.m.received.Inc()
-	b.m.inFlight.Inc()
-	settle := func(err error) {
-		ack(err)
-		b.count.inFlight.Add(-1)
-		b.m.inFlight.Dec()
-		if err == nil {
-			b.count.acked.Add(1)
-			b.m.acked.Inc()
-		}
-	}
-	if m.Looped {
-		b.drop("", ReasonLoop, slog.LevelDebug, "not bridging a message this connector published", slog.String("topic", m.Topic))
-		settle(nil)
-		return
-	}
-	route, ok := b.inboundRoute(m.Topic)
-	if !ok {
-		b.drop("", ReasonNoRoute, slog.LevelWarn, "the broker delivered a topic no route selects", slog.String("topic", m.Topic))
-		settle(nil)
-		return
-	}
-	wt, err := b.spec.Policy.TopicToWeida(m.Topic)
-	if err != nil {
-		b.drop(route.Name, refusalRule(err), slog.LevelWarn, "topic has no exact weida form; dropped", slog.String("topic", m.Topic), slog.String("why", err.Error()))
-		settle(nil)
-		return
-	}
-	if !topic.Match(route.Weida, wt) {
-		b.drop(route.Name, ReasonGuardMismatch, slog.LevelError, "DEFECT: converted topic escapes the route's converted filter; dropped",
-			slog.String("topic", m.Topic), slog.String("weida_topic", wt), slog.String("weida_filter", route.Weida))
-		settle(nil)
-		return
-	}
-	if b.spec.MaxMessageBytes > 0 && len(m.Payload) > b.spec.MaxMessageBytes {
-		b.drop(route.Name, ReasonTooLarge, slog.LevelWarn, "payload over spec.limits.maxMessageBytes; dropped",
-			slog.String("topic", m.Topic), slog.Int("bytes", len(m.Payload)))
-		settle(nil)
-		return
-	}
-	res, err := b.pub.Publish(ctx, weida.Message{
-		Topic:       wt,
-		ContentType: m.ContentType,
-		Traceparent: m.Traceparent,
-		Tracestate:  m.Tracestate,
-		Payload:     m.Payload,
-	})
-	if err != nil {
-		if ctx.Err() != nil {
-			// Shutting down: leave it to the broker to deliver again.
-			settle(err)
-			return
-		}
-		reason := ReasonWeidaRefused
-		if errors.Is(err, weida.ErrPayloadTooLarge) {
-			reason = ReasonTooLarge
-		}
-		b.drop(route.Name, reason, slog.LevelWarn, "weida refused the message; dropped", slog.String("topic", m.Topic), slog.Any("err", err))
-		settle(nil)
-		return
-	}
-	if res.Dropped > 0 {
-		b.m.copiesDropped.Add(float64(res.Dropped))
-		b.count.drop(ReasonSubscriberBuf, uint64(res.Dropped))
-		b.deps.Metrics.Dropped.WithLabelValues(name, route.Name, ReasonSubscriberBuf).Add(float64(res.Dropped))
-		b.rlog.Log(slog.LevelWarn, "drop:"+ReasonSubscriberBuf, "a weida subscriber is too slow; its copies are dropped",
-			slog.String("route", route.Name), slog.Int("copies", res.Dropped))
-	}
-	if res.Queued > 0 {
-		b.m.copiesQueued.Add(float64(res.Queued))
-	}
-	b.count.bridged.Add(1)
-	b.m.bridged[route.Name].Inc()
-	b.m.latency.Observe(b.deps.Now().Sub(time.Unix(0, m.ReceivedUnixNano)).Seconds())
-	settle(nil)
-}
-
-// inboundRoute finds the first route whose foreign filter selects t.
-func (b *Bridge) inboundRoute(t string) (Route, bool) {
-	g := b.spec.Policy.Grammar()
-	for _, r := range b.spec.Routes {
-		if g.Match(r.Foreign, t) && b.spec.Policy.Admit(r.Foreign, t) {
-			return r, true
-		}
-	}
-	return Route{}, false
-}
-
-// ---- outbound ----
-
-func (b *Bridge) runOutbound(ctx context.Context) error {
-	sink, err := b.newSink(b.reportBroker)
-	if err != nil {
-		b.Fail("SinkInvalid", err)
-		return err
-	}
-	defer func() {
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		if err := sink.Close(cctx); err != nil {
-			b.log.Warn("closing the broker connection", "err", err)
-		}
-	}()
-	if err := sink.Start(ctx); err != nil {
-		if ctx.Err() != nil {
-			return nil
-		}
-		b.Fail("ConnectFailed", err)
-		return err
-	}
-
-	// The in-flight bound caps the broker writes under way; when it is
-	// reached the weida receive loop stops reading, and QUIC flow control
-	// pushes back on the remote publisher.
-	// Writes outlive ctx by the drain bound, so that a stop finishes the
-	// writes already taken from weida instead of dropping them.
-	writeCtx, cancelWrites := context.WithCancel(context.WithoutCancel(ctx))
-	stopDrain := context.AfterFunc(ctx, func() {
-		time.AfterFunc(b.deps.drain(), cancelWrites)
-	})
-	limit := b.spec.inFlight()
-	if w, ok := sink.(Windowed); ok {
-		if n := w.Window(); n > 0 && n < limit {
-			limit = n
-		}
-	}
-	var out outboundWriter
-	if aw, ok := sink.(AsyncWriter); ok {
-		out = b.newAsyncWrites(writeCtx, sink, aw, limit)
-	} else {
-		out = b.newWriterPool(writeCtx, sink, limit)
-	}
-	defer func() {
-		out.wait()
-		stopDrain()
-		cancelWrites()
-	}()
-
-	attempt := 0
-	for ctx.Err() == nil {
-		sub, err := b.dial(ctx)
-		if err == nil {
-			err = b.subscribeAll(ctx, sub)
-			if err != nil {
-				sub.Close()
-			}
-		}
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			attempt++
-			b.reportWeida(false, "DialFailed", err.Error())
-			b.rlog.Log(slog.LevelWarn, "dial", "dialling the weida endpoint failed; retrying", slog.String("endpoint", b.spec.Endpoint), slog.Any("err", err), slog.Int("attempt", attempt))
-			if !sleep(ctx, b.deps.Backoff(attempt)) {
-				return nil
-			}
-			continue
-		}
-		if attempt > 0 || b.count.received.Load() > 0 {
-			b.count.reconnects.Add(1)
-			b.deps.Metrics.Reconnects.WithLabelValues(b.spec.Name, "weida").Inc()
-		}
-		attempt = 0
-		b.reportWeida(true, "Subscribed", fmt.Sprintf("%d filters on %s", len(b.weidaFilters), b.spec.Endpoint))
-		err = b.receiveLoop(ctx, sub, out)
-		sub.Close()
-		if ctx.Err() != nil {
-			return nil
-		}
-		b.reportWeida(false, "ConnectionLost", err.Error())
-		b.log.Warn("weida connection lost; re-dialling", "err", err)
-	}
-	return nil
-}
-
-func (b *Bridge) subscribeAll(ctx context.Context, sub *weida.Subscriber) error {
-	for _, f := range b.weidaFilters {
-		if err := sub.Subscribe(ctx, f); err != nil {
-			return fmt.Errorf("subscribe %q: %w", f, err)
-		}
-	}
-	return nil
-}
-
-type outboundItem struct {
-	route Route
-	msg   *Message
-}
-
-func (b *Bridge) receiveLoop(ctx context.Context, sub *weida.Subscriber, out outboundWriter) error {
-	for {
-		wm, err := sub.Receive(ctx)
-		if err != nil {
-			return err
-		}
-		now := b.deps.Now()
-		b.count.received.Add(1)
-		b.m.received.Inc()
-		ft, err := b.spec.Policy.TopicFromWeida(wm.Topic)
-		if err != nil {
-			b.drop("", refusalRule(err), slog.LevelWarn, "weida topic has no exact broker form; dropped", slog.String("weida_topic", wm.Topic), slog.String("why", err.Error()))
-			continue
-		}
-		route, reason := b.outboundRoute(ft)
-		if reason != "" {
-			b.drop("", reason, slog.LevelInfo, "no route may produce this topic; dropped", slog.String("topic", ft))
-			continue
-		}
-		if b.spec.MaxMessageBytes > 0 && len(wm.Payload) > b.spec.MaxMessageBytes {
-			b.drop(route.Name, ReasonTooLarge, slog.LevelWarn, "payload over spec.limits.maxMessageBytes; dropped", slog.String("topic", ft), slog.Int("bytes", len(wm.Payload)))
-			continue
-		}
-		m := &Message{
-			Topic:            ft,
-			Payload:          wm.Payload,
-			ContentType:      wm.ContentType,
-			Traceparent:      wm.Traceparent,
-			Tracestate:       wm.Tracestate,
-			ReceivedUnixNano: now.UnixNano(),
-		}
-		b.count.inFlight.Add(1)
-		b.m.inFlight.Inc()
-		if err := out.submit(ctx, outboundItem{route: route, msg: m}); err != nil {
-			b.outboundSettled()
-			b.drop(route.Name, ReasonShutdown, slog.LevelWarn, "stopping; message not published", slog.String("topic", ft))
-			return err
-		}
-	}
-}
-
-// outboundRoute finds the first route that may produce foreign topic t, or
-// the reason none may. A topic kept from a route only by the foreign
-// protocol's own exclusion (MQTT: '$' topics under a leading wildcard) is
-// counted apart, under the policy's AdmitRule.
-func (b *Bridge) outboundRoute(t string) (Route, string) {
-	g := b.spec.Policy.Grammar()
-	excluded := false
-	for _, r := range b.spec.Routes {
-		if !b.spec.Policy.Admit(r.Foreign, t) {
-			excluded = true
-			continue
-		}
-		if g.Match(r.Foreign, t) {
-			return r, ""
-		}
-	}
-	if rule := b.spec.Policy.AdmitRule(); excluded && rule != "" {
-		return Route{}, rule
-	}
-	return Route{}, ReasonNoRoute
-}
-
-// outboundWriter takes converted messages from the receive loop to the
-// Sink, at most the in-flight bound at a time.
-type outboundWriter interface {
-	// submit waits for room and starts writing it; it fails only when
-	// ctx ends first.
-	submit(ctx context.Context, it outboundItem) error
-	// wait returns once every submitted message is settled.
-	wait()
-}
-
-// writerPool drives a Sink that only has the blocking Write: a fixed pool
-// of goroutines, each writing one message at a time.
-type writerPool struct {
-	work chan outboundItem
-	wg   sync.WaitGroup
-}
-
-func (b *Bridge) newWriterPool(ctx context.Context, sink Sink, writers int) *writerPool {
-	p := &writerPool{work: make(chan outboundItem, writers)}
-	for range writers {
-		p.wg.Add(1)
-		go func() {
-			defer p.wg.Done()
-			for it := range p.work {
-				b.finishWrite(ctx, sink, it, sink.Write(ctx, it.msg))
-				b.outboundSettled()
-			}
-		}()
-	}
-	return p
-}
-
-func (p *writerPool) submit(ctx context.Context, it outboundItem) error {
-	select {
-	case p.work <- it:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
-func (p *writerPool) wait() {
-	close(p.work)
-	p.wg.Wait()
-}
-
-// asyncWrites drives an [AsyncWriter]: the receive loop starts each write
-// and the Sink reports its outcome. Only a failed write gets a goroutine,
-// which retries it with Write as the pool would.
-type asyncWrites struct {
-	b       *Bridge
-	ctx     context.Context // bounds retries, as the pool's writers
-	sink    Sink
-	aw      AsyncWriter
-	slots   chan struct{} // one token per write under way
-	pending sync.WaitGroup
-}
-
-func (b *Bridge) newAsyncWrites(ctx context.Context, sink Sink, aw AsyncWriter, limit int) *asyncWrites {
-	return &asyncWrites{b: b, ctx: ctx, sink: sink, aw: aw, slots: make(chan struct{}, limit)}
-}
-
-func (a *asyncWrites) submit(ctx context.Context, it outboundItem) error {
-	select {
-	case a.slots <- struct{}{}:
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-	a.pending.Add(1)
-	a.aw.WriteAsync(it.msg, func(err error) {
-		if err == nil {
-			a.b.written(it)
-			a.release()
-			return
-		}
-		go func() {
-			defer a.release()
-			a.b.finishWrite(a.ctx, a.sink, it, err)
-		}()
-	})
-	return nil
-}
-
-func (a *asyncWrites) release() {
-	a.b.outboundSettled()
-	<-a.slots
-	a.pending.Done()
-}
-
-func (a *asyncWrites) wait() { a.pending.Wait() }
-
-func (b *Bridge) outboundSettled() {
-	b.count.inFlight.Add(-1)
-	b.m.inFlight.Dec()
-}
-
-// written counts a message the broker accepted.
-func (b *Bridge) written(it outboundItem) {
-	b.count.bridged.Add(1)
-	b.m.bridged[it.route.Name].Inc()
-	b.m.latency.Observe(b.deps.Now().Sub(time.Unix(0, it.msg.ReceivedUnixNano)).Seconds())
-}
-
-// finishWrite settles a message whose first write returned err: it counts
-// it, or writes it again with Write while the broker is unreachable (or,
-// a few times, when it failed otherwise and not for good), until it is
-// published or dropped and counted.
-func (b *Bridge) finishWrite(ctx context.Context, sink Sink, it outboundItem, err error) {
-	const maxAttempts = 5
-	for attempt := 1; ; attempt++ {
-		if err == nil {
-			b.written(it)
-			return
-		}
-		var u Unroutable
-		var rj Rejected
-		switch {
-		case errors.As(err, &u) && u.Unroutable():
-			b.drop(it.route.Name, ReasonUnroutable, slog.LevelInfo, "the broker had nowhere to route the message", slog.String("topic", it.msg.Topic))
-			return
-		case errors.As(err, &rj):
-			b.drop(it.route.Name, rj.RejectReason(), slog.LevelError, "the broker rejected the message; dropped without retrying",
-				slog.String("topic", it.msg.Topic), slog.Int("bytes", len(it.msg.Payload)), slog.Any("err", err))
-			return
-		case ctx.Err() != nil:
-			b.drop(it.route.Name, ReasonShutdown, slog.LevelWarn, "stopping; message not published", slog.String("topic", it.msg.Topic))
-			return
-		case errors.Is(err, ErrNotConnected):
-			// Wait for the driver to reconnect; the message is held, and
-			// the receive loop stalls once the in-flight bound is reached.
-			if !sleep(ctx, b.deps.Backoff(min(attempt, 8))) {
-				b.drop(it.route.Name, ReasonShutdown, slog.LevelWarn, "stopping; message not published", slog.String("topic", it.msg.Topic))
-				return
-			}
-			attempt = 0
-		case attempt >= maxAttempts:
-			b.drop(it.route.Name, ReasonPublishFailed, slog.LevelError, "the broker refused the message; dropped",
-				slog.String("topic", it.msg.Topic), slog.Any("err", err))
-			return
-		default:
-			b.rlog.Log(slog.LevelWarn, "write-retry", "publishing failed; retrying", slog.String("topic", it.msg.Topic), slog.Any("err", err), slog.Int("attempt", attempt))
-			if !sleep(ctx, b.deps.Backoff(attempt)) {
-				b.drop(it.route.Name, ReasonShutdown, slog.LevelWarn, "stopping; message not published", slog.String("topic", it.msg.Topic))
-				return
-			}
-		}
-		err = sink.Write(ctx, it.msg)
-	}
+// endsAttempt reports whether err, returned by a started Source or Sink,
+// ends the attempt: a [*Failure], or [ErrClosed] the runtime did not ask
+// for by closing.
+func endsAttempt(err error, closing bool) bool {
+	var f *Failure
+	return errors.As(err, &f) || (!closing && errors.Is(err, ErrClosed))
 }
 
 // ErrNotConnected is returned (wrapped) by a Sink's Write while its broker

@@ -10,6 +10,21 @@
 // is written once here, so that a driver cannot forget to count a drop or to
 // acknowledge only after hand-off.
 //
+// # Supervision
+//
+// A [Runtime] runs every resource as a supervised unit: one attempt builds
+// a fresh Source or Sink from the resource's factory, starts it and bridges
+// until the attempt ends; after a failed attempt the runtime waits a
+// jittered [Backoff] and makes another, until the unit is removed. A driver
+// ends an attempt by returning a [*Failure] (see [Retryable] and
+// [Permanent]) from Start, Read, Write or WriteAsync's done, or by
+// returning [ErrClosed] from Read, Write or done when the runtime did not
+// close it. Any other error from Start ends the attempt too, classified by
+// [Classify]. Other errors from Read are logged and reading goes on; other
+// errors from Write are handled per message (held while [ErrNotConnected],
+// retried a few times, or dropped and counted). Only a permanent Failure,
+// a configuration problem no retry can cure, stops the retries.
+//
 // A driver opts into more with optional interfaces, which the runtime
 // checks for: [AsyncWriter] (confirm many writes at once), [Windowed] (the
 // broker's own bound on unacknowledged publishes), [DropReporter] (losses
@@ -58,18 +73,25 @@ type AckFunc func(err error)
 //
 // The driver owns its connection: it connects, reconnects with backoff and
 // re-subscribes by itself after Start, reporting its state through the
-// [StateFunc] it was built with. Read and the AckFuncs it returns may be
-// called from different goroutines.
+// [StateFunc] it was built with. When it cannot recover (the stream it
+// consumes is gone, its credentials are refused), it ends the attempt:
+// Read returns a [*Failure], and the runtime closes the Source and builds
+// a new one after a backoff. Read and the AckFuncs it returns may be called
+// from different goroutines. A Source serves one attempt: it is not
+// started again after Close.
 type Source interface {
 	// Start connects and subscribes the broker filters (already validated
 	// by the policy). It returns once the first connection is up, or ctx
-	// ends; ctx bounds only this first attempt. It may return before the
+	// ends; ctx bounds only this first attempt. An error ends the
+	// runtime's attempt; return a [*Failure] to name its reason, and mark
+	// it Permanent only when no retry can help. It may return before the
 	// broker has granted the subscriptions (a resumed session can deliver
 	// held messages first, and they must be readable); the driver reports
 	// Up through its StateFunc once they are granted.
 	Start(ctx context.Context, filters []string) error
 	// Read returns the next message. It blocks until one arrives, ctx
-	// ends, or the Source is closed ([ErrClosed]).
+	// ends, or the Source is closed ([ErrClosed]). A [*Failure], or
+	// ErrClosed before Close, ends the attempt.
 	Read(ctx context.Context) (*Message, AckFunc, error)
 	// Close disconnects and waits for every goroutine of the Source.
 	// Messages read but not acknowledged are left to the broker's
@@ -78,8 +100,15 @@ type Source interface {
 }
 
 // Sink publishes messages to a foreign broker for an outbound bridge.
+//
+// Like a [Source], a Sink serves one attempt of its unit. It ends the
+// attempt by returning a [*Failure] (or [ErrClosed] before Close) from
+// Start, Write or WriteAsync's done; the runtime then counts the writes
+// still under way under [ReasonConnectionLost], closes the Sink and builds
+// a new one after a backoff.
 type Sink interface {
-	// Start connects; it returns once connected or ctx ends.
+	// Start connects; it returns once connected or ctx ends. An error ends
+	// the attempt, as for [Source].Start.
 	Start(ctx context.Context) error
 	// Write publishes m and returns once the broker has accepted it to the
 	// degree the resource asks for (MQTT PUBACK, AMQP confirm, NATS flush

@@ -8,17 +8,18 @@ import (
 // policy's stable rule code as their reason, so the two vocabularies never
 // collide (policy rule codes carry a protocol prefix).
 const (
-	ReasonLoop          = "loop"           // the message carries our own loop marker
-	ReasonNoRoute       = "no-route"       // no route's filter selects the topic
-	ReasonGuardMismatch = "guard-mismatch" // converted topic escapes the route's converted filter: a defect
-	ReasonTooLarge      = "too-large"      // payload over spec.limits.maxMessageBytes, or over a weida subscriber's whole budget
-	ReasonWeidaRefused  = "weida-refused"  // the weida publisher refused the message (a field over its cap)
-	ReasonSubscriberBuf = "subscriber-buffer-full"
-	ReasonUnroutable    = "unroutable"      // the broker had nowhere to route it
-	ReasonPublishFailed = "publish-failed"  // the broker refused it for good, or five times
-	ReasonPublishDenied = "publish-denied"  // the broker does not let the connector publish on the topic
-	ReasonShutdown      = "shutdown"        // dropped because the bridge stopped mid-way
-	ReasonBrokerDropped = "broker-overflow" // the driver's client library discarded it (slow consumer, reconnect buffer)
+	ReasonLoop           = "loop"           // the message carries our own loop marker
+	ReasonNoRoute        = "no-route"       // no route's filter selects the topic
+	ReasonGuardMismatch  = "guard-mismatch" // converted topic escapes the route's converted filter: a defect
+	ReasonTooLarge       = "too-large"      // payload over spec.limits.maxMessageBytes, or over a weida subscriber's whole budget
+	ReasonWeidaRefused   = "weida-refused"  // the weida publisher refused the message (a field over its cap)
+	ReasonSubscriberBuf  = "subscriber-buffer-full"
+	ReasonUnroutable     = "unroutable"      // the broker had nowhere to route it
+	ReasonPublishFailed  = "publish-failed"  // the broker refused it for good, or five times
+	ReasonPublishDenied  = "publish-denied"  // the broker does not let the connector publish on the topic
+	ReasonShutdown       = "shutdown"        // dropped because the bridge stopped mid-way
+	ReasonBrokerDropped  = "broker-overflow" // the driver's client library discarded it (slow consumer, reconnect buffer)
+	ReasonConnectionLost = "connection-lost" // the broker connection failed while the write was under way
 )
 
 // Metrics holds the Prometheus collectors shared by every bridge of a
@@ -36,6 +37,8 @@ type Metrics struct {
 	Subscribers  *prometheus.GaugeVec
 	CopiesQueued *prometheus.CounterVec
 	Latency      *prometheus.HistogramVec
+	// AttemptsFailed counts failed attempts of a unit by reason.
+	AttemptsFailed *prometheus.CounterVec
 }
 
 // NewMetrics creates the collectors and registers them on reg.
@@ -63,9 +66,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "bridge_latency_seconds",
 			Help:    "Time from reading a message to handing it off (queued for weida, or accepted by the broker).",
 			Buckets: []float64{.00005, .0001, .00025, .0005, .001, .002, .005, .01, .025, .05, .1, .25, 1}}, []string{"resource"}),
+		AttemptsFailed: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "attempts_failed_total",
+			Help: "Failed attempts to run a resource, by reason; the runtime retries each after a backoff unless it is permanent."}, []string{"resource", "reason"}),
 	}
 	reg.MustRegister(m.Received, m.Bridged, m.Dropped, m.Acknowledged, m.InFlight, m.Reconnects, m.Up,
-		m.Subscribers, m.CopiesQueued, m.Latency)
+		m.Subscribers, m.CopiesQueued, m.Latency, m.AttemptsFailed)
 	return m
 }
 
@@ -83,4 +88,5 @@ func (m *Metrics) forget(resource string) {
 	m.Subscribers.DeletePartialMatch(l)
 	m.CopiesQueued.DeletePartialMatch(l)
 	m.Latency.DeletePartialMatch(l)
+	m.AttemptsFailed.DeletePartialMatch(l)
 }

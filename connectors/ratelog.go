@@ -5,44 +5,57 @@ import (
 	"log/slog"
 	"sync"
 	"time"
+
+	"golang.org/x/time/rate"
 )
 
-// rateLogger logs the first event of each key at once, then at most one
-// line per interval carrying how many were suppressed, so that a flood of
-// drops stays visible without drowning the log.
-type rateLogger struct {
+// RateLogger logs the first event of each key at once, then at most one
+// line per interval per key, carrying how many events it suppressed since
+// the last line, so that a flood of drops or reconnections stays visible
+// without drowning the log. Its methods are safe for concurrent use.
+type RateLogger struct {
 	log      *slog.Logger
 	interval time.Duration
 	now      func() time.Time
 
 	mu   sync.Mutex
-	keys map[string]*rateState
+	keys map[string]*rateKey
 }
 
-type rateState struct {
-	last       time.Time
+type rateKey struct {
+	lim        *rate.Limiter
 	suppressed int
 }
 
-func newRateLogger(log *slog.Logger, interval time.Duration, now func() time.Time) *rateLogger {
-	return &rateLogger{log: log, interval: interval, now: now, keys: make(map[string]*rateState)}
+// NewRateLogger returns a RateLogger writing to log at most one line per
+// key per interval. now is its clock; nil means time.Now.
+func NewRateLogger(log *slog.Logger, interval time.Duration, now func() time.Time) *RateLogger {
+	if now == nil {
+		now = time.Now
+	}
+	return &RateLogger{log: log, interval: interval, now: now, keys: make(map[string]*rateKey)}
 }
 
-// Log emits msg at level unless key was logged less than interval ago.
-func (r *rateLogger) Log(level slog.Level, key, msg string, attrs ...slog.Attr) {
+// Log emits msg with attrs at level unless key was logged less than the
+// interval ago, in which case it only counts the event.
+func (r *RateLogger) Log(level slog.Level, key, msg string, attrs ...slog.Attr) {
+	if !r.log.Enabled(context.Background(), level) {
+		return
+	}
 	now := r.now()
 	r.mu.Lock()
-	st := r.keys[key]
-	if st == nil {
-		st = &rateState{}
-		r.keys[key] = st
-	} else if now.Sub(st.last) < r.interval {
-		st.suppressed++
+	k := r.keys[key]
+	if k == nil {
+		k = &rateKey{lim: rate.NewLimiter(rate.Every(r.interval), 1)}
+		r.keys[key] = k
+	}
+	if !k.lim.AllowN(now, 1) {
+		k.suppressed++
 		r.mu.Unlock()
 		return
 	}
-	suppressed := st.suppressed
-	st.last, st.suppressed = now, 0
+	suppressed := k.suppressed
+	k.suppressed = 0
 	r.mu.Unlock()
 	if suppressed > 0 {
 		attrs = append(attrs, slog.Int("suppressed_since_last", suppressed))

@@ -7,11 +7,11 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"weida.dev/connector/policy"
-	"weida.dev/connector/resources"
 	"weida.dev/connector/weida"
 )
 
@@ -20,9 +20,11 @@ import (
 // the broker drivers explicitly.
 type Unit struct {
 	Spec Spec
-	// Resource is compared on reload: a running unit whose resource is
-	// Equal to the new one is left running. nil always restarts.
-	Resource *resources.Connector
+	// Revision is an opaque digest of the unit's configuration, computed
+	// by the caller: equal revisions mean the same configuration. On
+	// reload a running, healthy unit whose Revision is unchanged is left
+	// running. Empty always restarts.
+	Revision string
 
 	// Inbound: the listen address (host:port) and path the connector hosts,
 	// with the listener's settings. Resources sharing an address share one
@@ -37,23 +39,38 @@ type Unit struct {
 	NewSink SinkFactory
 }
 
-// Runtime runs a set of resources, each in its own [Bridge], and applies a
-// new set on reload by difference. Its methods are safe for concurrent use.
+// StableAfter is how long an attempt must stay up for the next failure to
+// count as the first in a row again, so that its backoff starts over from
+// its shortest wait.
+const StableAfter = 30 * time.Second
+
+// Runtime runs a set of resources and applies a new set on reload by
+// difference. Every resource is a supervised unit: the runtime runs
+// attempts of it (see [Bridge.Run]) one after another, with a jittered
+// backoff after each failed one, for as long as the unit exists; only a
+// permanent [Failure] stops the retries. Its methods are safe for
+// concurrent use.
 type Runtime struct {
 	deps Deps
 
-	mu        sync.Mutex
+	apply sync.Mutex // serialises Apply and Stop
+
+	mu        sync.Mutex // guards the maps; Alive checks it can be taken
 	running   map[string]*runningUnit
 	listeners map[string]*sharedListener
-	failed    map[string]Status // units that could not even start
 }
 
+// runningUnit is a unit and its supervisor goroutine.
 type runningUnit struct {
 	unit   Unit
 	bridge *Bridge
-	pub    *weida.Publisher
 	cancel context.CancelFunc
-	done   chan struct{}
+	done   chan struct{} // closed when the supervisor has returned
+
+	// pub is the publisher path the unit holds; written by the
+	// supervisor goroutine (or startUnit before it), read by stopUnit
+	// after done.
+	pub *weida.Publisher
 }
 
 type sharedListener struct {
@@ -69,15 +86,21 @@ func NewRuntime(deps Deps) *Runtime {
 		deps:      deps,
 		running:   make(map[string]*runningUnit),
 		listeners: make(map[string]*sharedListener),
-		failed:    make(map[string]Status),
 	}
 }
 
 // Apply makes the running set equal to units: it stops the resources that
-// are gone or changed, then starts the new and changed ones. A unit that
-// cannot start (its listen address is taken, say) stays visible in Statuses
-// with the reason, and the others run; the error joins every such failure.
+// are gone or changed, and those down after a failed attempt (a reload is
+// the operator's "try again now"), then starts the new and stopped ones. A
+// unit retried so with an unchanged Revision keeps its counters and metric
+// series; a changed or removed one loses them.
+// The first weida listen of an inbound unit is tried before Apply returns:
+// the error joins every such failure, and each of those units stays
+// visible in Statuses and is retried in the background like any failed
+// attempt.
 func (r *Runtime) Apply(ctx context.Context, units []Unit) error {
+	r.apply.Lock()
+	defer r.apply.Unlock()
 	want := make(map[string]Unit, len(units))
 	// Listeners the new set still uses with the same identity survive
 	// the restart of their resources: their subscribers stay connected
@@ -95,25 +118,33 @@ func (r *Runtime) Apply(ctx context.Context, units []Unit) error {
 	// The broker filters of inbound resources being replaced, for their
 	// successors to withdraw what they no longer subscribe.
 	previous := make(map[string][]string)
+	// Units retried by the reload with their configuration unchanged keep
+	// their counters and series: only the attempt is new.
+	carry := make(map[string]*stats)
 	for name, ru := range r.running {
-		if u, ok := want[name]; !ok || u.Resource == nil || ru.unit.Resource == nil || !u.Resource.Equal(ru.unit.Resource) {
-			stop = append(stop, ru)
-			delete(r.running, name)
-			if !ok {
-				ru.bridge.retiring.Store(true)
-			}
-			if ok && u.Spec.Direction != policy.Outbound && ru.unit.Spec.Direction != policy.Outbound {
-				for _, rt := range ru.unit.Spec.Routes {
-					previous[name] = append(previous[name], rt.Foreign)
-				}
+		u, ok := want[name]
+		same := ok && u.Revision != "" && u.Revision == ru.unit.Revision
+		if same && !ru.bridge.down() {
+			continue
+		}
+		if same {
+			carry[name] = ru.bridge.stats
+		}
+		stop = append(stop, ru)
+		delete(r.running, name)
+		if !ok {
+			ru.bridge.in.retiring.Store(true)
+		}
+		if ok && u.Spec.Direction != policy.Outbound && ru.unit.Spec.Direction != policy.Outbound {
+			for _, rt := range ru.unit.Spec.Routes {
+				previous[name] = append(previous[name], rt.Foreign)
 			}
 		}
 	}
-	clear(r.failed)
 	r.mu.Unlock()
 
 	for _, ru := range stop {
-		r.stopUnit(ru, keep)
+		r.stopUnit(ru, keep, carry[ru.unit.Spec.Name] == nil)
 	}
 
 	var errs []error
@@ -129,7 +160,7 @@ func (r *Runtime) Apply(ctx context.Context, units []Unit) error {
 		if isRunning {
 			continue
 		}
-		if err := r.startUnit(ctx, want[name], previous[name]); err != nil {
+		if err := r.startUnit(ctx, want[name], previous[name], carry[name]); err != nil {
 			errs = append(errs, fmt.Errorf("resource %s: %w", name, err))
 		}
 	}
@@ -145,39 +176,121 @@ func (r *Runtime) Apply(ctx context.Context, units []Unit) error {
 	return errors.Join(errs...)
 }
 
-// startUnit starts u; previous are the broker filters of the inbound unit
-// it replaces, if any.
-func (r *Runtime) startUnit(ctx context.Context, u Unit, previous []string) error {
+// startUnit starts the supervisor of u; previous are the broker filters of
+// the inbound unit it replaces, if any, and st the accounting it carries
+// on, if any. It returns the error of the first weida listen, which the
+// supervisor then retries.
+func (r *Runtime) startUnit(ctx context.Context, u Unit, previous []string, st *stats) error {
 	var b *Bridge
-	var pub *weida.Publisher
 	if u.Spec.Direction == policy.Outbound {
 		b = NewOutbound(u.Spec, u.Dial, u.NewSink, r.deps)
 	} else {
-		var err error
-		pub, err = r.acquirePublisher(ctx, u)
-		if err != nil {
-			b = NewInbound(u.Spec, u.NewSource, nil, r.deps)
-			b.Fail("ListenFailed", err)
-			r.mu.Lock()
-			r.failed[u.Spec.Name] = b.Status()
-			r.mu.Unlock()
-			return err
-		}
-		b = NewInbound(u.Spec, u.NewSource, pub, r.deps)
-		b.supersedes = previous
+		b = NewInbound(u.Spec, u.NewSource, nil, r.deps)
+		b.in.supersedes = previous
 	}
-	bctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	ru := &runningUnit{unit: u, bridge: b, pub: pub, cancel: cancel, done: make(chan struct{})}
+	if st != nil {
+		b.stats = st
+	}
+	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	ru := &runningUnit{unit: u, bridge: b, cancel: cancel, done: make(chan struct{})}
+	var first error
+	if u.Spec.Direction != policy.Outbound {
+		ru.pub, first = r.acquirePublisher(sctx, u)
+		if first == nil {
+			b.setPublisher(ru.pub)
+		}
+	}
+	// The first failure is on record before Apply returns.
+	failures, wait, permanent := 0, time.Duration(0), false
+	if first != nil {
+		failures = 1
+		wait, permanent = r.recordFailure(b, &Failure{Reason: FailListen, Err: first}, failures)
+	}
 	r.mu.Lock()
 	r.running[u.Spec.Name] = ru
 	r.mu.Unlock()
 	go func() {
 		defer close(ru.done)
-		if err := b.Run(bctx); err != nil {
-			r.deps.Logger.Error("resource stopped", "resource", u.Spec.Name, "err", err)
-		}
+		r.supervise(sctx, ru, failures, wait, permanent)
 	}()
-	return nil
+	return first
+}
+
+// supervise runs attempts of ru until ctx ends or one fails for good.
+// failures, wait and permanent describe a failure already recorded.
+func (r *Runtime) supervise(ctx context.Context, ru *runningUnit, failures int, wait time.Duration, permanent bool) {
+	for {
+		if failures > 0 {
+			if permanent {
+				<-ctx.Done()
+				return
+			}
+			if !sleep(ctx, wait) {
+				return
+			}
+		}
+		started := r.deps.Now()
+		err := r.attempt(ctx, ru)
+		if ctx.Err() != nil {
+			return
+		}
+		if err == nil {
+			err = errors.New("connectors: the attempt ended by itself")
+		}
+		if r.deps.Now().Sub(started) >= StableAfter {
+			failures = 0
+		}
+		failures++
+		wait, permanent = r.recordFailure(ru.bridge, failure(err, FailConnectionLost), failures)
+	}
+}
+
+// recordFailure records the failures-th failure in a row of b's unit and
+// returns the wait before the next attempt, or permanent.
+func (r *Runtime) recordFailure(b *Bridge, fail *Failure, failures int) (wait time.Duration, permanent bool) {
+	now := r.deps.Now()
+	st := FailureStatus{
+		Reason:        fail.Reason,
+		Message:       fail.Error(),
+		Attempts:      failures,
+		Permanent:     fail.Permanent,
+		LastErrorTime: now,
+	}
+	if !fail.Permanent {
+		wait = r.deps.Backoff(failures)
+		st.NextRetryTime = now.Add(wait)
+	}
+	b.failed(st, failureSide(fail))
+	if fail.Permanent {
+		b.log.Error("resource failed for good; fix its configuration and reload", "reason", fail.Reason, "err", fail.Err)
+	} else {
+		b.log.Warn("resource attempt failed; retrying", "reason", fail.Reason, "err", fail.Err,
+			"attempts", failures, "retry_in", wait.Round(time.Millisecond).String())
+	}
+	return wait, fail.Permanent
+}
+
+// failureSide is the condition a failure of b is blamed on.
+func failureSide(f *Failure) int {
+	switch f.Reason {
+	case FailListen, FailWeidaDial, FailFingerprintMismatch:
+		return condWeida
+	}
+	return condBroker
+}
+
+// attempt is one attempt of ru: the weida side (the publisher path, held
+// across attempts once acquired) and one run of its bridge.
+func (r *Runtime) attempt(ctx context.Context, ru *runningUnit) error {
+	if ru.unit.Spec.Direction != policy.Outbound && ru.pub == nil {
+		pub, err := r.acquirePublisher(ctx, ru.unit)
+		if err != nil {
+			return &Failure{Reason: FailListen, Err: err}
+		}
+		ru.pub = pub
+		ru.bridge.setPublisher(pub)
+	}
+	return ru.bridge.Run(ctx)
 }
 
 func (r *Runtime) acquirePublisher(ctx context.Context, u Unit) (*weida.Publisher, error) {
@@ -223,11 +336,14 @@ func sameListenIdentity(a, b weida.ListenConfig) bool {
 
 // stopUnit stops a unit and releases its publisher path. Its listener is
 // closed with its last path unless keep holds the address with the same
-// identity (a reload restarting the resources on it).
-func (r *Runtime) stopUnit(ru *runningUnit, keep map[string]weida.ListenConfig) {
+// identity (a reload restarting the resources on it). forget removes the
+// unit's metric series.
+func (r *Runtime) stopUnit(ru *runningUnit, keep map[string]weida.ListenConfig, forget bool) {
 	ru.cancel()
 	<-ru.done
-	r.deps.Metrics.forget(ru.unit.Spec.Name)
+	if forget {
+		r.deps.Metrics.forget(ru.unit.Spec.Name)
+	}
 	if ru.pub == nil {
 		return
 	}
@@ -249,12 +365,9 @@ func (r *Runtime) stopUnit(ru *runningUnit, keep map[string]weida.ListenConfig) 
 // Statuses returns every resource's status, sorted by name.
 func (r *Runtime) Statuses() []Status {
 	r.mu.Lock()
-	out := make([]Status, 0, len(r.running)+len(r.failed))
+	out := make([]Status, 0, len(r.running))
 	for _, ru := range r.running {
 		out = append(out, ru.bridge.Status())
-	}
-	for _, st := range r.failed {
-		out = append(out, st)
 	}
 	r.mu.Unlock()
 	slices.SortFunc(out, func(a, b Status) int {
@@ -286,6 +399,8 @@ func (r *Runtime) Ready() bool {
 // Stop stops every resource, draining each within Deps.Drain, and closes
 // the listeners. The runtime can be given a new set with Apply afterwards.
 func (r *Runtime) Stop() {
+	r.apply.Lock()
+	defer r.apply.Unlock()
 	r.mu.Lock()
 	all := make([]*runningUnit, 0, len(r.running))
 	for name, ru := range r.running {
@@ -295,7 +410,7 @@ func (r *Runtime) Stop() {
 	r.mu.Unlock()
 	var wg sync.WaitGroup
 	for _, ru := range all {
-		wg.Go(func() { r.stopUnit(ru, nil) })
+		wg.Go(func() { r.stopUnit(ru, nil, true) })
 	}
 	wg.Wait()
 	r.mu.Lock()
@@ -305,6 +420,25 @@ func (r *Runtime) Stop() {
 	}
 	r.mu.Unlock()
 	r.deps.Logger.Log(context.Background(), slog.LevelInfo, "all resources stopped")
+}
+
+// Alive reports whether the runtime answers: its lock can be taken before
+// ctx ends. It fails only when the process is wedged, never because a
+// broker or endpoint is down; /healthz serves it.
+func (r *Runtime) Alive(ctx context.Context) bool {
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for {
+		if r.mu.TryLock() {
+			r.mu.Unlock()
+			return true
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+		}
+	}
 }
 
 // Collector exports the weida listeners' own counters: copies a listener

@@ -42,6 +42,21 @@ type Status struct {
 	Endpoint   string      `json:"endpoint"`
 	Conditions []Condition `json:"conditions"`
 	Counters   Counters    `json:"counters"`
+	// Failure is present while the unit is down after a failed attempt,
+	// until another attempt has started.
+	Failure *FailureStatus `json:"failure,omitempty"`
+}
+
+// FailureStatus is why a unit is down, and when it is tried again.
+type FailureStatus struct {
+	Reason        string    `json:"reason"`   // CamelCase, see [Failure]
+	Message       string    `json:"message"`  // the error text; never a secret
+	Attempts      int       `json:"attempts"` // failed attempts in a row
+	Permanent     bool      `json:"permanent,omitempty"`
+	LastErrorTime time.Time `json:"lastErrorTime"`
+	// NextRetryTime is when the next attempt starts; zero when the
+	// failure is permanent.
+	NextRetryTime time.Time `json:"nextRetryTime,omitzero"`
 }
 
 // Ready reports whether the Ready condition is True.
@@ -54,26 +69,45 @@ func (s Status) Ready() bool {
 	return false
 }
 
-// conditions tracks the three conditions of a bridge. Safe for concurrent
-// use.
+// Indexes of the conditions of a bridge.
+const (
+	condBroker = 0
+	condWeida  = 1
+	condReady  = 2
+)
+
+// conditions tracks the three conditions of a bridge and its failure.
+// Safe for concurrent use.
 type conditions struct {
-	mu   sync.Mutex
-	list [3]Condition // BrokerConnected, WeidaReady, Ready
-	now  func() time.Time
+	mu      sync.Mutex
+	list    [3]Condition // BrokerConnected, WeidaReady, Ready
+	failure *FailureStatus
+	now     func() time.Time
 }
 
 func newConditions(now func() time.Time) *conditions {
 	c := &conditions{now: now}
 	t := now()
-	c.list[0] = Condition{Type: CondBrokerConnected, Status: "Unknown", Reason: "Starting", LastTransitionTime: t}
-	c.list[1] = Condition{Type: CondWeidaReady, Status: "Unknown", Reason: "Starting", LastTransitionTime: t}
-	c.list[2] = Condition{Type: CondReady, Status: "False", Reason: "Starting", LastTransitionTime: t}
+	c.list[condBroker] = Condition{Type: CondBrokerConnected, Status: "Unknown", Reason: "Starting", LastTransitionTime: t}
+	c.list[condWeida] = Condition{Type: CondWeidaReady, Status: "Unknown", Reason: "Starting", LastTransitionTime: t}
+	c.list[condReady] = Condition{Type: CondReady, Status: "False", Reason: "Starting", LastTransitionTime: t}
 	return c
+}
+
+func (c *conditions) get(i int) Condition {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.list[i]
 }
 
 func (c *conditions) set(i int, up bool, reason, msg string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.setLocked(i, up, reason, msg)
+	c.readyLocked()
+}
+
+func (c *conditions) setLocked(i int, up bool, reason, msg string) {
 	st := "False"
 	if up {
 		st = "True"
@@ -83,17 +117,22 @@ func (c *conditions) set(i int, up bool, reason, msg string) {
 		cond.LastTransitionTime = c.now()
 	}
 	cond.Status, cond.Reason, cond.Message = st, reason, msg
-	// Ready follows the two sides.
-	ready := c.list[0].Status == "True" && c.list[1].Status == "True"
-	r := &c.list[2]
+}
+
+// readyLocked derives Ready: the failure while there is one, else the two
+// sides.
+func (c *conditions) readyLocked() {
+	r := &c.list[condReady]
 	rs, rr, rm := "False", "NotReady", ""
 	switch {
-	case ready:
+	case c.failure != nil:
+		rr, rm = c.failure.Reason, c.failure.Message
+	case c.list[condBroker].Status == "True" && c.list[condWeida].Status == "True":
 		rs, rr = "True", "Bridging"
-	case c.list[0].Status != "True":
-		rr, rm = "BrokerNotConnected", c.list[0].Message
+	case c.list[condBroker].Status != "True":
+		rr, rm = "BrokerNotConnected", c.list[condBroker].Message
 	default:
-		rr, rm = "WeidaNotReady", c.list[1].Message
+		rr, rm = "WeidaNotReady", c.list[condWeida].Message
 	}
 	if r.Status != rs {
 		r.LastTransitionTime = c.now()
@@ -101,23 +140,29 @@ func (c *conditions) set(i int, up bool, reason, msg string) {
 	r.Status, r.Reason, r.Message = rs, rr, rm
 }
 
-// fail marks the resource as failed for good (it stays visible).
-func (c *conditions) fail(reason, msg string) {
+// setFailure records f (nil clears it); side, unless -1, is the condition
+// that says the same.
+func (c *conditions) setFailure(f *FailureStatus, side int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	r := &c.list[2]
-	if r.Status != "False" {
-		r.LastTransitionTime = c.now()
+	c.failure = f
+	if f != nil && side >= 0 {
+		c.setLocked(side, false, f.Reason, f.Message)
 	}
-	r.Status, r.Reason, r.Message = "False", reason, msg
+	c.readyLocked()
 }
 
-func (c *conditions) snapshot() []Condition {
+func (c *conditions) snapshot() ([]Condition, *FailureStatus) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	out := make([]Condition, len(c.list))
-	copy(out[:], c.list[:])
-	return out
+	copy(out, c.list[:])
+	var f *FailureStatus
+	if c.failure != nil {
+		cp := *c.failure
+		f = &cp
+	}
+	return out, f
 }
 
 // counters are the atomic running totals behind Counters.

@@ -1,6 +1,9 @@
 package resources
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"net"
 	"reflect"
 	"strconv"
@@ -227,6 +230,36 @@ func (c *Connector) Equal(o *Connector) bool {
 	a.Routes = stripRoutePos(a.Routes)
 	b.Routes = stripRoutePos(b.Routes)
 	return reflect.DeepEqual(a, b)
+}
+
+// Revision returns an opaque digest of c's configuration, ignoring where
+// it was written, as Equal does: two connectors that are Equal have the
+// same Revision, and any change of configuration gives another one. The
+// runtime compares revisions on reload.
+func (c *Connector) Revision() string {
+	a := *c
+	a.Source = Position{}
+	a.Routes = stripRoutePos(a.Routes)
+	policyName := ""
+	if a.Policy != nil {
+		policyName = a.Policy.Name()
+	}
+	// A policy is code, not data: its name (which carries its version)
+	// stands for it.
+	a.Policy = nil
+	// JSON follows pointers and sorts map keys, so equal configurations
+	// encode to equal bytes; every field is plain data.
+	b, err := json.Marshal(struct {
+		Connector Connector
+		Policy    string
+	}{a, policyName})
+	if err != nil {
+		// Unreachable with plain data; an empty revision restarts the
+		// connector on every reload, which is safe.
+		return ""
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
 }
 
 func stripRoutePos(rs []Route) []Route {

@@ -29,6 +29,7 @@ type runOptions struct {
 	logLevel  slog.Level
 	instance  string
 	drain     time.Duration
+	retry     connectors.Backoff
 }
 
 // cmdRun loads and checks every resource exactly as `check` does, then runs
@@ -36,7 +37,7 @@ type runOptions struct {
 // before anything starts. SIGHUP reloads: the files are loaded and checked
 // again and, only when all of them are valid, the difference is applied.
 func cmdRun(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) int {
-	fs := newFlagSet("run", "connector run -f PATH [-f PATH...] [--admin ADDR] [--log-format text|json] [--log-level LEVEL] [--instance NAME] [--drain DURATION]", stderr)
+	fs := newFlagSet("run", "connector run -f PATH [-f PATH...] [--admin ADDR] [--log-format text|json] [--log-level LEVEL] [--instance NAME] [--drain DURATION] [--retry-initial DURATION] [--retry-max DURATION]", stderr)
 	var paths stringList
 	fs.Var(&paths, "f", "a resource file, or a directory whose *.yaml and *.yml files are read (not recursively); repeatable")
 	admin := fs.String("admin", "127.0.0.1:9090", "address of the admin HTTP listener (/metrics, /healthz, /readyz, /status); empty disables it")
@@ -44,10 +45,13 @@ func cmdRun(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.W
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn or error")
 	instance := fs.String("instance", "weida-connector", "loop marker value: messages this connector (or any sharing the value) published are not bridged back")
 	drain := fs.Duration("drain", 10*time.Second, "on SIGTERM, how long in-flight messages may take to settle before the process exits")
+	retryInitial := fs.Duration("retry-initial", 250*time.Millisecond, "the shortest wait before a failed resource is tried again")
+	retryMax := fs.Duration("retry-max", 30*time.Second, "the longest wait between two attempts of a failed resource (waits double up to it, with jitter)")
 	if code, done := parseFlags(fs, args, stdout); done {
 		return code
 	}
-	opts := runOptions{paths: paths, admin: *admin, logFormat: *logFormat, instance: *instance, drain: *drain}
+	opts := runOptions{paths: paths, admin: *admin, logFormat: *logFormat, instance: *instance, drain: *drain,
+		retry: connectors.Backoff{Initial: *retryInitial, Max: *retryMax}}
 	switch {
 	case fs.NArg() > 0:
 		fmt.Fprintf(stderr, "connector run: unexpected argument %q; name resource files with -f\n", fs.Arg(0))
@@ -60,6 +64,9 @@ func cmdRun(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.W
 		return exitUsage
 	case opts.drain <= 0:
 		fmt.Fprintln(stderr, "connector run: --drain must be positive")
+		return exitUsage
+	case opts.retry.Initial <= 0 || opts.retry.Max < opts.retry.Initial:
+		fmt.Fprintln(stderr, "connector run: --retry-initial must be positive and no longer than --retry-max")
 		return exitUsage
 	}
 	if err := opts.logLevel.UnmarshalText([]byte(*logLevel)); err != nil {
@@ -121,7 +128,7 @@ func runService(ctx context.Context, opts runOptions, stdout, stderr io.Writer) 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := connectors.NewMetrics(reg)
-	rt := connectors.NewRuntime(connectors.Deps{Metrics: metrics, Logger: log, Drain: opts.drain})
+	rt := connectors.NewRuntime(connectors.Deps{Metrics: metrics, Logger: log, Drain: opts.drain, Backoff: opts.retry.Wait})
 	reg.MustRegister(rt.Collector())
 
 	var adminSrv *http.Server
@@ -141,7 +148,7 @@ func runService(ctx context.Context, opts runOptions, stdout, stderr io.Writer) 
 	}
 
 	if err := rt.Apply(ctx, units); err != nil {
-		log.Error("some resources could not start; the others run", "err", err)
+		log.Error("some resources could not start; they are retried, the others run", "err", err)
 	}
 	log.Info("connector running", "resources", len(cs), "instance", opts.instance)
 
@@ -173,7 +180,7 @@ func reload(ctx context.Context, rt *connectors.Runtime, opts runOptions, env un
 		return
 	}
 	if err := rt.Apply(ctx, units); err != nil {
-		log.Error("reload applied; some resources could not start", "err", err)
+		log.Error("reload applied; some resources could not start and are retried", "err", err)
 		return
 	}
 	log.Info("reload applied", "resources", len(cs))

@@ -97,7 +97,7 @@ func buildUnit(c *resources.Connector, env unitEnv) (connectors.Unit, error) {
 		MaxMessageBytes: int(c.Limits.MaxMessageBytes),
 		InFlight:        c.Limits.InFlight,
 	}
-	u := connectors.Unit{Spec: spec, Resource: c}
+	u := connectors.Unit{Spec: spec, Revision: c.Revision()}
 	log := env.log.With("resource", c.Name)
 	if c.Direction == policy.Outbound {
 		url := c.Weida.Endpoint.String()

@@ -1,0 +1,406 @@
+package connectors
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"weida.dev/connector/weida"
+)
+
+// outbound is the configuration of a bridge from a remote weida publisher
+// endpoint onto a broker.
+type outbound struct {
+	newSink      SinkFactory
+	dial         DialFunc
+	weidaFilters []string // distinct weida filters, the subscriptions
+}
+
+// outAttempt is one attempt of an outbound bridge: its Sink, and how the
+// attempt ends early when the Sink fails.
+type outAttempt struct {
+	b    *Bridge
+	sink Sink
+	// cancel ends the attempt with a cause; the first *Failure wins.
+	cancel context.CancelCauseFunc
+	lost   atomic.Bool // the Sink failed: writes still under way are lost
+	// closing is set before the runtime closes the Sink, so that the
+	// ErrClosed it then returns is not taken for a failure.
+	closing atomic.Bool
+}
+
+// fail ends the attempt because the Sink failed with err.
+func (a *outAttempt) fail(err error) {
+	a.lost.Store(true)
+	a.cancel(failure(err, FailConnectionLost))
+}
+
+// lostReason is the drop reason of a message that could not be written
+// because the attempt ended.
+func (a *outAttempt) lostReason() string {
+	if a.lost.Load() {
+		return ReasonConnectionLost
+	}
+	return ReasonShutdown
+}
+
+// runOutbound is one attempt of an outbound bridge.
+func (b *Bridge) runOutbound(ctx context.Context) error {
+	report, retire := b.newAttempt()
+	defer retire()
+	sink, err := b.out.newSink(report)
+	if err != nil {
+		return failure(err, FailSinkInvalid)
+	}
+	actx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	a := &outAttempt{b: b, sink: sink, cancel: cancel}
+	closeSink := func() {
+		retire()
+		a.closing.Store(true)
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if err := sink.Close(cctx); err != nil {
+			b.log.Warn("closing the broker connection", "err", err)
+		}
+	}
+	defer closeSink()
+	if err := sink.Start(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return failure(err, FailStart)
+	}
+	b.attemptStarted()
+
+	// The in-flight bound caps the broker writes under way; when it is
+	// reached the weida receive loop stops reading, and QUIC flow control
+	// pushes back on the remote publisher.
+	// Writes outlive ctx by the drain bound, so that a stop finishes the
+	// writes already taken from weida instead of dropping them. A failed
+	// Sink ends them at once: they are counted as lost.
+	writeCtx, cancelWrites := context.WithCancel(context.WithoutCancel(ctx))
+	stopDrain := context.AfterFunc(ctx, func() {
+		time.AfterFunc(b.deps.drain(), cancelWrites)
+	})
+	stopLost := context.AfterFunc(actx, func() {
+		if a.lost.Load() {
+			cancelWrites()
+		}
+	})
+	limit := b.spec.inFlight()
+	if w, ok := sink.(Windowed); ok {
+		if n := w.Window(); n > 0 && n < limit {
+			limit = n
+		}
+	}
+	var out outboundWriter
+	if aw, ok := sink.(AsyncWriter); ok {
+		out = newAsyncWrites(writeCtx, a, aw, limit)
+	} else {
+		out = newWriterPool(writeCtx, a, limit)
+	}
+	finish := func() {
+		if a.lost.Load() {
+			// A failed Sink may never settle what it holds; closing it
+			// makes it give every write its outcome.
+			closeSink()
+		}
+		out.wait()
+		stopDrain()
+		stopLost()
+		cancelWrites()
+	}
+
+	b.dialLoop(actx, out, a)
+	finish()
+	if ctx.Err() != nil {
+		return nil
+	}
+	// The subscription went with the attempt; the next one dials again.
+	b.reportWeida(false, FailConnectionLost, "the broker side failed; the endpoint is dialled again by the next attempt")
+	if err := context.Cause(actx); err != nil {
+		var f *Failure
+		if errors.As(err, &f) {
+			return f
+		}
+	}
+	return &Failure{Reason: FailConnectionLost, Err: errors.New("connectors: the outbound attempt ended")}
+}
+
+// dialLoop dials the weida endpoint, subscribes and receives until ctx
+// ends, re-dialling after every loss with a backoff.
+func (b *Bridge) dialLoop(ctx context.Context, out outboundWriter, a *outAttempt) {
+	attempt := 0
+	for ctx.Err() == nil {
+		sub, err := b.out.dial(ctx)
+		if err == nil {
+			err = b.subscribeAll(ctx, sub)
+			if err != nil {
+				sub.Close()
+			}
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			attempt++
+			b.reportWeida(false, dialReason(err), err.Error())
+			b.stats.rlog.Log(slog.LevelWarn, "dial", "dialling the weida endpoint failed; retrying", slog.String("endpoint", b.spec.Endpoint), slog.Any("err", err), slog.Int("attempt", attempt))
+			if !sleep(ctx, b.deps.Backoff(attempt)) {
+				return
+			}
+			continue
+		}
+		if attempt > 0 || b.stats.count.received.Load() > 0 {
+			b.stats.reconnected("weida")
+		}
+		attempt = 0
+		b.reportWeida(true, "Subscribed", fmt.Sprintf("%d filters on %s", len(b.out.weidaFilters), b.spec.Endpoint))
+		err = b.receiveLoop(ctx, sub, out, a)
+		sub.Close()
+		if ctx.Err() != nil {
+			return
+		}
+		b.reportWeida(false, FailConnectionLost, err.Error())
+		b.log.Warn("weida connection lost; re-dialling", "err", err)
+	}
+}
+
+// dialReason names a failed dial of the weida endpoint. weida.Dial reports
+// a certificate that is not the pinned one only in its error text, so it is
+// not told apart from other failures yet: a [*Failure] from the DialFunc
+// (FailFingerprintMismatch, say) is how a caller can name it.
+func dialReason(err error) string {
+	var f *Failure
+	if errors.As(err, &f) && f.Reason != "" {
+		return f.Reason
+	}
+	return FailWeidaDial
+}
+
+func (b *Bridge) subscribeAll(ctx context.Context, sub *weida.Subscriber) error {
+	for _, f := range b.out.weidaFilters {
+		if err := sub.Subscribe(ctx, f); err != nil {
+			return fmt.Errorf("subscribe %q: %w", f, err)
+		}
+	}
+	return nil
+}
+
+type outboundItem struct {
+	route Route
+	msg   *Message
+}
+
+func (b *Bridge) receiveLoop(ctx context.Context, sub *weida.Subscriber, out outboundWriter, a *outAttempt) error {
+	for {
+		wm, err := sub.Receive(ctx)
+		if err != nil {
+			return err
+		}
+		now := b.deps.Now()
+		b.stats.received()
+		ft, err := b.spec.Policy.TopicFromWeida(wm.Topic)
+		if err != nil {
+			b.drop("", refusalRule(err), slog.LevelWarn, "weida topic has no exact broker form; dropped", slog.String("weida_topic", wm.Topic), slog.String("why", err.Error()))
+			continue
+		}
+		route, reason := b.outboundRoute(ft)
+		if reason != "" {
+			b.drop("", reason, slog.LevelInfo, "no route may produce this topic; dropped", slog.String("topic", ft))
+			continue
+		}
+		if b.spec.MaxMessageBytes > 0 && len(wm.Payload) > b.spec.MaxMessageBytes {
+			b.drop(route.Name, ReasonTooLarge, slog.LevelWarn, "payload over spec.limits.maxMessageBytes; dropped", slog.String("topic", ft), slog.Int("bytes", len(wm.Payload)))
+			continue
+		}
+		m := &Message{
+			Topic:            ft,
+			Payload:          wm.Payload,
+			ContentType:      wm.ContentType,
+			Traceparent:      wm.Traceparent,
+			Tracestate:       wm.Tracestate,
+			ReceivedUnixNano: now.UnixNano(),
+		}
+		b.stats.taken()
+		if err := out.submit(ctx, outboundItem{route: route, msg: m}); err != nil {
+			b.stats.settled()
+			b.drop(route.Name, a.lostReason(), slog.LevelWarn, "stopping; message not published", slog.String("topic", ft))
+			return err
+		}
+	}
+}
+
+// outboundRoute finds the first route that may produce foreign topic t, or
+// the reason none may. A topic kept from a route only by the foreign
+// protocol's own exclusion (MQTT: '$' topics under a leading wildcard) is
+// counted apart, under the policy's AdmitRule.
+func (b *Bridge) outboundRoute(t string) (Route, string) {
+	g := b.spec.Policy.Grammar()
+	excluded := false
+	for _, r := range b.spec.Routes {
+		if !b.spec.Policy.Admit(r.Foreign, t) {
+			excluded = true
+			continue
+		}
+		if g.Match(r.Foreign, t) {
+			return r, ""
+		}
+	}
+	if rule := b.spec.Policy.AdmitRule(); excluded && rule != "" {
+		return Route{}, rule
+	}
+	return Route{}, ReasonNoRoute
+}
+
+// outboundWriter takes converted messages from the receive loop to the
+// Sink, at most the in-flight bound at a time.
+type outboundWriter interface {
+	// submit waits for room and starts writing it; it fails only when
+	// ctx ends first.
+	submit(ctx context.Context, it outboundItem) error
+	// wait returns once every submitted message is settled.
+	wait()
+}
+
+// writerPool drives a Sink that only has the blocking Write: a fixed pool
+// of goroutines, each writing one message at a time.
+type writerPool struct {
+	work chan outboundItem
+	wg   sync.WaitGroup
+}
+
+func newWriterPool(ctx context.Context, a *outAttempt, writers int) *writerPool {
+	p := &writerPool{work: make(chan outboundItem, writers)}
+	for range writers {
+		p.wg.Go(func() {
+			for it := range p.work {
+				a.finishWrite(ctx, it, a.sink.Write(ctx, it.msg))
+				a.b.stats.settled()
+			}
+		})
+	}
+	return p
+}
+
+func (p *writerPool) submit(ctx context.Context, it outboundItem) error {
+	select {
+	case p.work <- it:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (p *writerPool) wait() {
+	close(p.work)
+	p.wg.Wait()
+}
+
+// asyncWrites drives an [AsyncWriter]: the receive loop starts each write
+// and the Sink reports its outcome. Only a failed write gets a goroutine,
+// which retries it with Write as the pool would.
+type asyncWrites struct {
+	a       *outAttempt
+	ctx     context.Context // bounds retries, as the pool's writers
+	aw      AsyncWriter
+	slots   chan struct{} // one token per write under way
+	pending sync.WaitGroup
+}
+
+func newAsyncWrites(ctx context.Context, a *outAttempt, aw AsyncWriter, limit int) *asyncWrites {
+	return &asyncWrites{a: a, ctx: ctx, aw: aw, slots: make(chan struct{}, limit)}
+}
+
+func (w *asyncWrites) submit(ctx context.Context, it outboundItem) error {
+	select {
+	case w.slots <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	w.pending.Add(1)
+	w.aw.WriteAsync(it.msg, func(err error) {
+		if err == nil {
+			w.a.written(it)
+			w.release()
+			return
+		}
+		go func() {
+			defer w.release()
+			w.a.finishWrite(w.ctx, it, err)
+		}()
+	})
+	return nil
+}
+
+func (w *asyncWrites) release() {
+	w.a.b.stats.settled()
+	<-w.slots
+	w.pending.Done()
+}
+
+func (w *asyncWrites) wait() { w.pending.Wait() }
+
+// written counts a message the broker accepted.
+func (a *outAttempt) written(it outboundItem) {
+	a.b.stats.bridged(it.route.Name, it.msg.ReceivedUnixNano, a.b.deps.Now())
+}
+
+// finishWrite settles a message whose first write returned err: it counts
+// it, or writes it again with Write while the broker is unreachable (or,
+// a few times, when it failed otherwise and not for good), until it is
+// published or dropped and counted. An error that ends the attempt (see
+// endsAttempt) fails the attempt, and the message is counted as lost.
+func (a *outAttempt) finishWrite(ctx context.Context, it outboundItem, err error) {
+	const maxAttempts = 5
+	b := a.b
+	for attempt := 1; ; attempt++ {
+		if err == nil {
+			a.written(it)
+			return
+		}
+		var u Unroutable
+		var rj Rejected
+		switch {
+		case errors.As(err, &u) && u.Unroutable():
+			b.drop(it.route.Name, ReasonUnroutable, slog.LevelInfo, "the broker had nowhere to route the message", slog.String("topic", it.msg.Topic))
+			return
+		case errors.As(err, &rj):
+			b.drop(it.route.Name, rj.RejectReason(), slog.LevelError, "the broker rejected the message; dropped without retrying",
+				slog.String("topic", it.msg.Topic), slog.Int("bytes", len(it.msg.Payload)), slog.Any("err", err))
+			return
+		case endsAttempt(err, a.closing.Load()):
+			a.fail(err)
+			b.drop(it.route.Name, ReasonConnectionLost, slog.LevelWarn, "the broker connection failed with the message in flight; not published",
+				slog.String("topic", it.msg.Topic), slog.Any("err", err))
+			return
+		case ctx.Err() != nil, errors.Is(err, ErrClosed):
+			b.drop(it.route.Name, a.lostReason(), slog.LevelWarn, "stopping; message not published", slog.String("topic", it.msg.Topic))
+			return
+		case errors.Is(err, ErrNotConnected):
+			// Wait for the driver to reconnect; the message is held, and
+			// the receive loop stalls once the in-flight bound is reached.
+			if !sleep(ctx, b.deps.Backoff(min(attempt, 8))) {
+				b.drop(it.route.Name, a.lostReason(), slog.LevelWarn, "stopping; message not published", slog.String("topic", it.msg.Topic))
+				return
+			}
+			attempt = 0
+		case attempt >= maxAttempts:
+			b.drop(it.route.Name, ReasonPublishFailed, slog.LevelError, "the broker refused the message; dropped",
+				slog.String("topic", it.msg.Topic), slog.Any("err", err))
+			return
+		default:
+			b.stats.rlog.Log(slog.LevelWarn, "write-retry", "publishing failed; retrying", slog.String("topic", it.msg.Topic), slog.Any("err", err), slog.Int("attempt", attempt))
+			if !sleep(ctx, b.deps.Backoff(attempt)) {
+				b.drop(it.route.Name, a.lostReason(), slog.LevelWarn, "stopping; message not published", slog.String("topic", it.msg.Topic))
+				return
+			}
+		}
+		err = a.sink.Write(ctx, it.msg)
+	}
+}
