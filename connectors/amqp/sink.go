@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"strconv"
 	"sync"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -315,10 +316,19 @@ func (s *Sink) Write(ctx context.Context, m *connectors.Message) error {
 	<-p.sem
 	if err != nil {
 		p.forget(seq)
-		if p.isLost() || p.ch.IsClosed() || errors.Is(err, amqp.ErrClosed) {
-			return p.waitLost(ctx, lost)
+		// amqp091 fails a publish when the channel is closed or the
+		// connection cannot be written, which also ends the connection;
+		// the watcher learns why a moment later.
+		t := time.NewTimer(s.cfg.connectTimeout())
+		defer t.Stop()
+		select {
+		case <-p.lost:
+			return lost()
+		case <-t.C:
+			return fmt.Errorf("amqp: publish %q: %w", m.Topic, err)
+		case <-ctx.Done():
+			return ctx.Err()
 		}
-		return fmt.Errorf("amqp: publish %q: %w", m.Topic, err)
 	}
 	select {
 	case err := <-w.done:
