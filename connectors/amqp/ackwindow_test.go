@@ -26,6 +26,10 @@ func (f *frameLog) Ack(tag uint64, multiple bool) error {
 	if !multiple {
 		f.t.Fatalf("single ack %d; the window only sends multiple acks", tag)
 	}
+	if positive, ok := f.settled[tag]; ok && !positive {
+		// RabbitMQ: 406 unknown delivery tag, closing the channel.
+		f.t.Fatalf("multiple ack names tag %d, which was nacked and is no longer outstanding", tag)
+	}
 	for k := uint64(1); k <= tag; k++ {
 		positive, ok := f.settled[k]
 		if !ok {

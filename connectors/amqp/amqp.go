@@ -15,6 +15,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"weida.dev/connector/connectors"
+	"weida.dev/connector/connectors/internal/netfail"
 )
 
 // LoopHeader is the message header that marks a message an outbound bridge
@@ -60,12 +61,18 @@ type Config struct {
 	TLS *tls.Config
 
 	// Exchange is the topic exchange routes bind to (Source) or publish to
-	// (Sink); "" means amq.topic. It is declared, on every connection, as
-	// a durable topic exchange: created when missing, accepted when it
-	// exists so, refused by the broker (reported, and retried) when it
-	// exists as another type or durability, or is a missing name under
-	// the reserved prefix "amq.".
+	// (Sink); "" means amq.topic. Start declares it as a durable topic
+	// exchange: created when missing, accepted when it exists so, refused
+	// by the broker (Start fails with DeclarationRefused) when it exists as
+	// another type or durability, or is a missing name under the reserved
+	// prefix "amq.".
 	Exchange string
+	// ExchangePassive uses Exchange as it was declared instead of
+	// declaring it (exchange.declare passive): it must exist, whatever its
+	// properties, and Start fails with DeclarationRefused when it does not.
+	// For an exchange that the operator owns and the connector's user may
+	// not declare.
+	ExchangePassive bool
 	// Queue is the queue a Source consumes; a Sink ignores it.
 	Queue Queue
 	// Prefetch bounds the deliveries a Source holds unacknowledged (AMQP
@@ -87,9 +94,6 @@ type Config struct {
 	// ConnectTimeout bounds the TCP, TLS and AMQP handshakes of one
 	// attempt, and closing a connection; zero means 10 s.
 	ConnectTimeout time.Duration
-	// Backoff is the wait before reconnect attempt n (n ≥ 1); nil means
-	// exponential from 100 ms to 10 s.
-	Backoff func(n int) time.Duration
 	// Logger receives the driver's logs; nil discards them.
 	Logger *slog.Logger
 
@@ -121,8 +125,8 @@ type Queue struct {
 	Quorum bool
 	// Passive uses the existing queue Name as it was declared, whatever
 	// its type and arguments (queue.declare passive), instead of declaring
-	// it; Durable, Exclusive and Quorum are then ignored. A queue that does
-	// not exist is reported as DeclareFailed until it does.
+	// it; Durable, Exclusive and Quorum are then ignored. When the queue
+	// does not exist, Start fails with DeclarationRefused.
 	Passive bool
 }
 
@@ -182,13 +186,6 @@ func (c *Config) connectTimeout() time.Duration {
 	return 10 * time.Second
 }
 
-func (c *Config) backoff(n int) time.Duration {
-	if c.Backoff != nil {
-		return c.Backoff(n)
-	}
-	return connectors.ExponentialBackoff(100*time.Millisecond, 10*time.Second)(n)
-}
-
 func (c *Config) logger() *slog.Logger {
 	if c.Logger == nil {
 		return slog.New(slog.DiscardHandler)
@@ -196,29 +193,86 @@ func (c *Config) logger() *slog.Logger {
 	return c.Logger
 }
 
-// declareExchange declares the configured exchange as a durable topic
-// exchange. RabbitMQ answers declare-ok when it exists with those
-// properties (amq.topic does), creates it when it does not (except names
-// under the reserved prefix amq.: 403 ACCESS_REFUSED), and refuses with 406
-// PRECONDITION_FAILED when it exists as another type or durability, which
-// a passive declaration would not notice: topic binding keys on a direct
-// exchange would silently match only themselves.
+// declareExchange declares the configured exchange. By default it declares
+// a durable topic exchange: RabbitMQ answers declare-ok when it exists with
+// those properties (amq.topic does), creates it when it does not (except
+// names under the reserved prefix amq.: 403 ACCESS_REFUSED), and refuses
+// with 406 PRECONDITION_FAILED when it exists as another type or
+// durability, which a passive declaration would not notice: topic binding
+// keys on a direct exchange would silently match only themselves. With
+// ExchangePassive it only checks that the exchange exists (404 NOT_FOUND
+// otherwise), whatever it was declared as.
 func (c *Config) declareExchange(ch *amqp.Channel) error {
 	name := c.exchange()
+	if c.ExchangePassive {
+		if err := ch.ExchangeDeclarePassive(name, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
+			return declareFailure(fmt.Errorf("amqp: exchange %q (passive: it must exist): %w", name, err))
+		}
+		return nil
+	}
 	if err := ch.ExchangeDeclare(name, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
-		return fmt.Errorf("amqp: declare topic exchange %q: %w", name, err)
+		return declareFailure(fmt.Errorf("amqp: declare topic exchange %q: %w", name, err))
 	}
 	return nil
 }
 
+// Reasons this driver reports, in the vocabulary of [connectors.Failure].
+const (
+	reasonCredentials = "CredentialsRefused"
+	reasonPermission  = "PermissionDenied"
+	reasonDeclaration = "DeclarationRefused"
+	reasonLost        = "ConnectionLost"
+	reasonConsumer    = "ConsumerMissing"
+)
+
+// dialFailure classifies an error of connecting: the broker refusing the
+// login (403 ACCESS_REFUSED, or the socket closed during the handshake,
+// which amqp091 reports as the same code) or the virtual host (530
+// NOT_ALLOWED), and the network failures every driver shares.
+func dialFailure(err error) error {
+	var ae *amqp.Error
+	switch {
+	case errors.Is(err, amqp.ErrVhost):
+		return connectors.Retryable(reasonPermission, err)
+	case errors.As(err, &ae) && ae.Code == amqp.AccessRefused:
+		return connectors.Retryable(reasonCredentials, err)
+	case errors.As(err, &ae) && ae.Code == amqp.NotAllowed:
+		return connectors.Retryable(reasonPermission, err)
+	}
+	return netfail.Classify(err)
+}
+
+// declareFailure classifies an error of a declaration, binding, basic.qos,
+// basic.consume or confirm.select. The broker refusing it (404 NOT_FOUND
+// for a passive declaration of a missing name, 403 ACCESS_REFUSED, 405
+// RESOURCE_LOCKED for another connection's exclusive queue, 406
+// PRECONDITION_FAILED for different properties) is DeclarationRefused:
+// retried, since the fix is on the broker. Anything else means the
+// connection went away meanwhile.
+func declareFailure(err error) error {
+	var ae *amqp.Error
+	if errors.As(err, &ae) && ae.Server {
+		switch ae.Code {
+		case amqp.NotFound, amqp.AccessRefused, amqp.ResourceLocked, amqp.PreconditionFailed:
+			return connectors.Retryable(reasonDeclaration, err)
+		}
+	}
+	return connectors.Retryable(reasonLost, err)
+}
+
 // ---- one connection and its channel ----
 
-// link is one AMQP connection with the one channel the driver uses on it.
+// link is one AMQP connection with the one channel the driver uses on it,
+// for the whole life of a Source or Sink: the driver does not reconnect.
 // It is lost at most once: when the connection or the channel closes, the
 // consumer is cancelled by the broker, or the owner tears it down.
 type link struct {
 	conn *amqp.Connection
 	ch   *amqp.Channel
+
+	// onLost, when set before watch, is told once why the link was lost,
+	// unless its owner tore it down. It must not block.
+	onLost func(reason string, err error)
 
 	lostOnce sync.Once
 	lost     chan struct{} // closed when the link is lost
@@ -228,9 +282,9 @@ type link struct {
 	wg      sync.WaitGroup
 }
 
-// lossReason says why a link ended, for status and logs.
+// lossReason says why a link ended.
 type lossReason struct {
-	reason string // ConnState.Reason
+	reason string // a connectors.Failure reason
 	err    error
 }
 
@@ -240,6 +294,11 @@ var errStopping = errors.New("amqp: closing")
 func (l *link) markLost(reason string, err error) {
 	l.lostOnce.Do(func() {
 		l.why = lossReason{reason: reason, err: err}
+		// Reported first, so that the state is in place when Read or
+		// Write return the failure.
+		if err != errStopping && l.onLost != nil {
+			l.onLost(reason, err)
+		}
 		close(l.lost)
 	})
 }
@@ -251,6 +310,15 @@ func (l *link) isLost() bool {
 	default:
 		return false
 	}
+}
+
+// failure is the error of an operation the lost link could not do; valid
+// once lost is closed. what says what did not happen.
+func (l *link) failure(what string) error {
+	if l.why.err == errStopping {
+		return connectors.ErrClosed
+	}
+	return connectors.Retryable(l.why.reason, fmt.Errorf("amqp: %s: %w", what, l.why.err))
 }
 
 // dial opens a connection and a channel. A cancelled ctx aborts the TCP
@@ -314,6 +382,15 @@ func redactURL(u string) string {
 	return fmt.Sprintf("%s://%s", uri.Scheme, net.JoinHostPort(uri.Host, fmt.Sprint(uri.Port)))
 }
 
+// closeReason names the loss of a channel or connection the broker (or the
+// network) closed: a 403 means the user may not do what it just tried.
+func closeReason(err *amqp.Error) string {
+	if err != nil && err.Server && err.Code == amqp.AccessRefused {
+		return reasonPermission
+	}
+	return reasonLost
+}
+
 // watch starts the goroutine that drains the connection's and channel's
 // notifications for as long as the library keeps them open: a notify
 // channel nobody reads can wedge the library's reader. The first close,
@@ -324,6 +401,13 @@ func (l *link) watch(log *slog.Logger, cancels chan string, blocked func(bool, s
 	connClose := l.conn.NotifyClose(make(chan *amqp.Error, 1))
 	chClose := l.ch.NotifyClose(make(chan *amqp.Error, 1))
 	blocks := l.conn.NotifyBlocked(make(chan amqp.Blocking, 4))
+	lose := func(what string, err *amqp.Error) {
+		if err == nil {
+			l.markLost(reasonLost, errors.New(what+" closed"))
+			return
+		}
+		l.markLost(closeReason(err), fmt.Errorf("%s closed: %w", what, err))
+	}
 	l.wg.Add(1)
 	go func() {
 		defer l.wg.Done()
@@ -332,24 +416,20 @@ func (l *link) watch(log *slog.Logger, cancels chan string, blocked func(bool, s
 			case err, ok := <-connClose:
 				if !ok {
 					connClose = nil
-					l.markLost("ConnectionLost", errors.New("connection closed"))
-					continue
 				}
-				l.markLost("ConnectionLost", err)
+				lose("connection", err)
 			case err, ok := <-chClose:
 				if !ok {
 					chClose = nil
-					l.markLost("ChannelClosed", errors.New("channel closed"))
-					continue
 				}
-				l.markLost("ChannelClosed", err)
+				lose("channel", err)
 			case tag, ok := <-cancels:
 				if !ok {
 					cancels = nil
 					continue
 				}
-				log.Warn("amqp: the broker cancelled the consumer (was the queue deleted?); reconnecting", "consumer", tag)
-				l.markLost("ConsumerCancelled", fmt.Errorf("the broker cancelled consumer %q; the queue may have been deleted", tag))
+				log.Warn("amqp: the broker cancelled the consumer (was the queue deleted?)", "consumer", tag)
+				l.markLost(reasonConsumer, fmt.Errorf("the broker cancelled consumer %q; the queue may have been deleted", tag))
 			case b, ok := <-blocks:
 				if !ok {
 					blocks = nil
@@ -364,100 +444,65 @@ func (l *link) watch(log *slog.Logger, cancels chan string, blocked func(bool, s
 	}()
 }
 
-// close tears the link down within timeout and waits for its watchers.
-func (l *link) close(timeout time.Duration) {
+// close tears the link down, waiting for the close handshake up to timeout
+// or ctx's deadline, whichever is first, and then for its watchers.
+func (l *link) close(ctx context.Context, timeout time.Duration) error {
 	l.markLost("Closing", errStopping)
+	deadline := time.Now().Add(timeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
 	if !l.conn.IsClosed() {
-		_ = l.conn.CloseDeadline(time.Now().Add(timeout))
+		_ = l.conn.CloseDeadline(deadline)
 	}
+	// The watchers end once the library closes their notifications,
+	// which it does when the connection is gone.
 	l.wg.Wait()
+	return nil
 }
 
-// ---- supervision ----
-
-// supervisor keeps one link up: it connects, lets its owner declare and
-// subscribe, waits until the link is lost, and starts over with backoff,
-// until its context ends. It reports every change through report.
-type supervisor struct {
-	cfg    *Config
-	report connectors.StateFunc
-	log    *slog.Logger
-
-	// setup declares what the owner needs on a fresh link and starts its
-	// watchers; it returns the detail for the Connected state.
-	setup func(ctx context.Context, l *link) (detail string, err error)
-	// up publishes a ready link to the owner; down withdraws it (called
-	// before the link is closed).
-	up, down func(l *link)
-
-	first chan struct{} // closed at the first successful setup
-	done  chan struct{} // closed when run returns
-}
-
-func (sv *supervisor) run(ctx context.Context) {
-	defer close(sv.done)
-	firstUp := false
-	for attempt := 0; ; attempt++ {
-		if attempt > 0 && !sleep(ctx, sv.cfg.backoff(attempt)) {
-			return
-		}
-		l, err := sv.cfg.dial(ctx)
-		if err != nil {
-			if ctx.Err() != nil {
-				return
-			}
-			sv.report(connectors.ConnState{Reason: "ConnectFailed", Detail: err.Error()})
-			sv.log.Warn("amqp: connecting failed; retrying", "err", err, "attempt", attempt+1)
-			continue
-		}
-		detail, err := sv.setup(ctx, l)
-		if err != nil {
-			l.close(sv.cfg.connectTimeout())
-			if ctx.Err() != nil {
-				return
-			}
-			sv.report(connectors.ConnState{Reason: "DeclareFailed", Detail: err.Error()})
-			sv.log.Warn("amqp: declaring on the broker failed; retrying", "err", err, "attempt", attempt+1)
-			continue
-		}
-		sv.up(l)
-		if l.blocked.Load() {
-			// connection.blocked arrived during setup; the watcher
-			// reports the unblocking.
-			sv.report(connectors.ConnState{Up: true, Reason: "Blocked", Detail: "connected, but the broker blocks publishing"})
-		} else {
-			sv.report(connectors.ConnState{Up: true, Reason: "Connected", Detail: detail})
-		}
-		sv.log.Info("amqp: connected", "detail", detail)
-		if !firstUp {
-			firstUp = true
-			close(sv.first)
-		}
-		select {
-		case <-l.lost:
-		case <-ctx.Done():
-		}
-		sv.down(l)
-		l.close(sv.cfg.connectTimeout())
-		if ctx.Err() != nil {
-			return
-		}
-		why := l.why
-		sv.report(connectors.ConnState{Reason: why.reason, Detail: fmt.Sprint(why.err)})
-		sv.log.Warn("amqp: connection lost; reconnecting", "reason", why.reason, "err", why.err)
-		attempt = 0 // the next pass waits backoff(1)
+// connect dials, lets setup declare what the owner needs on the fresh
+// link, and returns the link with setup's detail for the Connected state.
+// The link's losses are reported through report. Errors are
+// *connectors.Failure values where the reason is known.
+func (c *Config) connect(ctx context.Context, report connectors.StateFunc, log *slog.Logger,
+	setup func(l *link) (string, error)) (*link, string, error) {
+	l, err := c.dial(ctx)
+	if err != nil {
+		return nil, "", dialFailure(err)
 	}
+	l.onLost = func(reason string, err error) {
+		report(connectors.ConnState{Reason: reason, Detail: err.Error()})
+		log.Warn("amqp: connection lost; the runtime starts a new one", "reason", reason, "err", err)
+	}
+	detail, err := setup(l)
+	if err != nil {
+		l.close(context.WithoutCancel(ctx), c.connectTimeout())
+		return nil, "", err
+	}
+	return l, detail, nil
 }
 
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
+// reportStart reports the outcome of Start: the failure's reason, or
+// Connected (Blocked when the broker blocked publishing meanwhile).
+func reportStart(report connectors.StateFunc, log *slog.Logger, l *link, detail string, err error) {
+	if err != nil {
+		reason := "ConnectFailed"
+		var f *connectors.Failure
+		if errors.As(err, &f) {
+			reason = f.Reason
+		}
+		report(connectors.ConnState{Reason: reason, Detail: err.Error()})
+		return
 	}
+	if l.blocked.Load() {
+		// connection.blocked arrived during setup; the watcher reports
+		// the unblocking.
+		report(connectors.ConnState{Up: true, Reason: "Blocked", Detail: "connected, but the broker blocks publishing"})
+	} else {
+		report(connectors.ConnState{Up: true, Reason: "Connected", Detail: detail})
+	}
+	log.Info("amqp: connected", "detail", detail)
 }
 
 // ---- metadata ----
@@ -475,68 +520,79 @@ func headerString(h amqp.Table, key string) string {
 }
 
 // lifecycle is what a Source and a Sink share: Start runs once, Close runs
-// once, and Close stops the supervisor Start began and waits for it.
+// once, and Close tears down the link Start made.
 type lifecycle struct {
 	closed    chan struct{} // closed by Close
 	closeOnce sync.Once
+	stopCtx   context.Context // ends when Close starts; aborts a Start under way
+	stop      context.CancelFunc
 
-	startMu sync.Mutex // guards started, cancel and sv
+	mu      sync.Mutex // guards started and l
 	started bool
-	cancel  context.CancelFunc // ends the supervisor; nil before start
-	sv      *supervisor
+	l       *link // nil until Start succeeds
 }
 
-func newLifecycle() lifecycle { return lifecycle{closed: make(chan struct{})} }
+func newLifecycle() lifecycle {
+	ctx, cancel := context.WithCancel(context.Background())
+	return lifecycle{closed: make(chan struct{}), stopCtx: ctx, stop: cancel}
+}
 
-// start runs sv until close, and waits for its first connection, for the
-// lifecycle to close, or for ctx. what names the side in errors ("Source",
-// "consuming from") and url is redacted.
-func (l *lifecycle) start(ctx context.Context, side, doing, url string, sv *supervisor) error {
-	l.startMu.Lock()
-	if l.started {
-		l.startMu.Unlock()
-		return fmt.Errorf("amqp: %s started twice", side)
+// begin marks the lifecycle started and returns the context Start connects
+// with: ctx, also ended by Close. side names the Source or Sink in errors.
+func (lc *lifecycle) begin(ctx context.Context, side string) (context.Context, context.CancelFunc, error) {
+	lc.mu.Lock()
+	defer lc.mu.Unlock()
+	if lc.started {
+		return nil, nil, fmt.Errorf("amqp: %s started twice", side)
 	}
 	select {
-	case <-l.closed:
-		l.startMu.Unlock()
+	case <-lc.closed:
+		return nil, nil, connectors.ErrClosed
+	default:
+	}
+	lc.started = true
+	cctx, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(lc.stopCtx, cancel)
+	return cctx, func() { stop(); cancel() }, nil
+}
+
+// install makes l the lifecycle's link, or tears it down when Close ran
+// meanwhile (Close then found no link to close).
+func (lc *lifecycle) install(ctx context.Context, l *link, timeout time.Duration) error {
+	lc.mu.Lock()
+	select {
+	case <-lc.closed:
+		lc.mu.Unlock()
+		l.close(context.WithoutCancel(ctx), timeout)
 		return connectors.ErrClosed
 	default:
 	}
-	l.started = true
-	runCtx, cancel := context.WithCancel(context.Background())
-	l.cancel, l.sv = cancel, sv
-	// Started under the lock, so that a concurrent close either stops
-	// start here or finds the supervisor to wait for.
-	go sv.run(runCtx)
-	l.startMu.Unlock()
-	select {
-	case <-sv.first:
-		return nil
-	case <-l.closed:
-		return connectors.ErrClosed
-	case <-ctx.Done():
-		return fmt.Errorf("amqp: %s %s: %w", doing, redactURL(url), ctx.Err())
-	}
+	lc.l = l
+	lc.mu.Unlock()
+	return nil
 }
 
-// close closes the lifecycle and waits up to ctx for the supervisor.
-func (l *lifecycle) close(ctx context.Context) error {
+func (lc *lifecycle) link() *link {
+	lc.mu.Lock()
+	defer lc.mu.Unlock()
+	return lc.l
+}
+
+// close closes the lifecycle once; before tears down its link (if any) runs
+// first while the link is still up.
+func (lc *lifecycle) close(ctx context.Context, timeout time.Duration, before func(*link)) error {
 	var err error
-	l.closeOnce.Do(func() {
-		close(l.closed)
-		l.startMu.Lock()
-		cancel, sv := l.cancel, l.sv
-		l.startMu.Unlock()
-		if cancel == nil {
+	lc.closeOnce.Do(func() {
+		close(lc.closed)
+		lc.stop()
+		l := lc.link()
+		if l == nil {
 			return
 		}
-		cancel()
-		select {
-		case <-sv.done:
-		case <-ctx.Done():
-			err = fmt.Errorf("amqp: closing: %w", ctx.Err())
+		if before != nil && !l.isLost() {
+			before(l)
 		}
+		err = l.close(ctx, timeout)
 	})
 	return err
 }

@@ -37,7 +37,7 @@ func requireBroker(t testing.TB) {
 	c.Close()
 }
 
-// testConfig is a Config for the loopback broker with fast retries.
+// testConfig is a Config for the loopback broker.
 func testConfig(name, marker string) Config {
 	return Config{
 		URL:            brokerURL,
@@ -45,7 +45,6 @@ func testConfig(name, marker string) Config {
 		Password:       "guest",
 		ConnectionName: name,
 		LoopMarker:     marker,
-		Backoff:        connectors.ExponentialBackoff(20*time.Millisecond, 500*time.Millisecond),
 	}
 }
 

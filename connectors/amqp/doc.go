@@ -6,40 +6,54 @@
 // package owns the broker connection, the queue and its bindings, and the
 // mapping of AMQP metadata.
 //
-// # Reconnection
+// # Failures and retries
 //
-// amqp091-go does not reconnect by default. Its experimental Recovery
-// option is left off: it retries at a fixed interval a bounded number of
-// times, replays the topology it recorded rather than what the resource
-// declares, and reopens channels underneath the driver, which must know
-// exactly when delivery tags become void. Instead each Source and Sink runs
-// one supervisor goroutine that keeps one connection with one channel up:
+// The driver retries nothing itself. amqp091-go does not reconnect by
+// default, and its experimental Recovery option is left off (it replays the
+// topology it recorded rather than what the resource declares, and reopens
+// channels underneath the driver, which must know exactly when delivery
+// tags become void). A Source or Sink is one attempt with one connection
+// and one channel for its whole life; the runtime supervises it, and after
+// a failure closes it and builds a fresh one after its own jittered
+// backoff.
 //
-//   - it connects (TCP, TLS for amqps://, AMQP handshake, bounded by
-//     Config.ConnectTimeout), opens the channel and declares what the
-//     resource owns: the exchange, as a durable topic exchange (amq.topic
-//     qualifies; a name that exists as another type is refused), and for a Source the queue, one binding per
-//     route binding key, basic.qos and the consumer; for a Sink, confirm
-//     mode;
-//   - it drains every notification the library offers for as long as the
-//     library keeps it open (connection and channel close, consumer cancel,
-//     connection blocked, returns, confirms): amqp091 delivers them from its
-//     one reader goroutine, and a notification nobody reads stalls it;
-//   - when the connection or the channel closes (broker restart, network
-//     failure, missed heartbeats, a channel error) or the broker cancels the
-//     consumer (the queue was deleted), it closes what is left and starts
-//     over after Config.Backoff (exponential, 100 ms to 10 s by default),
-//     declaring and binding again and resuming consumption or publishing.
+// Start connects (TCP, TLS for amqps://, AMQP handshake, bounded by
+// Config.ConnectTimeout), opens the channel and declares what the resource
+// owns: the exchange, as a durable topic exchange (amq.topic qualifies; a
+// name that exists as another type is refused), or with
+// Config.ExchangePassive only checks that it exists; for a Source the
+// queue, one binding per route binding key, basic.qos and the consumer; for
+// a Sink, confirm mode. One goroutine per connection drains every
+// notification the library offers for as long as the library keeps it
+// open (connection and channel close, consumer cancel, connection blocked,
+// returns, confirms): amqp091 delivers them from its one reader goroutine,
+// and a notification nobody reads stalls it.
 //
-// Every state change reaches the runtime through the [connectors.StateFunc]
-// (Connected, ConnectFailed, DeclareFailed, ConnectionLost, ChannelClosed,
-// ConsumerCancelled), and so /status and the up and reconnects metrics. A
-// Sink whose broker blocks publishers (connection.blocked: a memory or disk
-// alarm) reports Blocked, still connected, until the broker unblocks it. A declaration the broker refuses (a queue that exists with other
-// properties, an exchange of another type or durability, a missing name
-// under the reserved prefix amq., no permission) is reported as DeclareFailed with the broker's reply and
-// retried: the fix is on the broker, and the connector resumes once it is
-// made.
+// Errors carry a [connectors.Failure] reason, also reported through the
+// [connectors.StateFunc] (and so /status and the up metric):
+//
+//   - CredentialsRefused: the broker refused the login (403 ACCESS_REFUSED);
+//   - PermissionDenied: the user may not use the virtual host (530
+//     NOT_ALLOWED), or the broker closed the channel with 403 later;
+//   - DeclarationRefused: the broker refused a declaration, binding or
+//     consumer (a queue or exchange that exists with other properties, a
+//     passive one that does not exist, a missing name under the reserved
+//     prefix amq., another connection's exclusive queue, no permission);
+//     the fix is on the broker, and the runtime's next attempt picks it up;
+//   - BrokerUnreachable, DNSFailure, TLSFailure: the connection could not
+//     be made;
+//   - ConnectionLost: after Start, the connection or the channel closed
+//     (broker restart, network failure, missed heartbeats, a channel
+//     error): Read returns it, and so do Writes, including those still
+//     waiting for a confirm;
+//   - ConsumerMissing: the broker cancelled the consumer (the queue was
+//     deleted); Read returns it.
+//
+// None is permanent: each is something an operator can fix while the
+// runtime keeps trying. A Sink whose broker blocks publishers
+// (connection.blocked: a memory or disk alarm) reports Blocked, still
+// connected, until the broker unblocks it; meanwhile Write returns an error
+// wrapping [connectors.ErrNotConnected] and the runtime holds the message.
 //
 // # Inbound
 //
@@ -54,10 +68,10 @@
 // settled but not yet acknowledged when the connection breaks is delivered
 // again. Config.Prefetch bounds the deliveries held unacknowledged, which
 // is the backpressure between RabbitMQ and weida.
-// Delivery tags are valid only on the channel that delivered them: after a
-// reconnection, settling a delivery of the lost channel does nothing, since
+// Delivery tags are valid only on the channel that delivered them: once
+// the channel is lost, settling one of its deliveries does nothing, since
 // RabbitMQ has requeued it and will deliver it again (with the redelivered
-// flag). Inbound delivery is therefore at least once towards the connector;
+// flag) to the next Source. Inbound delivery is therefore at least once towards the connector;
 // weida itself delivers at most once to each subscriber.
 //
 // Which queue to consume is the resource's choice:
@@ -72,13 +86,14 @@
 //     RabbitMQ restart.
 //   - An exclusive queue, and in particular a server-named one (no
 //     queue.name), belongs to one connection and is deleted with it. Every
-//     reconnection declares a new, empty queue: **whatever is published
+//     new Source declares a new, empty queue: **whatever is published
 //     while the connector is disconnected or restarting is lost**, and so
 //     are the messages the old queue still held.
 //
-// The connector declares and binds only when it connects: an exchange or
-// binding deleted behind its back is restored at the next reconnection, not
-// before (a deleted queue cancels the consumer, which reconnects at once).
+// The connector declares and binds only when a Source or Sink starts: an
+// exchange or binding deleted behind its back is restored by the next
+// attempt, not before (a deleted queue cancels the consumer, which ends the
+// Source with ConsumerMissing).
 //
 // The queue's bindings are never removed by the connector: a durable queue
 // keeps the bindings of routes deleted from the resource since, and the
@@ -100,12 +115,13 @@
 // so the runtime's bound on concurrent writes (spec.limits.inFlight) bounds the
 // unconfirmed messages. A message no binding routes comes back (basic.return)
 // before its confirm; Write then returns an [*UnroutableError], which the
-// runtime counts as unroutable. While the connection is down, or the broker
-// has blocked publishing (a memory or disk alarm), Write returns an error
-// wrapping [connectors.ErrNotConnected] and the runtime holds the message and
-// tries again. A connection lost after a publish and before its confirm
-// leaves the outcome unknown; the runtime publishes again, so outbound
-// delivery is at least once and a consumer may see a duplicate.
+// runtime counts as unroutable. While the broker has blocked publishing (a
+// memory or disk alarm), Write returns an error wrapping
+// [connectors.ErrNotConnected] and the runtime holds the message and tries
+// again. A connection lost after a publish and before its confirm leaves the
+// outcome unknown: Write returns ConnectionLost, and the runtime publishes
+// the message again through the next Sink, so outbound delivery is at least
+// once and a consumer may see a duplicate.
 //
 // amqp091-go writes every publish and every acknowledgement with its own
 // system call. The driver's connections gather the client's writes instead

@@ -50,8 +50,6 @@ func (r *recorder) String() string {
 	return fmt.Sprint(r.all)
 }
 
-func isUp(s connectors.ConnState) bool { return s.Up }
-
 func reason(want string) func(connectors.ConnState) bool {
 	return func(s connectors.ConnState) bool { return s.Reason == want }
 }
@@ -191,32 +189,62 @@ func TestConfigValidate(t *testing.T) {
 }
 
 func TestConfigSecretNotInErrors(t *testing.T) {
-	cfg := Config{URL: "amqp://user:hunter2@127.0.0.1:1/", Password: "hunter2", Username: "user",
-		ConnectTimeout: time.Second, Backoff: func(int) time.Duration { return time.Hour }}
+	cfg := Config{URL: "amqp://user:hunter2@127.0.0.1:1/", Password: "hunter2", Username: "user", ConnectTimeout: time.Second}
 	rec := &recorder{}
 	s, err := NewSink(cfg, rec.report)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer closeSink(t, s)
-	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-	defer cancel()
-	if err := s.Start(ctx); err == nil {
+	err = s.Start(testCtx(t))
+	if err == nil {
 		t.Fatal("Start succeeded against a closed port")
 	}
-	waitFor(t, "a ConnectFailed report", func() bool { return rec.count(reason("ConnectFailed")) > 0 })
-	if strings.Contains(rec.String(), "hunter2") {
-		t.Fatalf("a state report reveals the password: %s", rec)
+	wantFailure(t, err, "BrokerUnreachable")
+	if rec.count(reason("BrokerUnreachable")) == 0 {
+		t.Fatalf("the failure was not reported: %s", rec)
+	}
+	if strings.Contains(rec.String(), "hunter2") || strings.Contains(err.Error(), "hunter2") {
+		t.Fatalf("a state report or the error reveals the password: %s / %v", rec, err)
 	}
 }
 
-// TestSourceVoidTagsAfterReconnect: a delivery read on a channel that was
-// lost cannot be settled on the next channel, where its tag names another
-// delivery; the broker requeues it and delivers it again.
-func TestSourceVoidTagsAfterReconnect(t *testing.T) {
+// wantFailure checks that err is a retryable *connectors.Failure for reason.
+func wantFailure(t *testing.T, err error, reason string) *connectors.Failure {
+	t.Helper()
+	var f *connectors.Failure
+	if !errors.As(err, &f) {
+		t.Fatalf("error %v (%T) is not a *connectors.Failure; want %s", err, err, reason)
+	}
+	if f.Reason != reason || f.Permanent {
+		t.Fatalf("failure %s (permanent %v): %v; want retryable %s", f.Reason, f.Permanent, err, reason)
+	}
+	return f
+}
+
+// startSource starts a Source with cfg bound with key.
+func startSource(t *testing.T, cfg Config, key string) *Source {
+	t.Helper()
+	src, err := NewSource(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { closeSource(t, src) })
+	if err := src.Start(testCtx(t), []string{key}); err != nil {
+		t.Fatal(err)
+	}
+	return src
+}
+
+// TestSourceConnectionLost: when its connection is cut, a Source does not
+// reconnect: Read fails with ConnectionLost. The delivery read on the lost
+// channel cannot be settled any more (its AckFunc does nothing); the broker
+// requeues it, and a new Source on the queue gets it again.
+func TestSourceConnectionLost(t *testing.T) {
 	var c cutter
 	key := conntest.Unique() + ".void"
-	src, rec, queue := durableSource(t, key, func(cfg *Config) { cfg.dialed = c.dialed })
+	var cfg Config
+	src, rec, queue := durableSource(t, key, func(c2 *Config) { c2.dialed = c.dialed; cfg = *c2 })
 	_, ch := directChannel(t)
 	ctx := testCtx(t)
 
@@ -226,21 +254,56 @@ func TestSourceVoidTagsAfterReconnect(t *testing.T) {
 		t.Fatalf("first read: %v %v", m, err)
 	}
 	c.cut()
-	waitFor(t, "a reconnection", func() bool { return rec.count(isUp) >= 2 })
-	if rec.count(reason("ConnectionLost"))+rec.count(reason("ChannelClosed")) == 0 {
+	_, _, err = src.Read(ctx)
+	wantFailure(t, err, "ConnectionLost")
+	if rec.count(reason("ConnectionLost")) == 0 {
 		t.Fatalf("the loss was not reported: %s", rec)
 	}
+	if _, _, err := src.Read(ctx); err == nil {
+		t.Fatal("Read succeeded on a lost Source")
+	}
 
-	m2, ack2, err := src.Read(ctx)
+	cfg.dialed = nil
+	next := startSource(t, cfg, key)
+	m2, ack2, err := next.Read(ctx)
 	if err != nil || string(m2.Payload) != "one" {
 		t.Fatalf("redelivery: %v %v", m2, err)
 	}
-	// The old AckFunc must not ack tag 1 of the new channel, which is the
-	// redelivered message we have not settled yet.
+	// The old AckFunc must not settle anything: the message is the new
+	// Source's now, and stays unsettled.
 	oldAck(nil)
 	closeSource(t, src)
+	closeSource(t, next)
 	_ = ack2 // deliberately never settled: the broker requeues it on close
 	waitFor(t, "the unsettled redelivery back in the queue", func() bool { return queueDepth(t, ch, queue) == 1 })
+}
+
+// TestSourceBrokerClosesConnection: RabbitMQ closing the connection
+// (connection.close 320 CONNECTION_FORCED, as an operator or a node
+// shutdown does) ends the Source with ConnectionLost.
+func TestSourceBrokerClosesConnection(t *testing.T) {
+	key := conntest.Unique() + ".forced"
+	name := "drv-forced-" + conntest.Unique()
+	src, _, _ := durableSource(t, key, func(c *Config) { c.ConnectionName = name })
+	out, err := exec.Command("rabbitmqctl", "-q", "list_connections", "pid", "client_properties").CombinedOutput()
+	if err != nil {
+		t.Fatalf("rabbitmqctl list_connections: %v\n%s", err, out)
+	}
+	var pid string
+	for _, line := range strings.Split(string(out), "\n") {
+		if strings.Contains(line, name) {
+			pid = strings.Fields(line)[0]
+		}
+	}
+	if pid == "" {
+		t.Fatalf("the Source's connection %s is not listed:\n%s", name, out)
+	}
+	rabbitmqctl(t, "close_connection", pid, "closed by the driver test")
+	_, _, err = src.Read(testCtx(t))
+	f := wantFailure(t, err, "ConnectionLost")
+	if !strings.Contains(f.Error(), "closed by the driver test") {
+		t.Errorf("the broker's reason is not in the failure: %v", f)
+	}
 }
 
 func TestSourceNackRequeues(t *testing.T) {
@@ -351,25 +414,29 @@ func TestSourcePrefetchBound(t *testing.T) {
 }
 
 // TestSourceQueueDeleted: the broker cancels the consumer of a deleted
-// queue; the Source declares, binds and consumes again by itself.
+// queue; Read fails with ConsumerMissing, and a new Source declares, binds
+// and consumes again.
 func TestSourceQueueDeleted(t *testing.T) {
 	key := conntest.Unique() + ".deleted"
-	src, rec, queue := durableSource(t, key, nil)
+	var cfg Config
+	src, rec, queue := durableSource(t, key, func(c *Config) { cfg = *c })
 	_, ch := directChannel(t)
 	if _, err := ch.QueueDelete(queue, false, false, false); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "a re-declaration", func() bool { return rec.count(isUp) >= 2 })
-	if rec.count(reason("ConsumerCancelled")) == 0 {
+	_, _, err := src.Read(testCtx(t))
+	wantFailure(t, err, "ConsumerMissing")
+	if rec.count(reason("ConsumerMissing")) == 0 {
 		t.Fatalf("the cancellation was not reported: %s", rec)
 	}
-	roundTrip(t, src, ch, key, "after")
+	next := startSource(t, cfg, key)
+	roundTrip(t, next, ch, key, "after")
 }
 
-// TestSourceDeclareRefusedThenFixed: a queue that exists with other
-// properties is refused by the broker; the Source reports it and retries,
-// and resumes once the conflict is gone.
-func TestSourceDeclareRefusedThenFixed(t *testing.T) {
+// TestSourceDeclareRefused: a queue that exists with other properties is
+// refused by the broker: Start fails with DeclarationRefused and the
+// broker's reply; once the conflict is gone, a new Source starts.
+func TestSourceDeclareRefused(t *testing.T) {
 	requireBroker(t)
 	_, ch := directChannel(t)
 	name := "drv-" + conntest.Unique()
@@ -385,18 +452,84 @@ func TestSourceDeclareRefusedThenFixed(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer closeSource(t, src)
-	started := make(chan error, 1)
-	go func() { started <- src.Start(testCtx(t), []string{"x.#"}) }()
-	waitFor(t, "a DeclareFailed report", func() bool { return rec.count(reason("DeclareFailed")) > 0 })
-	if !strings.Contains(rec.String(), "PRECONDITION_FAILED") {
-		t.Fatalf("the broker's reply is not in the report: %s", rec)
+	err = src.Start(testCtx(t), []string{"x.#"})
+	wantFailure(t, err, "DeclarationRefused")
+	if !strings.Contains(err.Error(), "PRECONDITION_FAILED") || !strings.Contains(rec.String(), "PRECONDITION_FAILED") {
+		t.Fatalf("the broker's reply is not in the error and the report: %v / %s", err, rec)
 	}
 	if _, err := ch.QueueDelete(name, false, false, false); err != nil {
 		t.Fatal(err)
 	}
-	if err := <-started; err != nil {
-		t.Fatalf("Start after the fix: %v", err)
+	startSource(t, cfg, "x.#")
+}
+
+// TestPassiveMissing: a passive exchange or queue that does not exist
+// (404 NOT_FOUND) fails Start with DeclarationRefused, for a Source and a
+// Sink.
+func TestPassiveMissing(t *testing.T) {
+	requireBroker(t)
+	missing := "weida-missing-" + conntest.Unique()
+	for name, mod := range map[string]func(*Config){
+		"exchange": func(c *Config) { c.Exchange, c.ExchangePassive = missing, true },
+		"queue":    func(c *Config) { c.Queue = Queue{Name: missing, Passive: true} },
+	} {
+		t.Run(name, func(t *testing.T) {
+			cfg := testConfig("passive-"+name, "")
+			mod(&cfg)
+			src, err := NewSource(cfg, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer closeSource(t, src)
+			err = src.Start(testCtx(t), []string{"a.b"})
+			wantFailure(t, err, "DeclarationRefused")
+			if !strings.Contains(err.Error(), "NOT_FOUND") {
+				t.Errorf("Source: the broker's reply is not in the error: %v", err)
+			}
+			if name == "queue" {
+				return
+			}
+			sink, err := NewSink(cfg, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer closeSink(t, sink)
+			wantFailure(t, sink.Start(testCtx(t)), "DeclarationRefused")
+		})
 	}
+}
+
+// TestExchangePassive: an existing exchange declared with properties the
+// driver would not declare (transient and auto-delete: declaring it durable
+// fails with 406) is used as it is when passive.
+func TestExchangePassive(t *testing.T) {
+	requireBroker(t)
+	_, ch := directChannel(t)
+	ex := "weida-passive-" + conntest.Unique()
+	if err := ch.ExchangeDeclare(ex, amqp.ExchangeTopic, false, true, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ch.ExchangeDelete(ex, false, false) })
+	src, _, _ := durableSource(t, "p.*", func(c *Config) { c.Exchange, c.ExchangePassive = ex, true })
+	cfg := testConfig("passive-out", "")
+	cfg.Exchange, cfg.ExchangePassive = ex, true
+	sink, err := NewSink(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeSink(t, sink)
+	ctx := testCtx(t)
+	if err := sink.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := sink.Write(ctx, &connectors.Message{Topic: "p.q", Payload: []byte("x")}); err != nil {
+		t.Fatal(err)
+	}
+	m, ack, err := src.Read(ctx)
+	if err != nil || m.Topic != "p.q" {
+		t.Fatalf("%v %v", m, err)
+	}
+	ack(nil)
 }
 
 func TestSourceStartCancelled(t *testing.T) {
@@ -408,15 +541,40 @@ func TestSourceStartCancelled(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
-	if err := src.Start(ctx, []string{"a"}); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Start = %v, want DeadlineExceeded", err)
-	}
+	wantFailure(t, src.Start(ctx, []string{"a"}), "BrokerUnreachable")
 	if err := src.Start(context.Background(), []string{"a"}); err == nil {
 		t.Fatal("second Start succeeded")
 	}
 	closeSource(t, src)
 	if _, _, err := src.Read(context.Background()); err != connectors.ErrClosed {
 		t.Fatalf("Read after Close = %v", err)
+	}
+}
+
+// TestStartAbortedByClose: Close ends a Start still connecting (here to an
+// address that never answers the handshake).
+func TestStartAbortedByClose(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	cfg := testConfig("silent", "")
+	cfg.URL = "amqp://" + l.Addr().String() + "/"
+	src, err := NewSource(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	started := make(chan error, 1)
+	go func() { started <- src.Start(testCtx(t), []string{"a"}) }()
+	conn, err := l.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	closeSource(t, src)
+	if err := <-started; !errors.Is(err, connectors.ErrClosed) {
+		t.Fatalf("Start = %v, want ErrClosed", err)
 	}
 }
 
@@ -508,13 +666,11 @@ func TestSinkNotConnected(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
-	defer cancel()
-	if err := sink.Start(ctx); err == nil {
+	if err := sink.Start(testCtx(t)); err == nil {
 		t.Fatal("Start succeeded against a closed port")
 	}
 	if err := sink.Write(context.Background(), &connectors.Message{Topic: "a"}); !errors.Is(err, connectors.ErrNotConnected) {
-		t.Fatalf("Write while down = %v, want ErrNotConnected", err)
+		t.Fatalf("Write without a connection = %v, want ErrNotConnected", err)
 	}
 	closeSink(t, sink)
 	if err := sink.Write(context.Background(), &connectors.Message{Topic: "a"}); err != connectors.ErrClosed {
@@ -522,12 +678,13 @@ func TestSinkNotConnected(t *testing.T) {
 	}
 }
 
-// TestSinkReconnects: after the network connection is cut, Writes fail with
-// ErrNotConnected until the Sink has reconnected by itself, then succeed.
-func TestSinkReconnects(t *testing.T) {
+// TestSinkConnectionLost: after the network connection is cut, the Sink
+// does not reconnect: Writes, those waiting for a confirm included, fail
+// with ConnectionLost; a new Sink publishes again.
+func TestSinkConnectionLost(t *testing.T) {
 	requireBroker(t)
 	var c cutter
-	cfg := testConfig("reconnect", "")
+	cfg := testConfig("lost", "")
 	cfg.dialed = c.dialed
 	rec := &recorder{}
 	sink, err := NewSink(cfg, rec.report)
@@ -548,21 +705,44 @@ func TestSinkReconnects(t *testing.T) {
 	if err := ch.QueueBind(q.Name, key, DefaultExchange, false, nil); err != nil {
 		t.Fatal(err)
 	}
+	// Writes under way while the connection breaks end with a failure
+	// or, when their confirm arrived first, succeed; none may hang or
+	// report ErrNotConnected.
+	const n = 50
+	errs := make(chan error, n)
+	for range n {
+		go func() { errs <- sink.Write(ctx, &connectors.Message{Topic: key, Payload: []byte("x")}) }()
+	}
 	c.cut()
-	waitFor(t, "a reconnection", func() bool { return rec.count(isUp) >= 2 })
-	var werr error
-	waitFor(t, "a confirmed write", func() bool {
-		werr = sink.Write(ctx, &connectors.Message{Topic: key, Payload: []byte("x")})
-		if werr != nil && !errors.Is(werr, connectors.ErrNotConnected) {
-			t.Fatalf("Write: %v", werr)
+	for range n {
+		if err := <-errs; err != nil {
+			wantFailure(t, err, "ConnectionLost")
 		}
-		return werr == nil
-	})
-	waitFor(t, "the message in the queue", func() bool { return queueDepth(t, ch, q.Name) == 1 })
+	}
+	wantFailure(t, sink.Write(ctx, &connectors.Message{Topic: key, Payload: []byte("x")}), "ConnectionLost")
+	if rec.count(reason("ConnectionLost")) == 0 {
+		t.Fatalf("the loss was not reported: %s", rec)
+	}
+	closeSink(t, sink)
+
+	cfg.dialed = nil
+	next, err := NewSink(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeSink(t, next)
+	if err := next.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	before := queueDepth(t, ch, q.Name)
+	if err := next.Write(ctx, &connectors.Message{Topic: key, Payload: []byte("y")}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the message in the queue", func() bool { return queueDepth(t, ch, q.Name) == before+1 })
 }
 
 // TestSinkRefusedExchange: an exchange of another type is refused by the
-// broker on every attempt, and reported.
+// broker: Start fails with DeclarationRefused and the broker's reply.
 func TestSinkRefusedExchange(t *testing.T) {
 	requireBroker(t)
 	cfg := testConfig("direct", "")
@@ -573,14 +753,10 @@ func TestSinkRefusedExchange(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer closeSink(t, sink)
-	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-	defer cancel()
-	if err := sink.Start(ctx); err == nil {
-		t.Fatal("Start succeeded on a direct exchange")
-	}
-	waitFor(t, "a DeclareFailed report", func() bool { return rec.count(reason("DeclareFailed")) > 0 })
-	if !strings.Contains(rec.String(), "inequivalent arg 'type'") {
-		t.Fatalf("the broker's reply is not in the report: %s", rec)
+	err = sink.Start(testCtx(t))
+	wantFailure(t, err, "DeclarationRefused")
+	if !strings.Contains(err.Error(), "inequivalent arg 'type'") || rec.count(reason("DeclarationRefused")) == 0 {
+		t.Fatalf("the broker's reply is not in the error or not reported: %v / %s", err, rec)
 	}
 }
 
@@ -665,8 +841,9 @@ func TestHeaderString(t *testing.T) {
 	}
 }
 
-// TestWrongCredentials: the broker refuses the login; the attempt is
-// reported and retried, and nothing is left behind (goleak checks).
+// TestWrongCredentials: the broker refuses the login: Start fails with
+// CredentialsRefused, the password appears nowhere, and nothing is left
+// behind (goleak checks).
 func TestWrongCredentials(t *testing.T) {
 	requireBroker(t)
 	cfg := testConfig("wrong-password", "")
@@ -676,15 +853,16 @@ func TestWrongCredentials(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-	defer cancel()
-	if err := s.Start(ctx); err == nil {
-		t.Fatal("Start succeeded with a wrong password")
-	}
-	waitFor(t, "a ConnectFailed report", func() bool { return rec.count(reason("ConnectFailed")) > 0 })
+	err = s.Start(testCtx(t))
+	wantFailure(t, err, "CredentialsRefused")
 	closeSink(t, s)
-	if strings.Contains(rec.String(), "not-guest") {
-		t.Fatalf("a report reveals the password: %s", rec)
+	if strings.Contains(rec.String(), "not-guest") || strings.Contains(err.Error(), "not-guest") {
+		t.Fatalf("a report or the error reveals the password: %s / %v", rec, err)
 	}
-	t.Log(rec)
+	src, err := NewSource(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeSource(t, src)
+	wantFailure(t, src.Start(testCtx(t), []string{"a"}), "CredentialsRefused")
 }

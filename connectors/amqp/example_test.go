@@ -60,11 +60,12 @@ func ExampleNewSink() {
 	}
 	err = sink.Write(ctx, &connectors.Message{Topic: "orders.eu.created", Payload: []byte(`{"id":1}`), ContentType: "application/json"})
 	var u *amqp.UnroutableError
+	var f *connectors.Failure
 	switch {
 	case errors.As(err, &u):
 		log.Printf("no queue is bound for %s", u.RoutingKey)
-	case errors.Is(err, connectors.ErrNotConnected):
-		log.Print("reconnecting; try again")
+	case errors.As(err, &f):
+		log.Printf("the connection is gone (%s); a new Sink is needed", f.Reason)
 	case err != nil:
 		log.Fatal(err)
 	}

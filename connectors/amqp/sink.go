@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"strconv"
 	"sync"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -48,6 +49,11 @@ var ErrNacked = errors.New("amqp: the broker nacked the message")
 // under way, which the runtime bounds (spec.limits.inFlight). Publishes
 // themselves are serialised on the one channel: confirms are matched to
 // Writes by the channel's publish sequence number.
+//
+// A Sink has one connection for its life and does not reconnect: once the
+// connection or its channel is lost, every Write (and every Write still
+// waiting for a confirm) returns a [*connectors.Failure], and the runtime
+// builds a new Sink after a backoff.
 type Sink struct {
 	cfg    Config
 	report connectors.StateFunc
@@ -55,9 +61,7 @@ type Sink struct {
 
 	lifecycle
 
-	mu      sync.Mutex
-	cur     *publisher // nil while disconnected
-	pending *publisher // built by setup, published by up
+	pub *publisher // set by Start before lifecycle.l; then read-only
 }
 
 // publisher is one confirming channel and the Writes waiting on it.
@@ -89,20 +93,30 @@ func NewSink(cfg Config, report connectors.StateFunc) (*Sink, error) {
 	return &Sink{cfg: cfg, report: report, log: cfg.logger(), lifecycle: newLifecycle()}, nil
 }
 
-// Start connects, declares the exchange and puts the channel in confirm
-// mode. It returns once that is done the first time, or when ctx ends; the
-// Sink keeps reconnecting by itself until Close. Start may be called once.
+// Start connects, declares the exchange (or checks it, with
+// Config.ExchangePassive) and puts the channel in confirm mode, once. Its
+// error is a [*connectors.Failure] when the reason is known, with the
+// reasons of [Source.Start]. Start may be called once.
 func (s *Sink) Start(ctx context.Context) error {
-	return s.start(ctx, "Sink", "publishing to", s.cfg.URL, &supervisor{
-		cfg:    &s.cfg,
-		report: s.report,
-		log:    s.log,
-		setup:  func(ctx context.Context, l *link) (string, error) { return s.setup(l) },
-		up:     s.up,
-		down:   s.down,
-		first:  make(chan struct{}),
-		done:   make(chan struct{}),
-	})
+	cctx, done, err := s.begin(ctx, "Sink")
+	if err != nil {
+		return err
+	}
+	defer done()
+	l, detail, err := s.cfg.connect(cctx, s.report, s.log, s.setup)
+	if err != nil {
+		if cctx.Err() != nil && ctx.Err() == nil {
+			return connectors.ErrClosed
+		}
+		err = fmt.Errorf("amqp: publishing to %s: %w", redactURL(s.cfg.URL), err)
+		reportStart(s.report, s.log, nil, "", err)
+		return err
+	}
+	if err := s.install(ctx, l, s.cfg.connectTimeout()); err != nil {
+		return err
+	}
+	reportStart(s.report, s.log, l, detail, nil)
+	return nil
 }
 
 func (s *Sink) setup(l *link) (string, error) {
@@ -118,11 +132,9 @@ func (s *Sink) setup(l *link) (string, error) {
 		return "", err
 	}
 	if err := l.ch.Confirm(false); err != nil {
-		return "", fmt.Errorf("amqp: confirm.select: %w", err)
+		return "", declareFailure(fmt.Errorf("amqp: confirm.select: %w", err))
 	}
-	s.mu.Lock()
-	s.pending = p
-	s.mu.Unlock()
+	s.pub = p
 	return fmt.Sprintf("publishing to exchange %q with confirms", s.cfg.exchange()), nil
 }
 
@@ -136,18 +148,6 @@ func (s *Sink) blocked(active bool, reason string) {
 	}
 	s.report(connectors.ConnState{Up: true, Reason: "Connected", Detail: "the broker unblocked publishing"})
 	s.log.Info("amqp: the broker unblocked publishing")
-}
-
-func (s *Sink) up(*link) {
-	s.mu.Lock()
-	s.cur, s.pending = s.pending, nil
-	s.mu.Unlock()
-}
-
-func (s *Sink) down(*link) {
-	s.mu.Lock()
-	s.cur = nil
-	s.mu.Unlock()
 }
 
 // settle matches the channel's confirms and returns to the Writes waiting on
@@ -200,7 +200,7 @@ func (p *publisher) settle(returns <-chan amqp.Return, confirms <-chan amqp.Conf
 			w.done <- err
 			continue
 		}
-		w.done <- fmt.Errorf("amqp: the connection was lost before the broker confirmed: %w", connectors.ErrNotConnected)
+		w.done <- p.failure("the connection was lost before the broker confirmed the message")
 	}
 }
 
@@ -271,21 +271,26 @@ func (p *publisher) confirmed(c amqp.Confirmation) {
 // [ErrNacked] when the broker refused it, a [connectors.Rejected] error when
 // the broker closed the channel over it for good (403: the user may not
 // write to the exchange; 406: over max_message_size), and an error wrapping
-// [connectors.ErrNotConnected] while the connection is down or blocked by
-// the broker, or when it was lost before the confirm arrived (the message
-// may then have been delivered: the runtime's retry makes delivery
-// at-least-once). After Close it returns [connectors.ErrClosed].
+// [connectors.ErrNotConnected] while the broker blocks publishing (a memory
+// or disk alarm; the connection stays). Once the connection or channel is
+// lost it returns a [*connectors.Failure] (ConnectionLost, or
+// PermissionDenied after a 403), also for a Write whose confirm had not
+// arrived: the message may then have been delivered, and the runtime's
+// retry makes delivery at least once. After Close it returns
+// [connectors.ErrClosed].
 func (s *Sink) Write(ctx context.Context, m *connectors.Message) error {
-	s.mu.Lock()
-	p := s.cur
-	s.mu.Unlock()
-	if p == nil {
-		select {
-		case <-s.closed:
-			return connectors.ErrClosed
-		default:
-		}
-		return fmt.Errorf("amqp: %w", connectors.ErrNotConnected)
+	select {
+	case <-s.closed:
+		return connectors.ErrClosed
+	default:
+	}
+	if s.link() == nil {
+		return fmt.Errorf("amqp: the Sink has not started: %w", connectors.ErrNotConnected)
+	}
+	p := s.pub
+	lost := func() error { return p.failure("publish " + strconv.Quote(m.Topic)) }
+	if p.isLost() {
+		return lost()
 	}
 	if p.blocked.Load() {
 		return fmt.Errorf("amqp: the broker blocks publishing: %w", connectors.ErrNotConnected)
@@ -293,7 +298,7 @@ func (s *Sink) Write(ctx context.Context, m *connectors.Message) error {
 	select {
 	case p.sem <- struct{}{}:
 	case <-p.lost:
-		return fmt.Errorf("amqp: %w", connectors.ErrNotConnected)
+		return lost()
 	case <-ctx.Done():
 		return ctx.Err()
 	}
@@ -303,7 +308,7 @@ func (s *Sink) Write(ctx context.Context, m *connectors.Message) error {
 	if p.waiting == nil { // settle has ended: the channel is gone
 		p.mu.Unlock()
 		<-p.sem
-		return fmt.Errorf("amqp: %w", connectors.ErrNotConnected)
+		return p.waitLost(ctx, lost)
 	}
 	p.waiting[seq] = w
 	p.mu.Unlock()
@@ -311,10 +316,19 @@ func (s *Sink) Write(ctx context.Context, m *connectors.Message) error {
 	<-p.sem
 	if err != nil {
 		p.forget(seq)
-		if p.isLost() || p.ch.IsClosed() || errors.Is(err, amqp.ErrClosed) {
-			return fmt.Errorf("amqp: publish %q: %w", m.Topic, connectors.ErrNotConnected)
+		// amqp091 fails a publish when the channel is closed or the
+		// connection cannot be written, which also ends the connection;
+		// the watcher learns why a moment later.
+		t := time.NewTimer(s.cfg.connectTimeout())
+		defer t.Stop()
+		select {
+		case <-p.lost:
+			return lost()
+		case <-t.C:
+			return fmt.Errorf("amqp: publish %q: %w", m.Topic, err)
+		case <-ctx.Done():
+			return ctx.Err()
 		}
-		return fmt.Errorf("amqp: publish %q: %w", m.Topic, err)
 	}
 	select {
 	case err := <-w.done:
@@ -324,6 +338,18 @@ func (s *Sink) Write(ctx context.Context, m *connectors.Message) error {
 		return err
 	case <-ctx.Done():
 		p.forget(seq)
+		return ctx.Err()
+	}
+}
+
+// waitLost returns lost's failure once the watcher has recorded why the
+// channel is gone (the library reports a closed channel to a publish a
+// moment before it tells the watcher).
+func (p *publisher) waitLost(ctx context.Context, lost func() error) error {
+	select {
+	case <-p.lost:
+		return lost()
+	case <-ctx.Done():
 		return ctx.Err()
 	}
 }
@@ -354,7 +380,8 @@ func (s *Sink) publishing(m *connectors.Message, seq uint64) amqp.Publishing {
 	}
 }
 
-// Close closes the connection, waiting up to ctx for the close handshake and
-// the Sink's goroutines. Writes still waiting for a confirm return an error
-// wrapping [connectors.ErrNotConnected]. Close may be called more than once.
-func (s *Sink) Close(ctx context.Context) error { return s.close(ctx) }
+// Close closes the connection, waiting up to ctx (and at most
+// Config.ConnectTimeout) for the close handshake and the Sink's goroutines.
+// Writes still waiting for a confirm return [connectors.ErrClosed]. Close
+// may be called more than once.
+func (s *Sink) Close(ctx context.Context) error { return s.close(ctx, s.cfg.connectTimeout(), nil) }

@@ -2,8 +2,11 @@ package amqp
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -16,13 +19,15 @@ import (
 // it to the exchange once per route binding key, and consumes it with manual
 // acknowledgements, at most Config.Prefetch of them outstanding.
 //
+// A Source has one connection for its life and does not reconnect: when
+// the connection or its channel is lost, or the broker cancels the consumer
+// (the queue was deleted), Read returns a [*connectors.Failure] and the
+// runtime builds a new Source after a backoff.
+//
 // Settling: an AckFunc called with nil sends basic.ack; with an error it
 // sends basic.nack with requeue, so the broker delivers the message again.
-// Delivery tags belong to the channel that delivered them: after a
-// reconnection, an AckFunc of a delivery from the lost channel does nothing
-// (the broker has already requeued that message and will deliver it again),
-// and is never sent on the new channel, where the same tag names another
-// message.
+// An AckFunc of a delivery whose channel is lost does nothing: the broker
+// has requeued the message and delivers it again, to the next Source.
 //
 // Read and the AckFuncs it returns may be called from any goroutine.
 type Source struct {
@@ -32,10 +37,7 @@ type Source struct {
 
 	lifecycle
 
-	mu      sync.Mutex
-	cur     *session      // nil while disconnected
-	changed chan struct{} // closed and replaced whenever cur changes
-	pending *session      // built by setup, published by up
+	sess *session // set by Start before lifecycle.l; then read-only
 }
 
 // session is one consuming channel.
@@ -59,12 +61,17 @@ type session struct {
 // idle), and when the Source closes. A message settled but not yet acknowledged when
 // the connection breaks is delivered again: at least once, as for a
 // message in flight.
+//
+// A multiple ack names its highest tag, which must be outstanding: RabbitMQ
+// closes the channel with 406 "unknown delivery tag" otherwise. So the ack
+// names the highest positively settled tag, never a nacked one.
 type ackWindow struct {
 	mu         sync.Mutex
 	flushEvery uint64
-	upTo       uint64              // every tag ≤ upTo is settled
-	sent       uint64              // every settled tag ≤ sent has been sent
-	ahead      map[uint64]struct{} // settled tags above upTo+1
+	upTo       uint64          // every tag ≤ upTo is settled
+	positive   uint64          // the highest tag ≤ upTo settled positively
+	sent       uint64          // every settled tag ≤ sent has been sent
+	ahead      map[uint64]bool // settled tags above upTo+1: positive or not
 }
 
 // acknowledger is the part of *amqp.Channel an ackWindow sends with.
@@ -84,18 +91,19 @@ func (w *ackWindow) settle(ch acknowledger, tag uint64, ok bool) error {
 	}
 	if tag != w.upTo+1 {
 		if w.ahead == nil {
-			w.ahead = make(map[uint64]struct{})
+			w.ahead = make(map[uint64]bool)
 		}
-		w.ahead[tag] = struct{}{}
+		w.ahead[tag] = ok
 		return err
 	}
-	w.upTo++
+	w.advance(ok)
 	for {
-		if _, ok := w.ahead[w.upTo+1]; !ok {
+		next, found := w.ahead[w.upTo+1]
+		if !found {
 			break
 		}
 		delete(w.ahead, w.upTo+1)
-		w.upTo++
+		w.advance(next)
 	}
 	if w.upTo-w.sent >= w.flushEvery {
 		if e := w.flushLocked(ch); err == nil {
@@ -103,6 +111,14 @@ func (w *ackWindow) settle(ch acknowledger, tag uint64, ok bool) error {
 		}
 	}
 	return err
+}
+
+// advance moves upTo over the next tag, settled positively or not.
+func (w *ackWindow) advance(ok bool) {
+	w.upTo++
+	if ok {
+		w.positive = w.upTo
+	}
 }
 
 // holding reports whether settled tags wait to be acknowledged.
@@ -123,8 +139,13 @@ func (w *ackWindow) flushLocked(ch acknowledger) error {
 	if w.upTo == w.sent {
 		return nil
 	}
+	// Tags above positive and up to upTo were nacked, each at once.
+	send := w.positive > w.sent
 	w.sent = w.upTo
-	return ch.Ack(w.upTo, true)
+	if !send {
+		return nil
+	}
+	return ch.Ack(w.positive, true)
 }
 
 var _ connectors.Source = (*Source)(nil)
@@ -143,37 +164,47 @@ func NewSource(cfg Config, report connectors.StateFunc) (*Source, error) {
 		report:    report,
 		log:       cfg.logger(),
 		lifecycle: newLifecycle(),
-		changed:   make(chan struct{}),
 	}, nil
 }
 
 // Start connects, declares the exchange and the queue, binds the queue once
-// per binding key in filters and starts consuming. It returns once that is
-// done the first time, or when ctx ends; a failed attempt is reported and
-// retried with backoff meanwhile. After Start, the Source reconnects, declares
-// and binds again and resumes consuming by itself after every loss, until
-// Close. Start may be called once.
+// per binding key in filters and starts consuming, once. Its error is a
+// [*connectors.Failure] when the reason is known: CredentialsRefused,
+// PermissionDenied (the virtual host), DeclarationRefused (the broker
+// refused a declaration or binding: a queue or exchange that exists with
+// other properties, a passive one that does not exist, no permission),
+// BrokerUnreachable, DNSFailure, TLSFailure, ConnectionLost. Start may be
+// called once.
 func (s *Source) Start(ctx context.Context, filters []string) error {
-	keys := append([]string(nil), filters...)
-	return s.start(ctx, "Source", "consuming from", s.cfg.URL, &supervisor{
-		cfg:    &s.cfg,
-		report: s.report,
-		log:    s.log,
-		setup:  func(ctx context.Context, l *link) (string, error) { return s.setup(l, keys) },
-		up:     s.up,
-		down:   s.down,
-		first:  make(chan struct{}),
-		done:   make(chan struct{}),
-	})
+	cctx, done, err := s.begin(ctx, "Source")
+	if err != nil {
+		return err
+	}
+	defer done()
+	keys := slices.Clone(filters)
+	l, detail, err := s.cfg.connect(cctx, s.report, s.log, func(l *link) (string, error) { return s.setup(l, keys) })
+	if err != nil {
+		if cctx.Err() != nil && ctx.Err() == nil {
+			return connectors.ErrClosed
+		}
+		err = fmt.Errorf("amqp: consuming from %s: %w", redactURL(s.cfg.URL), err)
+		reportStart(s.report, s.log, nil, "", err)
+		return err
+	}
+	if err := s.install(ctx, l, s.cfg.connectTimeout()); err != nil {
+		return err
+	}
+	reportStart(s.report, s.log, l, detail, nil)
+	return nil
 }
 
 // setup declares and binds the queue and starts the consumer on a fresh
-// link. The session it builds is handed over by up.
+// link.
 func (s *Source) setup(l *link, keys []string) (string, error) {
 	cancels := l.ch.NotifyCancel(make(chan string, 1))
 	l.watch(s.log, cancels, nil)
 	if err := l.ch.Qos(s.cfg.prefetch(), 0, false); err != nil {
-		return "", fmt.Errorf("amqp: basic.qos %d: %w", s.cfg.prefetch(), err)
+		return "", declareFailure(fmt.Errorf("amqp: basic.qos %d: %w", s.cfg.prefetch(), err))
 	}
 	if err := s.cfg.declareExchange(l.ch); err != nil {
 		return "", err
@@ -190,22 +221,20 @@ func (s *Source) setup(l *link, keys []string) (string, error) {
 	}
 	decl, err := declare(q.Name, q.Durable, false, exclusive, false, args)
 	if err != nil {
-		return "", fmt.Errorf("amqp: declare queue %q: %w", q.Name, err)
+		return "", declareFailure(fmt.Errorf("amqp: declare queue %q: %w", q.Name, err))
 	}
 	ex := s.cfg.exchange()
 	for _, k := range keys {
 		if err := l.ch.QueueBind(decl.Name, k, ex, false, nil); err != nil {
-			return "", fmt.Errorf("amqp: bind queue %q to exchange %q with key %q: %w", decl.Name, ex, k, err)
+			return "", declareFailure(fmt.Errorf("amqp: bind queue %q to exchange %q with key %q: %w", decl.Name, ex, k, err))
 		}
 	}
 	deliveries, err := l.ch.Consume(decl.Name, "", false, false, false, false, nil)
 	if err != nil {
-		return "", fmt.Errorf("amqp: consume queue %q: %w", decl.Name, err)
+		return "", declareFailure(fmt.Errorf("amqp: consume queue %q: %w", decl.Name, err))
 	}
-	s.mu.Lock()
-	s.pending = &session{link: l, deliveries: deliveries, queue: decl.Name,
+	s.sess = &session{link: l, deliveries: deliveries, queue: decl.Name,
 		acks: ackWindow{flushEvery: uint64(max(1, s.cfg.prefetch()/4))}}
-	s.mu.Unlock()
 	kind := "server-named exclusive"
 	switch {
 	case q.Name != "" && q.Durable:
@@ -219,80 +248,53 @@ func (s *Source) setup(l *link, keys []string) (string, error) {
 		kind, decl.Name, len(keys), ex, s.cfg.prefetch(), decl.Messages), nil
 }
 
-func (s *Source) up(l *link) {
-	s.mu.Lock()
-	sess := s.pending
-	s.pending = nil
-	s.setCurrentLocked(sess)
-	s.mu.Unlock()
-}
-
-func (s *Source) down(*link) {
-	s.mu.Lock()
-	if sess := s.cur; sess != nil {
-		if !sess.isLost() {
-			// Closing on purpose: acknowledge what was settled, so that
-			// the broker does not deliver it again.
-			if err := sess.acks.flush(sess.ch); err != nil {
-				s.log.Debug("amqp: acknowledging before closing failed", "err", err)
-			}
-		}
-		// Settlements still under way for this channel's tags are
-		// skipped from here on: the broker requeues whatever was not
-		// acknowledged.
-		sess.markLost("Closing", errStopping)
+// current returns the session once Start has succeeded, else nil.
+func (s *Source) current() *session {
+	if s.link() == nil {
+		return nil
 	}
-	s.setCurrentLocked(nil)
-	s.mu.Unlock()
+	return s.sess
 }
 
-func (s *Source) setCurrentLocked(sess *session) {
-	s.cur = sess
-	close(s.changed)
-	s.changed = make(chan struct{})
-}
-
-func (s *Source) current() (*session, <-chan struct{}) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.cur, s.changed
-}
-
-// Read returns the next delivery and the function that settles it. It
-// blocks while the Source is reconnecting.
+// Read returns the next delivery and the function that settles it. Once the
+// connection, the channel or the consumer is lost, it returns a
+// [*connectors.Failure] (ConnectionLost; ConsumerMissing when the broker
+// cancelled the consumer; PermissionDenied when it closed the channel over
+// a 403), for good; deliveries that were buffered from the lost channel
+// are not returned, since the broker delivers them again. After Close it
+// returns [connectors.ErrClosed].
 func (s *Source) Read(ctx context.Context) (*connectors.Message, connectors.AckFunc, error) {
-	for {
-		select {
-		case <-s.closed:
-			return nil, nil, connectors.ErrClosed
-		default:
-		}
-		sess, changed := s.current()
-		if sess == nil {
-			select {
-			case <-changed:
-				continue
-			case <-s.closed:
-				return nil, nil, connectors.ErrClosed
-			case <-ctx.Done():
-				return nil, nil, ctx.Err()
-			}
-		}
-		d, ok, err := s.next(ctx, sess, changed)
-		switch {
-		case err != nil:
-			return nil, nil, err
-		case !ok:
-			// The consumer ended with its channel, or the session
-			// changed; look again.
-			continue
-		case sess.isLost():
-			// Buffered from a channel that is gone: the broker has
-			// requeued it and delivers it again.
-			continue
-		}
-		return s.message(&d), s.acker(sess, d.DeliveryTag), nil
+	select {
+	case <-s.closed:
+		return nil, nil, connectors.ErrClosed
+	default:
 	}
+	sess := s.current()
+	if sess == nil {
+		return nil, nil, errors.New("amqp: Read before a successful Start")
+	}
+	d, ok, err := s.next(ctx, sess)
+	switch {
+	case err != nil:
+		return nil, nil, err
+	case !ok || sess.isLost():
+		return nil, nil, s.lost(ctx, sess)
+	}
+	return s.message(&d), s.acker(sess, d.DeliveryTag), nil
+}
+
+// lost waits until the watcher has recorded why sess ended (the library
+// closes the deliveries a moment before it tells the watcher) and returns
+// the failure.
+func (s *Source) lost(ctx context.Context, sess *session) error {
+	select {
+	case <-sess.lost:
+	case <-s.closed:
+		return connectors.ErrClosed
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return sess.failure("consuming queue " + strconv.Quote(sess.queue))
 }
 
 // ackDelay is how long the consumer may sit idle before the acknowledgements
@@ -302,52 +304,38 @@ const ackDelay = time.Millisecond
 
 // next receives sess's next delivery. When none arrives within ackDelay, it
 // sends the acknowledgements the session holds back, and waits on. ok is
-// false when the consumer ended (next then waits for the supervisor to
-// replace the session) or the session changed.
-func (s *Source) next(ctx context.Context, sess *session, changed <-chan struct{}) (d amqp.Delivery, ok bool, err error) {
-	received := false
+// false when the consumer ended or the session was lost.
+func (s *Source) next(ctx context.Context, sess *session) (d amqp.Delivery, ok bool, err error) {
 	select {
 	case d, ok = <-sess.deliveries:
-		received = true
+		return d, ok, nil
 	default:
 	}
-	if !received {
-		var idle <-chan time.Time
-		if sess.acks.holding() {
-			t := time.NewTimer(ackDelay)
-			defer t.Stop()
-			idle = t.C
-		}
-		for !received {
-			select {
-			case d, ok = <-sess.deliveries:
-				received = true
-			case <-idle:
-				idle = nil
-				if !sess.isLost() {
-					if err := sess.acks.flush(sess.ch); err != nil {
-						s.log.Debug("amqp: acknowledging failed; the broker delivers again", "err", err)
-					}
-				}
-			case <-changed:
-				return d, false, nil
-			case <-s.closed:
-				return d, false, connectors.ErrClosed
-			case <-ctx.Done():
-				return d, false, ctx.Err()
-			}
-		}
+	var idle <-chan time.Time
+	if sess.acks.holding() {
+		t := time.NewTimer(ackDelay)
+		defer t.Stop()
+		idle = t.C
 	}
-	if !ok {
+	for {
 		select {
-		case <-changed:
+		case d, ok = <-sess.deliveries:
+			return d, ok, nil
+		case <-idle:
+			idle = nil
+			if !sess.isLost() {
+				if err := sess.acks.flush(sess.ch); err != nil {
+					s.log.Debug("amqp: acknowledging failed; the broker delivers again", "err", err)
+				}
+			}
+		case <-sess.lost:
+			return d, false, nil
 		case <-s.closed:
 			return d, false, connectors.ErrClosed
 		case <-ctx.Done():
 			return d, false, ctx.Err()
 		}
 	}
-	return d, ok, nil
 }
 
 // message maps a delivery onto a connectors.Message. The payload is not
@@ -381,7 +369,19 @@ func (s *Source) acker(sess *session, tag uint64) connectors.AckFunc {
 	}
 }
 
-// Close stops consuming and closes the connection, waiting up to ctx for the
+// Close acknowledges what was settled, stops consuming and closes the
+// connection, waiting up to ctx (and at most Config.ConnectTimeout) for the
 // close handshake and the Source's goroutines. Deliveries read and not
 // settled are requeued by the broker. Close may be called more than once.
-func (s *Source) Close(ctx context.Context) error { return s.close(ctx) }
+func (s *Source) Close(ctx context.Context) error {
+	return s.close(ctx, s.cfg.connectTimeout(), func(*link) {
+		sess := s.sess
+		// Closing on purpose: acknowledge what was settled, so that the
+		// broker does not deliver it again. Settlements still under way
+		// are skipped once close marks the link lost: the broker requeues
+		// whatever was not acknowledged.
+		if err := sess.acks.flush(sess.ch); err != nil {
+			s.log.Debug("amqp: acknowledging before closing failed", "err", err)
+		}
+	})
+}

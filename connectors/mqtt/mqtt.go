@@ -4,6 +4,20 @@
 // itself. The runtime owns conversion, routing, counting and retries; this
 // package owns only the broker connection and the mapping of MQTT metadata.
 //
+// Retries: autopaho keeps reconnecting (Config.Backoff, slowed further when
+// connections keep dropping soon after they come up) and the Source
+// subscribes again on every connection; the driver retries nothing else.
+// Every failed attempt is reported through the [connectors.StateFunc] with
+// a [connectors.Failure] reason, so that /status shows the real one while
+// autopaho retries: CredentialsRefused (CONNACK 0x86 bad user name or
+// password, 0x87 not authorized, 0x8C bad authentication method),
+// PermissionDenied (0x8A banned), BrokerUnreachable (a refused or timed out
+// TCP connection, or CONNACK 0x88, 0x89, 0x9C, 0x9D), DNSFailure,
+// TLSFailure, and ConnectionLost for anything else and for a connection
+// that dropped. Start, when its context ends before the first connection
+// is up, returns a *connectors.Failure with the last attempt's reason;
+// SubscribeFailed is reported when the broker refuses a subscription.
+//
 // Metadata: the payload is carried unchanged; the MQTT 5 Content Type
 // property maps to weida's content_type; W3C trace context travels in the
 // user properties "traceparent" and "tracestate". Everything else (retain,
@@ -28,6 +42,7 @@ import (
 	"github.com/eclipse/paho.golang/paho"
 
 	"weida.dev/connector/connectors"
+	"weida.dev/connector/connectors/internal/netfail"
 )
 
 // LoopProperty is the MQTT user property that marks a message an outbound
@@ -72,8 +87,9 @@ type Config struct {
 }
 
 // clientConfig builds autopaho's configuration. onConn, when not nil, is
-// told about every new network connection.
-func (c *Config) clientConfig(report connectors.StateFunc, log *slog.Logger, onConn func(net.Conn)) (autopaho.ClientConfig, error) {
+// told about every new network connection; fails, when not nil, keeps why
+// the last connection attempt failed.
+func (c *Config) clientConfig(report connectors.StateFunc, log *slog.Logger, onConn func(net.Conn), fails *lastFailure) (autopaho.ClientConfig, error) {
 	u, err := url.Parse(c.URL)
 	if err != nil {
 		return autopaho.ClientConfig{}, fmt.Errorf("mqtt: broker url: %w", err)
@@ -144,7 +160,11 @@ func (c *Config) clientConfig(report connectors.StateFunc, log *slog.Logger, onC
 			return conn, err
 		},
 		OnConnectError: func(err error) {
-			report(connectors.ConnState{Reason: "ConnectFailed", Detail: err.Error()})
+			f := connectFailure(err)
+			if fails != nil {
+				fails.set(f)
+			}
+			report(connectors.ConnState{Reason: f.Reason, Detail: err.Error()})
 		},
 		ConnectUsername: c.Username,
 		ConnectPassword: c.Password,
@@ -157,11 +177,89 @@ func (c *Config) clientConfig(report connectors.StateFunc, log *slog.Logger, onC
 				if d.ReasonCode == sessionTakenOver {
 					flaps.sessionTakenOver()
 				}
-				report(connectors.ConnState{Reason: "ServerDisconnected", Detail: fmt.Sprintf("reason code 0x%02x %s", d.ReasonCode, reasonString(d))})
+				report(connectors.ConnState{Reason: disconnectReason(d.ReasonCode), Detail: fmt.Sprintf("the broker disconnected: reason code 0x%02x %s", d.ReasonCode, reasonString(d))})
 			},
 		},
 	}
 	return cfg, nil
+}
+
+// Reasons this driver reports, in the vocabulary of [connectors.Failure].
+const (
+	reasonCredentials = "CredentialsRefused"
+	reasonPermission  = "PermissionDenied"
+	reasonLost        = "ConnectionLost"
+	reasonUnreachable = "BrokerUnreachable"
+	reasonTLS         = "TLSFailure"
+)
+
+// connectFailure classifies a failed connection attempt. The broker's
+// CONNACK refusals: 0x86 bad user name or password, 0x87 not authorized
+// and 0x8C bad authentication method are refused credentials; 0x8A banned
+// is a permission; 0x88 server unavailable, 0x89 server busy and 0x9C/0x9D
+// use or moved to another server mean this broker does not serve now.
+// Otherwise the network failures every driver shares, and ConnectionLost
+// for anything else.
+func connectFailure(err error) *connectors.Failure {
+	var f *connectors.Failure
+	if errors.As(err, &f) {
+		return f
+	}
+	var ce *autopaho.ConnackError
+	if errors.As(err, &ce) {
+		switch ce.ReasonCode {
+		case 0x86, 0x87, 0x8C:
+			return &connectors.Failure{Reason: reasonCredentials, Err: err}
+		case 0x8A:
+			return &connectors.Failure{Reason: reasonPermission, Err: err}
+		case 0x88, 0x89, 0x9C, 0x9D:
+			return &connectors.Failure{Reason: reasonUnreachable, Err: err}
+		}
+		return &connectors.Failure{Reason: reasonLost, Err: err}
+	}
+	if r := netfail.Reason(err); r != "" {
+		return &connectors.Failure{Reason: r, Err: err}
+	}
+	return &connectors.Failure{Reason: reasonLost, Err: err}
+}
+
+// disconnectReason names a DISCONNECT the broker sent: 0x87 not authorized
+// and 0x8A banned say the connector may no longer be there; anything else
+// (shutting down, session taken over, keep alive timeout) is a lost
+// connection autopaho reconnects.
+func disconnectReason(code byte) string {
+	switch code {
+	case 0x87, 0x8A:
+		return reasonPermission
+	}
+	return reasonLost
+}
+
+// lastFailure keeps why the last connection attempt failed, for Start to
+// return when its context ends before a connection is up.
+type lastFailure struct {
+	mu sync.Mutex
+	f  *connectors.Failure
+}
+
+func (l *lastFailure) set(f *connectors.Failure) {
+	l.mu.Lock()
+	l.f = f
+	l.mu.Unlock()
+}
+
+// startError is Start's error when waiting for the first connection ended
+// with err: a *connectors.Failure with the last attempt's reason when one
+// failed, err alone otherwise.
+func (l *lastFailure) startError(url string, err error) error {
+	l.mu.Lock()
+	f := l.f
+	l.mu.Unlock()
+	err = fmt.Errorf("mqtt: connecting to %s: %w", url, err)
+	if f == nil {
+		return err
+	}
+	return connectors.Retryable(f.Reason, fmt.Errorf("%w; last attempt: %w", err, f.Err))
 }
 
 // sessionTakenOver is the DISCONNECT reason code a broker sends when another
@@ -298,7 +396,7 @@ func tlsRefusal(c *tls.Conn, br *bufio.Reader) error {
 	if err == nil || errors.As(err, &ne) && ne.Timeout() {
 		return nil
 	}
-	return fmt.Errorf("the broker ended the TLS session after the handshake (a refused or missing client certificate?): %w", err)
+	return connectors.Retryable(reasonTLS, fmt.Errorf("the broker ended the TLS session after the handshake (a refused or missing client certificate?): %w", err))
 }
 
 // bufferedConn reads through a buffer and writes each MQTT packet whole.

@@ -49,17 +49,24 @@ func (s *Sink) Window() int {
 	return int(s.window.Load())
 }
 
-// NewSink returns a Sink; it connects on Start.
+// NewSink returns a Sink; it connects on Start. report receives
+// the connection's state changes (nil: none) and must not block.
 func NewSink(cfg Config, report connectors.StateFunc) (*Sink, error) {
-	if _, err := cfg.clientConfig(report, logger(cfg.Logger), nil); err != nil {
+	if report == nil {
+		report = func(connectors.ConnState) {}
+	}
+	if _, err := cfg.clientConfig(report, logger(cfg.Logger), nil, nil); err != nil {
 		return nil, err
 	}
 	return &Sink{cfg: cfg, report: report, log: logger(cfg.Logger)}, nil
 }
 
-// Start connects and returns once the first connection is up.
+// Start connects and returns once the first connection is up. When ctx
+// ends first, the error is a [*connectors.Failure] with the reason the last
+// attempt failed for, if one did.
 func (s *Sink) Start(ctx context.Context) error {
-	cc, err := s.cfg.clientConfig(s.report, s.log, nil)
+	var fails lastFailure
+	cc, err := s.cfg.clientConfig(s.report, s.log, nil, &fails)
 	if err != nil {
 		return err
 	}
@@ -83,7 +90,7 @@ func (s *Sink) Start(ctx context.Context) error {
 	s.cm, s.cancel = cm, cancel
 	s.mu.Unlock()
 	if err := cm.AwaitConnection(ctx); err != nil {
-		return fmt.Errorf("mqtt: connecting to %s: %w", s.cfg.URL, err)
+		return fails.startError(s.cfg.URL, err)
 	}
 	return nil
 }

@@ -58,9 +58,13 @@ var (
 	_ connectors.Retiring    = (*Source)(nil)
 )
 
-// NewSource returns a Source; it connects on Start.
+// NewSource returns a Source; it connects on Start. report receives
+// the connection's state changes (nil: none) and must not block.
 func NewSource(cfg Config, report connectors.StateFunc) (*Source, error) {
-	if _, err := cfg.clientConfig(report, logger(cfg.Logger), nil); err != nil {
+	if report == nil {
+		report = func(connectors.ConnState) {}
+	}
+	if _, err := cfg.clientConfig(report, logger(cfg.Logger), nil, nil); err != nil {
 		return nil, err
 	}
 	return &Source{
@@ -100,9 +104,12 @@ func (s *Source) Supersede(previous []string) {
 // reads packets in order, so waiting here while nobody calls Read would
 // deadlock. Whether the subscription took is reported through the
 // StateFunc (Connected once the broker granted every filter,
-// SubscribeFailed otherwise).
+// SubscribeFailed otherwise). When ctx ends first, the error is a
+// [*connectors.Failure] with the reason the last attempt failed for, if
+// one did.
 func (s *Source) Start(ctx context.Context, filters []string) error {
-	cc, err := s.cfg.clientConfig(s.report, s.log, s.setConn)
+	var fails lastFailure
+	cc, err := s.cfg.clientConfig(s.report, s.log, s.setConn, &fails)
 	if err != nil {
 		return err
 	}
@@ -147,7 +154,7 @@ func (s *Source) Start(ctx context.Context, filters []string) error {
 	s.cm = cm
 	s.mu.Unlock()
 	if err := cm.AwaitConnection(ctx); err != nil {
-		return fmt.Errorf("mqtt: connecting to %s: %w", s.cfg.URL, err)
+		return fails.startError(s.cfg.URL, err)
 	}
 	return nil
 }

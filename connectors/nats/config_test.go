@@ -124,7 +124,7 @@ func TestAuthOptions(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			opts, err := tc.cfg.options(func(connectors.ConnState) {}, slog.New(slog.DiscardHandler), make(chan struct{}), nil)
+			opts, err := tc.cfg.options(func(connectors.ConnState) {}, slog.New(slog.DiscardHandler), newTracker(), nil)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -4,16 +4,29 @@
 // conversion (nats-tokens/v1), routing, counting and retries; this package
 // owns only the connection to nats-server and the mapping of NATS headers.
 //
-// # Connection
+// # Connection, failures and retries
 //
 // nats.go reconnects forever, waiting [Config.Backoff] between attempts,
 // also when the very first attempt fails, and restores every subscription on
-// each new connection by itself. Each change of the connection (lost,
-// reconnect attempt failed, reconnected, closed) is reported to the
-// runtime's [connectors.StateFunc], which shows it in /status and in the
-// weida_connector_up metric. TLS (tls:// URLs or [Config.TLS]) and the
-// server's authentication methods (user and password, token, NKey seed, or a
-// .creds file) are supported; secrets reach this package already resolved.
+// each new connection by itself; this driver keeps that and retries nothing
+// else itself. Each change of the connection (lost, reconnect attempt
+// failed, reconnected, closed) is reported to the runtime's
+// [connectors.StateFunc], which shows it in /status and in the
+// weida_connector_up metric, with the reason of the failed attempt:
+// CredentialsRefused, BrokerUnreachable, DNSFailure, TLSFailure or
+// ConnectionLost. TLS (tls:// URLs or [Config.TLS]) and the server's
+// authentication methods (user and password, token, NKey seed, or a .creds
+// file) are supported; secrets reach this package already resolved.
+//
+// nats.go gives a connection up only when the server refuses its
+// credentials twice in a row. Read and Write then return a
+// [*connectors.Failure] (CredentialsRefused, or ConnectionLost), and the
+// runtime builds a new Source or Sink after its own backoff. Start fails
+// with a Failure too when the reason is known: CredentialsRefused; the last
+// attempt's reason when ctx ends before a connection is up; StreamMissing
+// when the JetStream stream does not exist; PermissionDenied or
+// SubscribeFailed when the server refuses a subscription. None is
+// permanent: an operator can fix each while the runtime keeps trying.
 //
 // # Two modes
 //
@@ -45,7 +58,10 @@
 //     stops before handing it off; one never settled is delivered again after
 //     the consumer's ack wait. A restart of the connector or of the server
 //     loses nothing the stream kept; a message may arrive twice. The stream
-//     must exist: the connector never creates or changes streams. Several
+//     must exist: the connector never creates or changes streams. When the
+//     consumer (or its stream) is deleted under a running Source, Read
+//     returns ConsumerMissing (or StreamMissing) for good, and the next
+//     Source the runtime starts creates the consumer again. Several
 //     routes in one resource need nats-server 2.10 (several filter subjects
 //     per consumer); on older servers give each route its own resource.
 //   - Outbound, Write returns once the stream acknowledged the publish

@@ -9,12 +9,14 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
 
 	"weida.dev/connector/connectors"
+	"weida.dev/connector/connectors/internal/netfail"
 )
 
 // Header names this driver reads and writes. NATS headers are
@@ -267,8 +269,9 @@ func checkJSName(what, name string) error {
 }
 
 // options builds nats.go's connection options. Every handler reports to
-// report, or logs; the slow-consumer handler is onAsyncErr.
-func (c *Config) options(report connectors.StateFunc, log *slog.Logger, closed chan<- struct{}, onAsyncErr natsgo.ErrHandler) ([]natsgo.Option, error) {
+// report, or logs, and tells tr what it learns; the slow-consumer handler
+// is onAsyncErr.
+func (c *Config) options(report connectors.StateFunc, log *slog.Logger, tr *tracker, onAsyncErr natsgo.ErrHandler) ([]natsgo.Option, error) {
 	backoff := c.Backoff
 	if backoff == nil {
 		backoff = connectors.ExponentialBackoff(100*time.Millisecond, 10*time.Second)
@@ -290,27 +293,34 @@ func (c *Config) options(report connectors.StateFunc, log *slog.Logger, closed c
 			return backoff(attempts)
 		}),
 		natsgo.DisconnectErrHandler(func(_ *natsgo.Conn, err error) {
+			tr.note(err)
 			detail := "reconnecting"
 			if err != nil {
 				detail = err.Error() + "; reconnecting"
 			}
-			report(connectors.ConnState{Reason: "ConnectionLost", Detail: detail})
+			report(connectors.ConnState{Reason: reasonLost, Detail: detail})
 		}),
 		natsgo.ReconnectErrHandler(func(_ *natsgo.Conn, err error) {
-			report(connectors.ConnState{Reason: "ConnectFailed", Detail: errString(err)})
+			tr.note(err)
+			report(connectors.ConnState{Reason: connectReason(err), Detail: errString(err)})
 		}),
 		natsgo.ReconnectHandler(func(nc *natsgo.Conn) {
 			report(connectors.ConnState{Up: true, Reason: "Connected", Detail: "reconnected to " + nc.ConnectedServerId()})
 		}),
 		natsgo.ClosedHandler(func(nc *natsgo.Conn) {
-			detail := "closed"
-			if err := nc.LastError(); err != nil {
-				detail = err.Error()
+			tr.note(nc.LastError())
+			if !tr.closing.Load() {
+				f := tr.failure("the connection closed")
+				report(connectors.ConnState{Reason: reasonOf(f), Detail: f.Error()})
 			}
-			report(connectors.ConnState{Reason: "Closed", Detail: detail})
-			close(closed)
+			close(tr.closed)
 		}),
-		natsgo.ErrorHandler(onAsyncErr),
+		natsgo.ErrorHandler(func(nc *natsgo.Conn, sub *natsgo.Subscription, err error) {
+			if isAuthErr(err) {
+				tr.note(err)
+			}
+			onAsyncErr(nc, sub, err)
+		}),
 		natsgo.LameDuckModeHandler(func(*natsgo.Conn) {
 			log.Warn("nats server entered lame duck mode; it will close the connection soon")
 		}),
@@ -348,13 +358,115 @@ func errString(err error) string {
 	return err.Error()
 }
 
+// Reasons this driver reports, in the vocabulary of [connectors.Failure].
+const (
+	reasonCredentials = "CredentialsRefused"
+	reasonPermission  = "PermissionDenied"
+	reasonStream      = "StreamMissing"
+	reasonConsumer    = "ConsumerMissing"
+	reasonLost        = "ConnectionLost"
+	reasonSubscribe   = "SubscribeFailed"
+)
+
+// isAuthErr reports whether the server refused the connection's
+// credentials, now or when they expired or were revoked.
+func isAuthErr(err error) bool {
+	return errors.Is(err, natsgo.ErrAuthorization) || errors.Is(err, natsgo.ErrAuthExpired) || errors.Is(err, natsgo.ErrAuthRevoked)
+}
+
+// connectReason names why a connection attempt failed: refused
+// credentials, the network failures every driver shares, or, for anything
+// else, ConnectionLost.
+func connectReason(err error) string {
+	if isAuthErr(err) {
+		return reasonCredentials
+	}
+	if r := netfail.Reason(err); r != "" {
+		return r
+	}
+	return reasonLost
+}
+
+// reasonOf returns the reason of a *connectors.Failure in err, or "".
+func reasonOf(err error) string {
+	var f *connectors.Failure
+	if errors.As(err, &f) {
+		return f.Reason
+	}
+	return ""
+}
+
+// tracker follows one nats.go connection for the Source or Sink that owns
+// it: the last error that says why it is, or was, down, and whether
+// nats.go has given up on it (its ClosedHandler ran). nats.go closes a
+// connection for good only when its owner closes it or when the server
+// refused the credentials twice in a row (nats.go's default, kept: the
+// runtime starts a new connection after its own backoff); the error kept
+// here makes the failure say which.
+type tracker struct {
+	closed  chan struct{} // closed by nats.go's ClosedHandler
+	closing atomic.Bool   // the owner is closing the connection
+
+	mu   sync.Mutex
+	last error
+}
+
+func newTracker() *tracker { return &tracker{closed: make(chan struct{})} }
+
+// note records err as the latest reason the connection is down. A refusal
+// of credentials is not replaced by the plain close that follows it.
+func (t *tracker) note(err error) {
+	if err == nil {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if isAuthErr(t.last) && !isAuthErr(err) && errors.Is(err, natsgo.ErrConnectionClosed) {
+		return
+	}
+	t.last = err
+}
+
+func (t *tracker) lastErr() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.last
+}
+
+// gone reports whether nats.go has closed the connection for good.
+func (t *tracker) gone() bool {
+	select {
+	case <-t.closed:
+		return true
+	default:
+		return false
+	}
+}
+
+// failure is the error of an operation the closed connection could not
+// do: CredentialsRefused when the server last refused the credentials,
+// ConnectionLost otherwise.
+func (t *tracker) failure(what string) error {
+	last := t.lastErr()
+	if last == nil {
+		last = natsgo.ErrConnectionClosed
+	}
+	reason := reasonLost
+	if isAuthErr(last) {
+		reason = reasonCredentials
+	}
+	return connectors.Retryable(reason, fmt.Errorf("nats: %s: %w", what, last))
+}
+
 // connect dials with retries in the background and waits until the first
-// connection is up, the connection is closed for good (authentication
-// refused twice), or ctx ends.
-func connect(ctx context.Context, c *Config, opts []natsgo.Option) (*natsgo.Conn, error) {
+// connection is up, the connection is closed for good (credentials refused
+// twice), or ctx ends. Its error is a *connectors.Failure whose reason is
+// the last real one (CredentialsRefused, BrokerUnreachable, DNSFailure,
+// TLSFailure) when one is known.
+func connect(ctx context.Context, c *Config, tr *tracker, opts []natsgo.Option) (*natsgo.Conn, error) {
 	nc, err := natsgo.Connect(c.URL, opts...)
 	if err != nil {
-		return nil, fmt.Errorf("nats: connecting to %s: %w", c.URL, err)
+		return nil, classify(fmt.Errorf("nats: connecting to %s: %w", c.URL, err))
 	}
 	if nc.IsConnected() {
 		return nc, nil
@@ -366,17 +478,33 @@ func connect(ctx context.Context, c *Config, opts []natsgo.Option) (*natsgo.Conn
 		case natsgo.CONNECTED:
 			return nc, nil
 		case natsgo.CLOSED:
-			return nc, fmt.Errorf("nats: connecting to %s: %w", c.URL, closedErr(nc))
+			<-tr.closed // the handler has recorded the last error
+			return nc, classify(fmt.Errorf("nats: connecting to %s: %w", c.URL, closedErr(nc, tr)))
 		}
 		select {
 		case <-ch:
 		case <-ctx.Done():
-			return nc, fmt.Errorf("nats: connecting to %s: %w", c.URL, context.Cause(ctx))
+			err := fmt.Errorf("nats: connecting to %s: %w", c.URL, context.Cause(ctx))
+			if last := tr.lastErr(); last != nil {
+				return nc, connectors.Retryable(connectReason(last), fmt.Errorf("%w (last attempt: %w)", err, last))
+			}
+			return nc, err
 		}
 	}
 }
 
-func closedErr(nc *natsgo.Conn) error {
+// classify makes err a *connectors.Failure when its reason is known.
+func classify(err error) error {
+	if isAuthErr(err) {
+		return connectors.Retryable(reasonCredentials, err)
+	}
+	return netfail.Classify(err)
+}
+
+func closedErr(nc *natsgo.Conn, tr *tracker) error {
+	if err := tr.lastErr(); err != nil {
+		return err
+	}
 	if err := nc.LastError(); err != nil {
 		return err
 	}

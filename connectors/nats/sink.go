@@ -49,9 +49,9 @@ type Sink struct {
 	log    *slog.Logger
 	rlog   *rateLog
 
-	closed   chan struct{}
-	cbClosed chan struct{}
-	once     sync.Once
+	closed chan struct{}
+	tr     *tracker
+	once   sync.Once
 
 	mu      sync.Mutex
 	nc      *natsgo.Conn
@@ -115,12 +115,16 @@ var (
 	_ connectors.AsyncWriter = (*Sink)(nil)
 )
 
-// NewSink checks cfg and returns a Sink; it connects on Start.
+// NewSink checks cfg and returns a Sink; it connects on Start. report
+// receives the connection's state changes (nil: none) and must not block.
 func NewSink(cfg Config, report connectors.StateFunc) (*Sink, error) {
 	if err := cfg.validate(false); err != nil {
 		return nil, err
 	}
 	log := cfg.logger()
+	if report == nil {
+		report = func(connectors.ConnState) {}
+	}
 	var markerOnly natsgo.Header
 	if cfg.LoopMarker != "" {
 		markerOnly = natsgo.Header{LoopHeader: {cfg.LoopMarker}}
@@ -132,7 +136,7 @@ func NewSink(cfg Config, report connectors.StateFunc) (*Sink, error) {
 		log:        log,
 		rlog:       newRateLog(log, 10*time.Second),
 		closed:     make(chan struct{}),
-		cbClosed:   make(chan struct{}),
+		tr:         newTracker(),
 		kick:       make(chan struct{}, 1),
 		stopping:   make(chan struct{}),
 	}, nil
@@ -146,7 +150,7 @@ func (s *Sink) Stats() SinkStats {
 // Start connects and returns once connected (and, for JetStream, once the
 // stream is known to exist), or ctx ends.
 func (s *Sink) Start(ctx context.Context) error {
-	opts, err := s.cfg.options(s.report, s.log, s.cbClosed, s.onAsyncError)
+	opts, err := s.cfg.options(s.report, s.log, s.tr, s.onAsyncError)
 	if err != nil {
 		return err
 	}
@@ -156,7 +160,7 @@ func (s *Sink) Start(ctx context.Context) error {
 		return errors.New("nats: Sink started twice")
 	}
 	s.mu.Unlock()
-	nc, err := connect(ctx, &s.cfg, opts)
+	nc, err := connect(ctx, &s.cfg, s.tr, opts)
 	if nc != nil {
 		s.mu.Lock()
 		s.nc = nc
@@ -181,7 +185,7 @@ func (s *Sink) Start(ctx context.Context) error {
 		_, err = js.Stream(sctx, jcfg.Stream)
 		cancel()
 		if err != nil {
-			return fmt.Errorf("nats: jetstream stream %q: %w", jcfg.Stream, err)
+			return jsFailure(fmt.Errorf("nats: jetstream stream %q: %w", jcfg.Stream, err))
 		}
 		s.mu.Lock()
 		s.js = js
@@ -347,7 +351,7 @@ func (s *Sink) ready(subject string) (*natsgo.Conn, jetstream.JetStream, error) 
 	}
 	if !nc.IsConnected() {
 		if nc.IsClosed() {
-			return nil, nil, connectors.ErrClosed
+			return nil, nil, s.lost(subject)
 		}
 		return nil, nil, fmt.Errorf("nats: publish %q: %w", subject, connectors.ErrNotConnected)
 	}
@@ -361,8 +365,11 @@ func (s *Sink) outcome(nc *natsgo.Conn, r *flushRound, i int) error {
 		return s.publishErr(nc, subject, err)
 	}
 	if err := r.err; err != nil {
-		if errors.Is(err, natsgo.ErrConnectionClosed) && !nc.IsClosed() || errors.Is(err, natsgo.ErrTimeout) && !nc.IsConnected() {
+		if errors.Is(err, natsgo.ErrConnectionClosed) && !nc.IsClosed() || errors.Is(err, natsgo.ErrTimeout) && !nc.IsConnected() && !nc.IsClosed() {
 			return fmt.Errorf("nats: publish %q: connection lost before the server confirmed it: %w", subject, connectors.ErrNotConnected)
+		}
+		if nc.IsClosed() {
+			return s.lost(subject)
 		}
 		return fmt.Errorf("nats: publish %q: %w", subject, err)
 	}
@@ -388,7 +395,7 @@ func (s *Sink) publishErr(nc *natsgo.Conn, subject string, err error) error {
 		return &connectors.RejectedError{Reason: connectors.ReasonTooLarge,
 			Err: fmt.Errorf("nats: publish %q: over the server's max_payload of %d bytes: %w", subject, nc.MaxPayload(), err)}
 	case errors.Is(err, natsgo.ErrConnectionClosed):
-		return connectors.ErrClosed
+		return s.lost(subject)
 	case !nc.IsConnected() && !nc.IsClosed():
 		return fmt.Errorf("nats: publish %q: %w: %w", subject, err, connectors.ErrNotConnected)
 	}
@@ -523,10 +530,29 @@ func (s *Sink) writeJetStream(ctx context.Context, nc *natsgo.Conn, js jetstream
 		if !nc.IsConnected() && !nc.IsClosed() {
 			return fmt.Errorf("nats: publish %q: no PubAck before the connection broke (%v): %w", msg.Subject, err, connectors.ErrNotConnected)
 		}
+		if nc.IsClosed() {
+			return s.lost(msg.Subject)
+		}
 		return fmt.Errorf("nats: jetstream publish %q: %w", msg.Subject, err)
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// lost is the error of a publish on subject once nats.go has closed the
+// connection: ErrClosed after Close, else a *connectors.Failure
+// (CredentialsRefused or ConnectionLost) that ends the Sink.
+func (s *Sink) lost(subject string) error {
+	select {
+	case <-s.closed:
+		return connectors.ErrClosed
+	default:
+	}
+	select {
+	case <-s.tr.closed: // the handler has recorded the last error
+	case <-time.After(s.cfg.flushTimeout()):
+	}
+	return s.tr.failure(fmt.Sprintf("publish %q", subject))
 }
 
 // Close confirms what was published (core: a last round trip; JetStream:
@@ -550,9 +576,10 @@ func (s *Sink) Close(ctx context.Context) error {
 			case <-ctx.Done():
 			}
 		}
+		s.tr.closing.Store(true)
 		nc.Close()
 		select {
-		case <-s.cbClosed:
+		case <-s.tr.closed:
 		case <-ctx.Done():
 			err = fmt.Errorf("nats: closing: %w", ctx.Err())
 		}

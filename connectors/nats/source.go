@@ -52,7 +52,7 @@ type Source struct {
 
 	msgs     chan *connectors.Message // core deliveries
 	closed   chan struct{}
-	cbClosed chan struct{} // closed by nats.go's ClosedHandler
+	tr       *tracker
 	stopPoll chan struct{}
 	poll     sync.WaitGroup
 	once     sync.Once
@@ -66,8 +66,9 @@ type Source struct {
 
 	readMu sync.Mutex // serialises Read
 
-	iterMu sync.Mutex // guards iter, which Read replaces and Close stops
+	iterMu sync.Mutex // guards iter, which Close stops, and failed
 	iter   jetstream.MessagesContext
+	failed error // why the iterator ended for good; Read returns it from then on
 
 	dropMu  sync.Mutex // guards coreSub.seen
 	dropped atomic.Uint64
@@ -81,12 +82,16 @@ type coreSub struct {
 
 var _ connectors.Source = (*Source)(nil)
 
-// NewSource checks cfg and returns a Source; it connects on Start.
+// NewSource checks cfg and returns a Source; it connects on Start. report
+// receives the connection's state changes (nil: none) and must not block.
 func NewSource(cfg Config, report connectors.StateFunc) (*Source, error) {
 	if err := cfg.validate(true); err != nil {
 		return nil, err
 	}
 	log := cfg.logger()
+	if report == nil {
+		report = func(connectors.ConnState) {}
+	}
 	return &Source{
 		cfg:      cfg,
 		report:   report,
@@ -94,7 +99,7 @@ func NewSource(cfg Config, report connectors.StateFunc) (*Source, error) {
 		rlog:     newRateLog(log, 10*time.Second),
 		msgs:     make(chan *connectors.Message, 128),
 		closed:   make(chan struct{}),
-		cbClosed: make(chan struct{}),
+		tr:       newTracker(),
 		stopPoll: make(chan struct{}),
 	}, nil
 }
@@ -119,7 +124,11 @@ func (s *Source) ReportDrops(count func(filter, reason string, n int)) {
 // Start connects and subscribes filters (core) or binds the durable
 // consumer (JetStream). It returns once the subscriptions are confirmed by
 // the server, or ctx ends; nats.go keeps reconnecting afterwards and
-// restores the subscriptions by itself.
+// restores the subscriptions by itself. Its error is a
+// [*connectors.Failure] when the reason is known: CredentialsRefused,
+// BrokerUnreachable, DNSFailure, TLSFailure (the last reason an attempt
+// failed for, when ctx ended first), PermissionDenied or SubscribeFailed
+// (the server refused a subscription), StreamMissing, ConsumerMissing.
 func (s *Source) Start(ctx context.Context, filters []string) error {
 	s.mu.Lock()
 	if s.started {
@@ -132,11 +141,11 @@ func (s *Source) Start(ctx context.Context, filters []string) error {
 	if len(filters) == 0 {
 		return errors.New("nats: no subject filter to subscribe")
 	}
-	opts, err := s.cfg.options(s.report, s.log, s.cbClosed, s.onAsyncError)
+	opts, err := s.cfg.options(s.report, s.log, s.tr, s.onAsyncError)
 	if err != nil {
 		return err
 	}
-	nc, err := connect(ctx, &s.cfg, opts)
+	nc, err := connect(ctx, &s.cfg, s.tr, opts)
 	if nc != nil {
 		s.mu.Lock()
 		s.nc = nc
@@ -195,7 +204,11 @@ func (s *Source) startCore(ctx context.Context, nc *natsgo.Conn, filters []strin
 		return "", fmt.Errorf("nats: confirming subscriptions: %w", err)
 	}
 	if err := nc.LastError(); err != nil {
-		return "", fmt.Errorf("nats: subscribing: %w", err)
+		err = fmt.Errorf("nats: subscribing: %w", err)
+		if errors.Is(err, natsgo.ErrPermissionViolation) {
+			return "", connectors.Retryable(reasonPermission, err)
+		}
+		return "", connectors.Retryable(reasonSubscribe, err)
 	}
 	s.poll.Add(1)
 	go s.pollDrops()
@@ -299,17 +312,34 @@ func (s *Source) bind(ctx context.Context, js jetstream.JetStream, filters []str
 	defer cancel()
 	stream, err := js.Stream(ctx, jcfg.Stream)
 	if err != nil {
-		return nil, fmt.Errorf("nats: jetstream stream %q: %w", jcfg.Stream, err)
+		return nil, jsFailure(fmt.Errorf("nats: jetstream stream %q: %w", jcfg.Stream, err))
 	}
 	cons, err := s.consumer(ctx, stream, filters)
 	if err != nil {
-		return nil, err
+		return nil, jsFailure(err)
 	}
 	it, err := cons.Messages(jetstream.PullMaxMessages(s.cfg.pullMessages()))
 	if err != nil {
-		return nil, fmt.Errorf("nats: jetstream consumer %q: %w", jcfg.Durable, err)
+		return nil, jsFailure(fmt.Errorf("nats: jetstream consumer %q: %w", jcfg.Durable, err))
 	}
 	return it, nil
+}
+
+// jsFailure classifies a JetStream error: the stream or the consumer is
+// missing (deleted behind the connector's back), or the server refused the
+// request for the connection's permissions. Other errors are left to the
+// runtime.
+func jsFailure(err error) error {
+	switch {
+	case errors.Is(err, jetstream.ErrStreamNotFound):
+		return connectors.Retryable(reasonStream, err)
+	case errors.Is(err, jetstream.ErrConsumerNotFound), errors.Is(err, jetstream.ErrConsumerDeleted),
+		errors.Is(err, jetstream.ErrConsumerDoesNotExist):
+		return connectors.Retryable(reasonConsumer, err)
+	case errors.Is(err, natsgo.ErrPermissionViolation):
+		return connectors.Retryable(reasonPermission, err)
+	}
+	return err
 }
 
 // consumer returns the durable consumer, creating it when it does not
@@ -413,7 +443,15 @@ func (s *Source) conn() *natsgo.Conn {
 
 func noAck(error) {}
 
-// Read returns the next message and the function that settles it.
+// Read returns the next message and the function that settles it. Once
+// nats.go has given up on the connection (the server refused the
+// credentials twice; it retries anything else), Read returns, after the
+// core messages already received, a [*connectors.Failure]
+// (CredentialsRefused or ConnectionLost). In JetStream mode, once the
+// consumer's iterator ends for good (the consumer or the stream was
+// deleted), Read returns a Failure (ConsumerMissing, StreamMissing,
+// ConnectionLost) from then on: a new Source creates the durable consumer
+// again. After Close it returns [connectors.ErrClosed].
 func (s *Source) Read(ctx context.Context) (*connectors.Message, connectors.AckFunc, error) {
 	select {
 	case <-s.closed:
@@ -430,45 +468,64 @@ func (s *Source) Read(ctx context.Context) (*connectors.Message, connectors.AckF
 		return nil, nil, connectors.ErrClosed
 	case <-ctx.Done():
 		return nil, nil, ctx.Err()
+	case <-s.tr.closed:
+		select {
+		case m := <-s.msgs:
+			return m, noAck, nil
+		case <-s.closed:
+			return nil, nil, connectors.ErrClosed
+		default:
+			return nil, nil, s.tr.failure("the connection closed")
+		}
 	}
 }
 
 func (s *Source) readJetStream(ctx context.Context) (*connectors.Message, connectors.AckFunc, error) {
 	s.readMu.Lock()
 	defer s.readMu.Unlock()
-	for attempt := 0; ; {
-		it := s.getIter()
-		if it == nil {
-			var err error
-			if it, err = s.rebind(ctx, &attempt); err != nil {
-				return nil, nil, err
-			}
-		}
-		msg, err := it.Next(jetstream.NextContext(ctx))
-		if err == nil {
-			return toMessage(msg.Subject(), msg.Data(), msg.Headers(), s.cfg.LoopMarker), s.acker(msg), nil
-		}
-		select {
-		case <-s.closed:
-			return nil, nil, connectors.ErrClosed
-		default:
-		}
-		if ctx.Err() != nil {
-			return nil, nil, ctx.Err()
-		}
-		// The iterator ended for good: the consumer was deleted, or the
-		// connection closed. Bind again.
-		it.Stop()
-		s.setIter(nil)
-		s.report(connectors.ConnState{Reason: "ConsumerLost", Detail: err.Error()})
-		s.log.Warn("the JetStream consumer stopped; binding it again", "durable", s.cfg.JetStream.Durable, "err", err)
+	it, failed := s.getIter()
+	if failed != nil {
+		return nil, nil, failed
 	}
+	if it == nil {
+		return nil, nil, errors.New("nats: Read before a successful Start")
+	}
+	msg, err := it.Next(jetstream.NextContext(ctx))
+	if err == nil {
+		return toMessage(msg.Subject(), msg.Data(), msg.Headers(), s.cfg.LoopMarker), s.acker(msg), nil
+	}
+	select {
+	case <-s.closed:
+		return nil, nil, connectors.ErrClosed
+	default:
+	}
+	if ctx.Err() != nil {
+		return nil, nil, ctx.Err()
+	}
+	// The iterator ended for good: the consumer or the stream was
+	// deleted, or the connection closed.
+	it.Stop()
+	var f error
+	switch {
+	case s.tr.gone() || errors.Is(err, natsgo.ErrConnectionClosed):
+		<-s.tr.closed
+		f = s.tr.failure("the connection closed")
+	default:
+		f = jsFailure(fmt.Errorf("nats: jetstream consumer %q: %w", s.cfg.JetStream.Durable, err))
+		if reasonOf(f) == "" {
+			f = connectors.Retryable(reasonLost, f)
+		}
+	}
+	s.setFailed(f)
+	s.report(connectors.ConnState{Reason: reasonOf(f), Detail: f.Error()})
+	s.log.Warn("the JetStream consumer stopped; the runtime starts a new Source", "durable", s.cfg.JetStream.Durable, "err", err)
+	return nil, nil, f
 }
 
-func (s *Source) getIter() jetstream.MessagesContext {
+func (s *Source) getIter() (jetstream.MessagesContext, error) {
 	s.iterMu.Lock()
 	defer s.iterMu.Unlock()
-	return s.iter
+	return s.iter, s.failed
 }
 
 // setIter installs it, or stops it when the Source is closed meanwhile.
@@ -486,39 +543,11 @@ func (s *Source) setIter(it jetstream.MessagesContext) {
 	}
 }
 
-// rebind binds the consumer again, waiting between attempts. It runs with
-// readMu held.
-func (s *Source) rebind(ctx context.Context, attempt *int) (jetstream.MessagesContext, error) {
-	backoff := s.cfg.Backoff
-	if backoff == nil {
-		backoff = connectors.ExponentialBackoff(100*time.Millisecond, 10*time.Second)
-	}
-	s.mu.Lock()
-	js, filters := s.js, s.filters
-	s.mu.Unlock()
-	for {
-		*attempt++
-		t := time.NewTimer(backoff(*attempt))
-		select {
-		case <-t.C:
-		case <-s.closed:
-			t.Stop()
-			return nil, connectors.ErrClosed
-		case <-ctx.Done():
-			t.Stop()
-			return nil, ctx.Err()
-		}
-		it, err := s.bind(ctx, js, filters)
-		if err == nil {
-			s.setIter(it)
-			if s.getIter() == nil {
-				return nil, connectors.ErrClosed
-			}
-			s.report(connectors.ConnState{Up: true, Reason: "Connected", Detail: "consumer bound again"})
-			return it, nil
-		}
-		s.rlog.Log(slog.LevelWarn, "rebind", "binding the JetStream consumer failed; retrying", slog.Any("err", err), slog.Int("attempt", *attempt))
-	}
+// setFailed records why the iterator ended; Read returns it from then on.
+func (s *Source) setFailed(err error) {
+	s.iterMu.Lock()
+	defer s.iterMu.Unlock()
+	s.iter, s.failed = nil, err
 }
 
 // nakDelay is how long the server waits before delivering a NAKed message
@@ -571,9 +600,10 @@ func (s *Source) Close(ctx context.Context) error {
 		if nc == nil {
 			return
 		}
+		s.tr.closing.Store(true)
 		nc.Close()
 		select {
-		case <-s.cbClosed:
+		case <-s.tr.closed:
 		case <-ctx.Done():
 			err = fmt.Errorf("nats: closing: %w", ctx.Err())
 		}
