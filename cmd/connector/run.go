@@ -19,6 +19,7 @@ import (
 
 	"weida.dev/connector/connectors"
 	"weida.dev/connector/resources"
+	"weida.dev/connector/service"
 )
 
 // runOptions are the flags of `connector run`.
@@ -79,8 +80,8 @@ func newLogger(w io.Writer, format string, level slog.Level) *slog.Logger {
 
 // loadUnits loads, checks and binds the resources. On any refusal it
 // returns the check-style diagnostics as the error text.
-func loadUnits(paths []string, env unitEnv) ([]connectors.Unit, []*resources.Connector, error) {
-	set, err := resources.Load(paths...)
+func loadUnits(paths []string, env service.Env) ([]connectors.Unit, []*resources.Connector, error) {
+	set, err := resources.Load(service.Protocols(env.Drivers), paths...)
 	if err != nil {
 		var b strings.Builder
 		writeCheckText(&b, set)
@@ -92,10 +93,10 @@ func loadUnits(paths []string, env unitEnv) ([]connectors.Unit, []*resources.Con
 	}
 	for _, d := range set.Documents {
 		for _, w := range d.Warnings {
-			env.log.Warn("resource warning", "resource", w.Resource, "at", w.Position.String(), "field", w.Field, "rule", w.Rule, "msg", w.Message)
+			env.Logger.Warn("resource warning", "resource", w.Resource, "at", w.Position.String(), "field", w.Field, "rule", w.Rule, "msg", w.Message)
 		}
 	}
-	units, err := buildUnits(cs, env)
+	units, err := service.Units(cs, env)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -104,7 +105,7 @@ func loadUnits(paths []string, env unitEnv) ([]connectors.Unit, []*resources.Con
 
 func runService(ctx context.Context, opts runOptions, stdout, stderr io.Writer) int {
 	log := newLogger(stderr, opts.logFormat, opts.logLevel)
-	env := unitEnv{marker: opts.instance, log: log}
+	env := service.Env{Drivers: drivers(), LoopMarker: opts.instance, Logger: log}
 
 	// SIGHUP is registered before loading so that a reload sent while
 	// starting is not lost (nor kills the process, SIGHUP's default).
@@ -165,7 +166,7 @@ func runService(ctx context.Context, opts runOptions, stdout, stderr io.Writer) 
 
 // reload validates every file again and applies the difference only when
 // all of them are valid; otherwise the running set stays as it is.
-func reload(ctx context.Context, rt *connectors.Runtime, opts runOptions, env unitEnv, log *slog.Logger) {
+func reload(ctx context.Context, rt *connectors.Runtime, opts runOptions, env service.Env, log *slog.Logger) {
 	log.Info("SIGHUP: reloading resources", "paths", strings.Join(opts.paths, ","))
 	units, cs, err := loadUnits(opts.paths, env)
 	if err != nil {
