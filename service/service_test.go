@@ -3,6 +3,7 @@ package service_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"strings"
@@ -170,20 +171,43 @@ func TestRunRefusesBeforeStarting(t *testing.T) {
 	}
 	defer busy.Close()
 	var ae *service.AdminError
-	err = service.Run(ctx, service.Config{Env: env(nil), Paths: []string{"../examples/mqtt-outbound.yaml"}, Admin: busy.Addr().String()}, make(chan struct{}))
+	err = service.Run(ctx, service.Config{Env: env(nil), Paths: []string{"../examples/nats-outbound.yaml"}, Admin: busy.Addr().String()}, make(chan struct{}))
 	if !errors.As(err, &ae) || ae.Addr != busy.Addr().String() {
 		t.Errorf("busy admin address: %v", err)
 	}
 }
 
-// TestRunReloadsAndStops runs an outbound resource (its weida endpoint
-// does not exist: the runtime keeps retrying), reloads it and stops.
+// TestRunReloadsAndStops runs an outbound NATS resource whose weida
+// endpoint does not exist (the runtime keeps retrying), reloads it and
+// stops. Its names are unique, so that parallel runs do not meet.
 func TestRunReloadsAndStops(t *testing.T) {
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := pc.LocalAddr().(*net.UDPAddr).Port
+	pc.Close() // nobody listens there now
+	name := fmt.Sprintf("svc-test-%d", time.Now().UnixNano())
+	res := fmt.Sprintf(`apiVersion: connector.weida.dev/v1alpha1
+kind: Connector
+metadata: {name: %s}
+spec:
+  protocol: nats
+  direction: outbound
+  broker: {url: "nats://127.0.0.1:4222"}
+  weida: {dial: "weida://sha256:9091e5f37dc3e870fcce55bf2721bd5db9e7ba9067b3b8067fd12f0153a52b98@127.0.0.1:%d/x"}
+  conversion: {losses: [at-most-once, delivery-best-effort, empty-segments, forbidden-chars, ordering, wildcard-names]}
+  routes: [{filter: %s.*}]
+`, name, port, name)
+	file := t.TempDir() + "/r.yaml"
+	if err := os.WriteFile(file, []byte(res), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	reload := make(chan struct{})
 	done := make(chan error, 1)
 	go func() {
-		done <- service.Run(ctx, service.Config{Env: env(nil), Paths: []string{"../examples/mqtt-outbound.yaml"}, Admin: "127.0.0.1:0", Drain: time.Second}, reload)
+		done <- service.Run(ctx, service.Config{Env: env(nil), Paths: []string{file}, Admin: "127.0.0.1:0", Drain: time.Second}, reload)
 	}()
 	select {
 	case reload <- struct{}{}: // taken once the first load ran
