@@ -196,7 +196,7 @@ func startOutbound(t *testing.T, sink connectors.Sink, inFlight int) *outboundEn
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := policy.Default(policy.NATS)
+	p := policy.NATSTokensV1()
 	wf, err := p.ConvertFilter("out.*.data")
 	if err != nil {
 		t.Fatal(err)

@@ -88,7 +88,7 @@ func (f *sources) last() *fakeSource {
 
 func inboundUnit(t *testing.T, name, listen string, f *sources) connectors.Unit {
 	t.Helper()
-	p := policy.Default(policy.NATS)
+	p := policy.NATSTokensV1()
 	wf, err := p.ConvertFilter("in.*")
 	if err != nil {
 		t.Fatal(err)
@@ -334,7 +334,7 @@ func TestSupervisorJitter(t *testing.T) {
 	var units []connectors.Unit
 	for _, name := range []string{"a", "b"} {
 		units = append(units, connectors.Unit{
-			Spec: connectors.Spec{Name: name, Protocol: policy.NATS, Direction: policy.Outbound, Policy: policy.Default(policy.NATS)},
+			Spec: connectors.Spec{Name: name, Protocol: policy.NATS, Direction: policy.Outbound, Policy: policy.NATSTokensV1()},
 			NewSink: func(connectors.StateFunc) (connectors.Sink, error) {
 				return nil, errors.New("no such credentials file")
 			},
@@ -403,7 +403,7 @@ func TestOutboundSinkFailure(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := policy.Default(policy.NATS)
+	p := policy.NATSTokensV1()
 	wf, err := p.ConvertFilter("out.*.data")
 	if err != nil {
 		t.Fatal(err)

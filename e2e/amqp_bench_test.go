@@ -88,7 +88,7 @@ func rabbitDirectRig(t *testing.T, addr string) *benchRig {
 }
 
 func amqpBenchRoute(t *testing.T) (policy.Policy, []connectors.Route) {
-	p := policy.Default(policy.AMQP)
+	p := policy.AMQPWordsV1()
 	wf, err := p.ConvertFilter("bench.*.data")
 	if err != nil {
 		t.Fatal(err)

@@ -168,7 +168,7 @@ func TestAMQPConformance(t *testing.T) {
 		}
 	}
 
-	p := policy.Default(policy.AMQP)
+	p := policy.AMQPWordsV1()
 	g := p.Grammar()
 	weidaTopics := make([]string, len(routings))
 	convertible := make([]bool, len(routings))

@@ -49,7 +49,7 @@ func (r amqpResource) YAML(t testing.TB) string {
 	if broker == "" {
 		broker = rabbitAddr
 	}
-	p := policy.Default(policy.AMQP)
+	p := policy.AMQPWordsV1()
 	var b strings.Builder
 	fmt.Fprintf(&b, "apiVersion: connector.weida.dev/v1alpha1\nkind: Connector\nmetadata:\n  name: %s\nspec:\n", r.Name)
 	fmt.Fprintf(&b, "  protocol: amqp\n  direction: %s\n", r.Direction)

@@ -456,7 +456,7 @@ type mqttInboundBridge struct {
 
 func newMQTTInboundBridge(t testing.TB, addr, root string, qos byte) *mqttInboundBridge {
 	ib := &mqttInboundBridge{t: t, root: root, qos: qos, pub: mqttConnect(t, addr, root+"-pub")}
-	p := policy.Default(policy.MQTT)
+	p := policy.MQTTLevelsV1()
 	l, err := weida.Listen(context.Background(), "127.0.0.1:0", weida.ListenConfig{})
 	if err != nil {
 		t.Fatal(err)
@@ -523,7 +523,7 @@ type mqttOutboundBridge struct {
 
 func newMQTTOutboundBridge(t testing.TB, addr, root string, qos byte) *mqttOutboundBridge {
 	ob := &mqttOutboundBridge{t: t, root: root, credits: make(chan struct{}, bench.DefaultWindow)}
-	p := policy.Default(policy.MQTT)
+	p := policy.MQTTLevelsV1()
 	var url string
 	ob.wpub, url = weidaPublisher(t, "/bench-"+root)
 	filter := root + "/+/data"

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"weida.dev/connector/connectors/mqtt"
 	"weida.dev/connector/policy"
 	"weida.dev/connector/weida/topic"
 )
@@ -337,7 +338,7 @@ func TestMQTTConformance(t *testing.T) {
 
 func mustPolicy(t testing.TB, name string) policy.Policy {
 	t.Helper()
-	p, err := policy.Lookup(name)
+	p, err := policy.Lookup(mqtt.Driver.Policies(), name)
 	if err != nil {
 		t.Fatal(err)
 	}

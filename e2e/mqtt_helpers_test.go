@@ -12,6 +12,7 @@ import (
 
 	"github.com/eclipse/paho.golang/paho"
 
+	"weida.dev/connector/connectors/mqtt"
 	"weida.dev/connector/policy"
 )
 
@@ -49,7 +50,7 @@ func (r mqttResource) YAML(t testing.TB) string {
 	if pname == "" {
 		pname = policy.MQTTLevels
 	}
-	p, err := policy.Lookup(pname)
+	p, err := policy.Lookup(mqtt.Driver.Policies(), pname)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -46,10 +46,7 @@ func natsDirectRig(t *testing.T, addr string) *benchRig {
 }
 
 func natsBenchRoute(t *testing.T, filter string) (policy.Policy, []connectors.Route) {
-	p, err := policy.Lookup(policy.NATSTokens)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := policy.NATSTokensV1()
 	wf, err := p.ConvertFilter(filter)
 	if err != nil {
 		t.Fatal(err)

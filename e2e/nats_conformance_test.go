@@ -124,10 +124,7 @@ func TestNATSConformance(t *testing.T) {
 		seed = v
 	}
 	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
-	p, err := policy.Lookup(policy.NATSTokens)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := policy.NATSTokensV1()
 	g := p.Grammar()
 
 	// Hand-picked edges first, then generated ones.

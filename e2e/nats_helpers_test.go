@@ -72,7 +72,7 @@ func (r natsResource) YAML(t testing.TB) string {
 		fmt.Fprintf(&b, "  weida:\n    dial: %s\n", r.Endpoint)
 	}
 	b.WriteString("  conversion:\n    policy: nats-tokens/v1\n    losses:\n")
-	p, _ := policy.Lookup(policy.NATSTokens)
+	p := policy.NATSTokensV1()
 	for _, l := range p.Losses(r.Direction, policy.Options{JetStream: r.Stream != ""}) {
 		fmt.Fprintf(&b, "      - %s\n", l)
 	}

@@ -31,7 +31,7 @@ func TestIdentityAllocatesNothing(t *testing.T) {
 		t.Skip("the race detector allocates")
 	}
 	for _, c := range identityCases {
-		p, _ := Lookup(c.policy)
+		p, _ := lookup(c.policy)
 		var out string
 		allocs := testing.AllocsPerRun(100, func() { out, _ = c.op.apply(p, c.in) })
 		if out != c.in {
@@ -64,7 +64,7 @@ func TestMatchAllocatesNothing(t *testing.T) {
 var sink string
 
 func benchConv(b *testing.B, name string, o op, in string) {
-	p, err := Lookup(name)
+	p, err := lookup(name)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -92,7 +92,7 @@ func BenchmarkTopicToWeida(b *testing.B) {
 }
 
 func benchConv2(b *testing.B, name, in string) {
-	p, _ := Lookup(name)
+	p, _ := lookup(name)
 	b.ReportAllocs()
 	for b.Loop() {
 		_, err := p.TopicToWeida(in)

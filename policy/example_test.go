@@ -17,7 +17,7 @@ func show(out string, err error) {
 }
 
 func Example_mqttLevels() {
-	p, _ := policy.Lookup(policy.MQTTLevels)
+	p := policy.MQTTLevelsV1()
 	show(p.ConvertFilter("sensors/+/california/+/temperature"))
 	show(p.ConvertFilter("sensors/us/#"))
 	show(p.ConvertFilter("a/b.c"))
@@ -39,7 +39,7 @@ func Example_mqttLevels() {
 }
 
 func Example_mqttLevelsEscaped() {
-	p, _ := policy.Lookup(policy.MQTTLevelsEscaped)
+	p := policy.MQTTLevelsEscapedV1()
 	show(p.ConvertFilter("a/b.c"))
 	show(p.ConvertFilter("prices/*/100%"))
 	show(p.TopicToWeida("v1.2/status"))
@@ -54,7 +54,7 @@ func Example_mqttLevelsEscaped() {
 }
 
 func Example_natsTokens() {
-	p, _ := policy.Lookup(policy.NATSTokens)
+	p := policy.NATSTokensV1()
 	show(p.ConvertFilter("orders.*.created"))
 	show(p.ConvertFilter("orders.>"))
 	show(p.ConvertFilter("a.#"))
@@ -73,7 +73,7 @@ func Example_natsTokens() {
 }
 
 func Example_amqpWords() {
-	p, _ := policy.Lookup(policy.AMQPWords)
+	p := policy.AMQPWordsV1()
 	show(p.ConvertFilter("audit.events.#"))
 	show(p.ConvertFilter("audit.#.*"))
 	show(p.ConvertFilter("#.critical"))
@@ -90,7 +90,7 @@ func Example_amqpWords() {
 }
 
 func ExampleLossForRule() {
-	p := policy.Default(policy.NATS)
+	p := policy.NATSTokensV1()
 	_, err := p.TopicFromWeida("orders..eu")
 	var r *policy.Refusal
 	if errors.As(err, &r) {
@@ -104,9 +104,12 @@ func ExampleLossForRule() {
 }
 
 func ExampleLookup() {
-	_, err := policy.Lookup("mqtt-levels/v2")
+	// A program's list: here, every policy of the package.
+	list := []policy.Policy{policy.MQTTLevelsV1(), policy.MQTTLevelsEscapedV1(), policy.NATSTokensV1(), policy.AMQPWordsV1()}
+	_, err := policy.Lookup(list, "mqtt-levels/v2")
 	fmt.Println(err)
-	fmt.Println(policy.Default(policy.AMQP).Name())
+	p, _ := policy.Lookup(list, policy.AMQPWords)
+	fmt.Println(p.Name())
 	// Output:
 	// policy refuses "mqtt-levels/v2": no conversion policy has this name (unknown-policy); known policies: amqp-words/v1, mqtt-levels-escaped/v1, mqtt-levels/v1, nats-tokens/v1
 	// amqp-words/v1
@@ -129,7 +132,7 @@ func ExampleNATSTail() {
 }
 
 func ExampleNewMounted() {
-	m, err := policy.NewMounted(policy.Default(policy.MQTT), policy.Mount{Foreign: "factory/", Weida: "plants.berlin."})
+	m, err := policy.NewMounted(policy.MQTTLevelsV1(), policy.Mount{Foreign: "factory/", Weida: "plants.berlin."})
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -141,7 +144,7 @@ func ExampleNewMounted() {
 	show(m.TopicToWeida("factory/line1/temperature"))
 	show(m.TopicFromWeida("plants.berlin.line1"))
 	show(m.TopicFromWeida("plants.paris.line1"))
-	_, err = policy.NewMounted(policy.Default(policy.MQTT), policy.Mount{Foreign: "factory", Weida: "plants.berlin."})
+	_, err = policy.NewMounted(policy.MQTTLevelsV1(), policy.Mount{Foreign: "factory", Weida: "plants.berlin."})
 	fmt.Println(err)
 	// Output:
 	// plants.berlin.#

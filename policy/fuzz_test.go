@@ -26,8 +26,8 @@ func seedStrings(f *testing.F) {
 func FuzzConvert(f *testing.F) {
 	seedStrings(f)
 	f.Fuzz(func(t *testing.T, in string) {
-		for _, n := range Names() {
-			p, _ := Lookup(n)
+		for _, n := range Names(all()) {
+			p, _ := lookup(n)
 			if w, err := p.ConvertFilter(in); err == nil {
 				if topic.ValidateFilter(w) != nil || w == "" || p.Grammar().ValidateFilter(in) != nil {
 					t.Fatalf("%s ConvertFilter(%q) = %q", n, in, w)
@@ -77,8 +77,8 @@ func FuzzExact(f *testing.F) {
 	f.Add("a/+", "a/b.c")
 	f.Add("a.*", "a.b")
 	f.Fuzz(func(t *testing.T, filter, name string) {
-		for _, n := range Names() {
-			p, _ := Lookup(n)
+		for _, n := range Names(all()) {
+			p, _ := lookup(n)
 			w, err := p.ConvertFilter(filter)
 			if err != nil {
 				continue

@@ -341,16 +341,16 @@ var amqpMatchCases = []matchCase{
 func TestAMQPMatch(t *testing.T) { checkMatch(t, AMQPGrammar(), amqpMatchCases) }
 
 func TestGrammarOf(t *testing.T) {
-	for _, p := range Protocols() {
-		g := GrammarOf(p)
+	for _, p := range protocols() {
+		g := grammarOf(p)
 		if g == nil || g.Protocol() != p {
-			t.Errorf("GrammarOf(%s) = %v", p, g)
+			t.Errorf("grammarOf(%s) = %v", p, g)
 		}
-		if Default(p).Grammar().Protocol() != p {
-			t.Errorf("Default(%s) has grammar %s", p, Default(p).Grammar().Protocol())
+		if defaultPolicy(p).Grammar().Protocol() != p {
+			t.Errorf("defaultPolicy(%s) has grammar %s", p, defaultPolicy(p).Grammar().Protocol())
 		}
 	}
-	if GrammarOf("zmtp") != nil || Default("zmtp") != nil {
+	if grammarOf("zmtp") != nil || defaultPolicy("zmtp") != nil {
 		t.Error("unknown protocol gave a grammar or policy")
 	}
 }

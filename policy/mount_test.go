@@ -20,7 +20,7 @@ func mustMount(t testing.TB, p Policy, m Mount) *Mounted {
 }
 
 func TestMountValidation(t *testing.T) {
-	mq, nats, amqp := Default(MQTT), Default(NATS), Default(AMQP)
+	mq, nats, amqp := defaultPolicy(MQTT), defaultPolicy(NATS), defaultPolicy(AMQP)
 	for _, c := range []struct {
 		p    Policy
 		m    Mount
@@ -76,7 +76,7 @@ func TestMountValidation(t *testing.T) {
 }
 
 func TestMountConversions(t *testing.T) {
-	mq, esc, nats, amqp := Default(MQTT), mqttLevels{escaped: true}, Default(NATS), Default(AMQP)
+	mq, esc, nats, amqp := defaultPolicy(MQTT), mqttLevels{escaped: true}, defaultPolicy(NATS), defaultPolicy(AMQP)
 	for _, c := range []struct {
 		p     Policy
 		m     Mount
@@ -198,28 +198,28 @@ func TestMountConversions(t *testing.T) {
 
 func TestMountLosses(t *testing.T) {
 	has := func(ls []Loss, l Loss) bool { return slices.Contains(ls, l) }
-	amqp := mustMount(t, Default(AMQP), Mount{"a.", "long.prefix."})
+	amqp := mustMount(t, defaultPolicy(AMQP), Mount{"a.", "long.prefix."})
 	if ls := amqp.Losses(Inbound, Options{}); !has(ls, LossTopicLength) || has(ls, LossEmptyRoutingKey) {
 		t.Errorf("amqp a. → long.prefix. inbound: %v", ls)
 	}
 	if _, err := amqp.TopicToWeida("a." + strings.Repeat("x", 253)); err == nil {
 		t.Error("a 255-byte key under a longer weida prefix converted past 256 bytes")
 	}
-	same := mustMount(t, Default(AMQP), Mount{"ab.", "c."})
+	same := mustMount(t, defaultPolicy(AMQP), Mount{"ab.", "c."})
 	if ls := same.Losses(Inbound, Options{}); has(ls, LossTopicLength) {
 		t.Errorf("amqp ab. → c. inbound declares topic-length: %v", ls)
 	}
-	if ls := mustMount(t, Default(AMQP), Mount{"", "c."}).Losses(Outbound, Options{}); !has(ls, LossEmptyRoutingKey) {
+	if ls := mustMount(t, defaultPolicy(AMQP), Mount{"", "c."}).Losses(Outbound, Options{}); !has(ls, LossEmptyRoutingKey) {
 		t.Errorf("without a foreign prefix the empty key is still lost: %v", ls)
 	}
-	mq := mustMount(t, Default(MQTT), Mount{"f/", "w."})
+	mq := mustMount(t, defaultPolicy(MQTT), Mount{"f/", "w."})
 	if ls := mq.Losses(Outbound, Options{}); has(ls, LossEmptySegments) || !has(ls, LossSlashedSegments) {
 		t.Errorf("mqtt f/ outbound: %v", ls)
 	}
 	if mq.Losses("sideways", Options{}) != nil {
 		t.Error("Losses(sideways) is not nil")
 	}
-	if !slices.Equal(mustMount(t, Default(NATS), Mount{}).Losses(Inbound, Options{}), Default(NATS).Losses(Inbound, Options{})) {
+	if !slices.Equal(mustMount(t, defaultPolicy(NATS), Mount{}).Losses(Inbound, Options{}), defaultPolicy(NATS).Losses(Inbound, Options{})) {
 		t.Error("the zero Mount changes the losses")
 	}
 }
@@ -279,7 +279,7 @@ type mountStats struct{ yes, no, outside int }
 // refusal of topics outside the mount, and that an accepted filter never
 // selects a topic outside it.
 func TestPropertyMounted(t *testing.T) {
-	for _, p := range allPolicies() {
+	for _, p := range all() {
 		t.Run(p.Name(), func(t *testing.T) {
 			g := protoGens[p.Protocol()]
 			sep := string(separator(p.Protocol()))

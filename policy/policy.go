@@ -10,8 +10,10 @@
 //
 // Four policies exist: mqtt-levels/v1 and mqtt-levels-escaped/v1 for MQTT 5,
 // nats-tokens/v1 for NATS and amqp-words/v1 for RabbitMQ topic exchanges
-// ([Lookup], [Default], [Names]). Their exactness contract, for every filter
-// F a policy accepts and every foreign topic T it converts, is
+// ([MQTTLevelsV1], [MQTTLevelsEscapedV1], [NATSTokensV1], [AMQPWordsV1]);
+// each broker driver lists the ones its protocol offers, and [Lookup] finds
+// one by name in such a list. Their exactness contract, for every filter F a
+// policy accepts and every foreign topic T it converts, is
 //
 //	p.Grammar().Match(F, T) == topic.Match(p.ConvertFilter(F), p.TopicToWeida(T)) && p.Admit(F, T)
 //

@@ -221,7 +221,7 @@ var convCases = []convCase{
 
 func TestConversions(t *testing.T) {
 	for _, c := range convCases {
-		p, err := Lookup(c.policy)
+		p, err := lookup(c.policy)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -259,7 +259,7 @@ func TestConversions(t *testing.T) {
 // TestAcceptanceRefusalReasons checks what the acceptance list asks of the
 // words of a refusal, not only its code.
 func TestAcceptanceRefusalReasons(t *testing.T) {
-	p := Default(NATS)
+	p := defaultPolicy(NATS)
 	for _, f := range []string{">", "orders.>"} {
 		_, err := p.ConvertFilter(f)
 		var r *Refusal
@@ -270,7 +270,7 @@ func TestAcceptanceRefusalReasons(t *testing.T) {
 			t.Errorf("ConvertFilter(%q): reason %q hint %q must name one-or-more versus zero-or-more and give a hint", f, r.Reason, r.Hint)
 		}
 	}
-	_, err := Default(MQTT).ConvertFilter("a/b.c")
+	_, err := defaultPolicy(MQTT).ConvertFilter("a/b.c")
 	var r *Refusal
 	if !errors.As(err, &r) || !strings.Contains(r.Hint, MQTTLevelsEscaped) {
 		t.Errorf("a/b.c under %s: %v, want a hint naming %s", MQTTLevels, err, MQTTLevelsEscaped)
@@ -278,7 +278,7 @@ func TestAcceptanceRefusalReasons(t *testing.T) {
 	if !strings.Contains(err.Error(), `"b.c"`) || !strings.Contains(err.Error(), RuleMQTTDottedLevel) {
 		t.Errorf("Error() = %q, want the part and the rule", err)
 	}
-	_, err = Default(MQTT).ConvertFilter("$share/g/a")
+	_, err = defaultPolicy(MQTT).ConvertFilter("$share/g/a")
 	if !errors.As(err, &r) || !strings.Contains(r.Hint, "share group") {
 		t.Errorf("$share/g/a: %v, want a hint about the share group option", err)
 	}
@@ -298,7 +298,7 @@ func TestAcceptanceMatches(t *testing.T) {
 		{NATS, "*", "a.b", false},
 		{NATS, "a.B.c", "a.b.c", false},
 	} {
-		p := Default(c.proto)
+		p := defaultPolicy(c.proto)
 		if got := p.Grammar().Match(c.filter, c.topic); got != c.want {
 			t.Errorf("%s Match(%q, %q) = %v", c.proto, c.filter, c.topic, got)
 		}
@@ -317,38 +317,32 @@ func TestAcceptanceMatches(t *testing.T) {
 }
 
 func TestRegistry(t *testing.T) {
-	want := []string{AMQPWords, MQTTLevelsEscaped, MQTTLevels, NATSTokens} // byte order: '-' < '/'
-	if got := Names(); !slices.Equal(got, want) {
-		t.Fatalf("Names() = %v, want %v", got, want)
+	want := []string{AMQPWords, MQTTLevelsEscaped, MQTTLevels, NATSTokensTail, NATSTokens} // byte order: '-' < '/'
+	if got := Names(all()); !slices.Equal(got, want) {
+		t.Fatalf("Names(all()) = %v, want %v", got, want)
 	}
-	Names()[0] = "changed"
-	if Names()[0] != AMQPWords {
+	Names(all())[0] = "changed"
+	if Names(all())[0] != AMQPWords {
 		t.Fatal("Names shares its slice")
 	}
 	for _, n := range want {
-		p, err := Lookup(n)
+		p, err := lookup(n)
 		if err != nil || p.Name() != n {
-			t.Errorf("Lookup(%q) = %v, %v", n, p, err)
+			t.Errorf("lookup(%q) = %v, %v", n, p, err)
 		}
 		if p.Grammar().Protocol() != p.Protocol() {
 			t.Errorf("%s: grammar of %s", n, p.Grammar().Protocol())
 		}
 	}
 	for proto, name := range map[Protocol]string{MQTT: MQTTLevels, NATS: NATSTokens, AMQP: AMQPWords} {
-		if p := Default(proto); p == nil || p.Name() != name || p.Protocol() != proto {
-			t.Errorf("Default(%s) = %v", proto, p)
+		if p := defaultPolicy(proto); p == nil || p.Name() != name || p.Protocol() != proto {
+			t.Errorf("defaultPolicy(%s) = %v", proto, p)
 		}
 	}
-	_, err := Lookup("mqtt-levels/v2")
+	_, err := lookup("mqtt-levels/v2")
 	var r *Refusal
 	if !errors.As(err, &r) || r.Rule != RuleUnknownPolicy || !strings.Contains(r.Hint, MQTTLevels) {
-		t.Errorf("Lookup(unknown) = %v", err)
-	}
-	if p, err := ParseProtocol("nats"); err != nil || p != NATS {
-		t.Errorf("ParseProtocol(nats) = %v, %v", p, err)
-	}
-	if _, err := ParseProtocol("MQTT"); !errors.As(err, &r) || r.Rule != RuleUnknownProtocol {
-		t.Errorf("ParseProtocol(MQTT) = %v", err)
+		t.Errorf("lookup(unknown) = %v", err)
 	}
 }
 
@@ -377,7 +371,7 @@ func TestLosses(t *testing.T) {
 		{AMQPWords, Inbound, Options{}, with(LossEmptyRoutingKey, LossProperties, LossExpiry, LossReplyTo, LossNonUTF8Names)},
 		{AMQPWords, Outbound, Options{}, with(LossEmptyRoutingKey, LossTopicLength)},
 	} {
-		p, _ := Lookup(c.policy)
+		p, _ := lookup(c.policy)
 		got := p.Losses(c.dir, c.opts)
 		if !slices.Equal(got, c.want) {
 			t.Errorf("%s %s %+v: Losses = %v, want %v", c.policy, c.dir, c.opts, got, c.want)
@@ -391,8 +385,8 @@ func TestLosses(t *testing.T) {
 			}
 		}
 	}
-	for _, n := range Names() {
-		p, _ := Lookup(n)
+	for _, n := range Names(all()) {
+		p, _ := lookup(n)
 		if ls := p.Losses("sideways", Options{}); ls != nil {
 			t.Errorf("%s: Losses(sideways) = %v, want nil", n, ls)
 		}
@@ -427,6 +421,11 @@ var lossWitnesses = []struct {
 	{NATSTokens, Outbound, LossEmptySegments, "a..b"},
 	{NATSTokens, Outbound, LossWildcardNames, "a.>"},
 	{NATSTokens, Outbound, LossForbiddenChars, "a b"},
+	{NATSTokensTail, Inbound, LossTopicLength, strings.Repeat("x", 257)},
+	{NATSTokensTail, Inbound, LossNonUTF8Names, "\xff"},
+	{NATSTokensTail, Outbound, LossEmptySegments, "a..b"},
+	{NATSTokensTail, Outbound, LossWildcardNames, "a.>"},
+	{NATSTokensTail, Outbound, LossForbiddenChars, "a b"},
 	{AMQPWords, Inbound, LossEmptyRoutingKey, ""},
 	{AMQPWords, Inbound, LossNonUTF8Names, "\xff"},
 	{AMQPWords, Outbound, LossEmptyRoutingKey, ""},
@@ -436,7 +435,7 @@ var lossWitnesses = []struct {
 func TestLossWitnesses(t *testing.T) {
 	covered := map[string]bool{}
 	for _, w := range lossWitnesses {
-		p, _ := Lookup(w.policy)
+		p, _ := lookup(w.policy)
 		var err error
 		if w.dir == Inbound {
 			_, err = p.TopicToWeida(w.topic)
@@ -457,8 +456,8 @@ func TestLossWitnesses(t *testing.T) {
 	// not about topic names happen in the runtime, not here.
 	notTopic := map[Loss]bool{LossOrdering: true, LossDeliveryBestEffort: true, LossAtMostOnce: true,
 		LossRetain: true, LossProperties: true, LossExpiry: true, LossReplyTo: true, LossDollarTopics: true}
-	for _, n := range Names() {
-		p, _ := Lookup(n)
+	for _, n := range Names(all()) {
+		p, _ := lookup(n)
 		for _, dir := range []Direction{Inbound, Outbound} {
 			for _, l := range p.Losses(dir, Options{}) {
 				if !notTopic[l] && !covered[n+" "+string(dir)+" "+string(l)] {
@@ -515,7 +514,7 @@ func TestLossVocabulary(t *testing.T) {
 }
 
 func TestAdmit(t *testing.T) {
-	mq := Default(MQTT)
+	mq := defaultPolicy(MQTT)
 	for _, c := range []struct {
 		f, t string
 		want bool
@@ -527,7 +526,7 @@ func TestAdmit(t *testing.T) {
 			t.Errorf("mqtt Admit(%q, %q) = %v", c.f, c.t, got)
 		}
 	}
-	if !Default(NATS).Admit(">", "$SYS.x") || !Default(AMQP).Admit("#", "$x") {
+	if !defaultPolicy(NATS).Admit(">", "$SYS.x") || !defaultPolicy(AMQP).Admit("#", "$x") {
 		t.Error("only MQTT excludes '$' topics")
 	}
 }
@@ -536,8 +535,8 @@ func TestAdmit(t *testing.T) {
 // are counted under, and that rule's loss is declared for outbound
 // bridges, where Admit drops happen.
 func TestAdmitRule(t *testing.T) {
-	for _, name := range Names() {
-		p, err := Lookup(name)
+	for _, name := range Names(all()) {
+		p, err := lookup(name)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -221,23 +221,10 @@ func instantiate(t *rapid.T, w string) string {
 	return strings.Join(segs, ".")
 }
 
-// allPolicies returns every registered policy and the opt-in policies the
-// registry does not list (yet), so that each property covers them too.
-func allPolicies() []Policy {
-	var ps []Policy
-	for _, n := range Names() {
-		p, _ := Lookup(n)
-		ps = append(ps, p)
-	}
-	if !slices.Contains(Names(), NATSTokensTail) {
-		ps = append(ps, NATSTail())
-	}
-	return ps
-}
-
 func forEachPolicy(t *testing.T, fn func(t *testing.T, p Policy, g protoGen)) {
-	for _, p := range allPolicies() {
-		t.Run(p.Name(), func(t *testing.T) { fn(t, p, protoGens[p.Protocol()]) })
+	for _, n := range Names(all()) {
+		p, _ := lookup(n)
+		t.Run(n, func(t *testing.T) { fn(t, p, protoGens[p.Protocol()]) })
 	}
 }
 
@@ -511,7 +498,7 @@ func TestPropertyMatchReference(t *testing.T) {
 		{NATS, natsRef},
 		{AMQP, func(f, t string) bool { return amqpRef(amqpWordsOf(f), amqpWordsOf(t)) }},
 	} {
-		g, pg := GrammarOf(c.proto), protoGens[c.proto]
+		g, pg := grammarOf(c.proto), protoGens[c.proto]
 		t.Run(string(c.proto), func(t *testing.T) {
 			rapid.Check(t, func(t *rapid.T) {
 				name := pg.topic(t)
@@ -534,7 +521,7 @@ func TestPropertyMatchReference(t *testing.T) {
 // both directions: for converted filters, AMQP and weida disagree on it and
 // on nothing else.
 func TestAMQPEmptyKeyDifference(t *testing.T) {
-	p := Default(AMQP)
+	p := defaultPolicy(AMQP)
 	for _, c := range []struct {
 		binding string
 		amqp    bool // AMQP's answer on ""

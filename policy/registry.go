@@ -13,16 +13,24 @@ const (
 	AMQPWords         = "amqp-words/v1"          // AMQP words are segments; '#' only where weida allows it
 )
 
-// policies lists every policy, in the order of [Names]. It is a function so
-// that the registry cannot be changed at run time.
-func policies() []Policy {
-	return []Policy{amqpWords{}, mqttLevels{}, mqttLevels{escaped: true}, natsTokens{}}
-}
+// The policies themselves. Which protocol offers which policies, and which
+// one is its default, is not decided here: each broker driver lists its
+// own, and the program composes the lists (see package service).
 
-// Names returns the name of every policy, sorted. The slice is new on every
-// call.
-func Names() []string {
-	ps := policies()
+// MQTTLevelsV1 returns mqtt-levels/v1.
+func MQTTLevelsV1() Policy { return mqttLevels{} }
+
+// MQTTLevelsEscapedV1 returns mqtt-levels-escaped/v1.
+func MQTTLevelsEscapedV1() Policy { return mqttLevels{escaped: true} }
+
+// NATSTokensV1 returns nats-tokens/v1.
+func NATSTokensV1() Policy { return natsTokens{} }
+
+// AMQPWordsV1 returns amqp-words/v1.
+func AMQPWordsV1() Policy { return amqpWords{} }
+
+// Names returns the name of every policy in ps, sorted, in a new slice.
+func Names(ps []Policy) []string {
 	names := make([]string, len(ps))
 	for i, p := range ps {
 		names[i] = p.Name()
@@ -31,60 +39,36 @@ func Names() []string {
 	return names
 }
 
-// Lookup returns the policy with the given name. An unknown name gives a
-// *Refusal with Rule RuleUnknownPolicy whose Hint lists the known names.
-// Policies are immutable values, safe to share between goroutines.
-func Lookup(name string) (Policy, error) {
-	for _, p := range policies() {
+// Lookup returns the policy of ps with the given name. An unknown name
+// gives a *Refusal with Rule RuleUnknownPolicy whose Hint lists the names
+// in ps. Policies are immutable values, safe to share between goroutines.
+func Lookup(ps []Policy, name string) (Policy, error) {
+	for _, p := range ps {
 		if p.Name() == name {
 			return p, nil
 		}
 	}
 	return nil, refuse("policy", name, name, RuleUnknownPolicy,
 		"no conversion policy has this name",
-		"known policies: "+strings.Join(Names(), ", "))
+		"known policies: "+strings.Join(Names(ps), ", "))
 }
 
-// Default returns the policy used when a resource or `connector explain`
-// names none: mqtt-levels/v1 for MQTT, nats-tokens/v1 for NATS and
-// amqp-words/v1 for AMQP. It returns nil for any other protocol.
-func Default(p Protocol) Policy {
-	switch p {
-	case MQTT:
-		return mqttLevels{}
-	case NATS:
-		return natsTokens{}
-	case AMQP:
-		return amqpWords{}
-	}
-	return nil
-}
-
-// Protocols returns every foreign protocol, in a fixed order.
-func Protocols() []Protocol { return []Protocol{MQTT, NATS, AMQP} }
-
-// ParseProtocol returns the protocol named s ("mqtt", "nats" or "amqp"). An
-// unknown name gives a *Refusal with Rule RuleUnknownProtocol.
-func ParseProtocol(s string) (Protocol, error) {
-	for _, p := range Protocols() {
-		if string(p) == s {
-			return p, nil
-		}
-	}
-	return "", refuse("policy", s, s, RuleUnknownProtocol,
-		"not a supported protocol", "use mqtt, nats or amqp")
-}
-
-// GrammarOf returns the grammar of protocol p, or nil for an unknown
-// protocol.
-func GrammarOf(p Protocol) Grammar {
-	switch p {
-	case MQTT:
-		return mqttGrammar{}
-	case NATS:
-		return natsGrammar{}
-	case AMQP:
-		return amqpGrammar{}
-	}
-	return nil
+// Setting is one broker setting that changes what a protocol's
+// conversions lose ([Options]), as `connector explain` offers it on its
+// command line. A driver lists the settings its protocol has.
+type Setting struct {
+	// Name is the flag's name, without dashes: "qos".
+	Name string
+	// Usage is the flag's one-line help.
+	Usage string
+	// Values shows the values a synopsis offers ("0|1"); "" for a Bool.
+	Values string
+	// Bool makes the flag a boolean one (--jetstream, no value).
+	Bool bool
+	// Default is the value the setting has when the flag is not given, as
+	// the flag would be written ("1", "false").
+	Default string
+	// Apply stores value, as written on the command line, into o, or says
+	// why it is not a valid value ("must be 0 or 1").
+	Apply func(o *Options, value string) error
 }

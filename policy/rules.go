@@ -12,7 +12,7 @@ const (
 	// Shared by every policy.
 
 	RuleUnknownPolicy   = "unknown-policy"   // no policy has this name
-	RuleUnknownProtocol = "unknown-protocol" // not mqtt, nats or amqp
+	RuleUnknownProtocol = "unknown-protocol" // no driver of the program has this name
 	RuleFilterTooLong   = "filter-too-long"  // the weida filter would exceed 256 bytes
 	RuleTopicTooLong    = "topic-too-long"   // topic: the weida topic would exceed 256 bytes
 	RuleInvalidUTF8     = "invalid-utf8"     // topic: not valid UTF-8, which weida cannot carry

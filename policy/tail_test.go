@@ -70,7 +70,7 @@ func TestNATSTailConversions(t *testing.T) {
 	checkConv(t, p, cases)
 
 	// The default's refusal of '>' names the opt-in policy.
-	_, err := Default(NATS).ConvertFilter("orders.>")
+	_, err := defaultPolicy(NATS).ConvertFilter("orders.>")
 	var r *Refusal
 	if !errors.As(err, &r) || r.Rule != RuleNATSOneOrMore || !strings.Contains(r.Hint, NATSTokensTail) {
 		t.Errorf("nats-tokens/v1 orders.>: %v, want a hint naming %s", err, NATSTokensTail)
@@ -78,12 +78,12 @@ func TestNATSTailConversions(t *testing.T) {
 	// Same losses as the default: the tail adds no drop.
 	for _, dir := range []Direction{Inbound, Outbound, "sideways"} {
 		for _, o := range []Options{{}, {JetStream: true}} {
-			if got, want := p.Losses(dir, o), Default(NATS).Losses(dir, o); !slices.Equal(got, want) {
+			if got, want := p.Losses(dir, o), defaultPolicy(NATS).Losses(dir, o); !slices.Equal(got, want) {
 				t.Errorf("Losses(%s, %+v) = %v, want the default's %v", dir, o, got, want)
 			}
 		}
 	}
-	if _, ok := Default(NATS).(WeidaFilterConverter); ok {
+	if _, ok := defaultPolicy(NATS).(WeidaFilterConverter); ok {
 		t.Error("nats-tokens/v1 claims a weida-to-NATS filter conversion")
 	}
 }

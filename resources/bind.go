@@ -8,7 +8,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 
 	"weida.dev/connector/policy"
 	"weida.dev/connector/weida/address"
@@ -22,9 +21,11 @@ import (
 // whose inputs are wrong, so that one run reports as much as it can.
 type binder struct {
 	*decoder
+	ld      *load
 	raw     *rawResource
 	relTo   func(string) string // resolves a path written in the file
 	c       *Connector          // filled as far as the resource allows
+	proto   Protocol            // the protocol spec.protocol names, when valid
 	protoOK bool
 	dirOK   bool
 	optsOK  bool // PolicyOptions reflect valid broker options
@@ -55,18 +56,20 @@ func (b *binder) bind() {
 		return
 	}
 	if b.ok("spec.protocol") {
-		c.Protocol, b.protoOK = policy.Protocol(s.Protocol), s.Protocol != ""
+		b.proto = b.ld.protocols.byName(s.Protocol)
+		c.Protocol, b.protoOK = policy.Protocol(s.Protocol), b.proto != nil
 	}
 	if b.ok("spec.direction") {
 		c.Direction, b.dirOK = policy.Direction(s.Direction), s.Direction != ""
 	}
+	// Limits first: a protocol's defaults may depend on them.
+	b.bindLimits(s.Limits)
 	if s.Broker != nil {
 		b.bindBroker(s.Broker)
 	}
 	if s.Weida != nil && b.dirOK {
 		b.bindWeida(s.Weida)
 	}
-	b.bindLimits(s.Limits)
 	if b.protoOK {
 		b.bindPolicy(s)
 	}
@@ -85,46 +88,27 @@ func (b *binder) bindBroker(rb *rawBroker) {
 	}
 	if b.protoOK && b.ok("spec.broker.url") && rb.URL != "" {
 		u, _ := url.Parse(rb.URL) // brokerURLProblem accepted it
-		plain, _, port, securePort := brokerSchemes(s.Protocol)
+		rules := b.proto.URL()
 		br.URL, br.Scheme, br.Host = rb.URL, u.Scheme, u.Hostname()
-		br.TLS.Enabled = u.Scheme != plain
-		br.Port = port
+		br.TLS.Enabled = u.Scheme != rules.Scheme
+		br.Port = rules.Port
 		if br.TLS.Enabled {
-			br.Port = securePort
+			br.Port = rules.TLSPort
 		}
 		if p := u.Port(); p != "" {
 			br.Port, _ = strconv.Atoi(p)
 		}
-		if s.Protocol == "amqp" {
-			br.VHost = strings.TrimPrefix(u.Path, "/")
-			if br.VHost == "" {
-				br.VHost = "/"
-			}
-		}
-	}
-
-	// Only the section of the resource's protocol may be present.
-	if b.protoOK {
-		for _, sec := range []struct {
-			name string
-			set  bool
-		}{{"mqtt", rb.MQTT != nil}, {"nats", rb.NATS != nil}, {"amqp", rb.AMQP != nil}} {
-			if sec.set && sec.name != s.Protocol {
-				path := "spec.broker." + sec.name
-				b.fail(path, b.lookupPos(path, true), "", "protocol-section",
-					fmt.Sprintf("is a %s section, but spec.protocol is %s", sec.name, s.Protocol),
-					fmt.Sprintf("remove it, or write spec.broker.%s for %s options", s.Protocol, s.Protocol))
-			}
+		if rules.Path != "" {
+			br.Path = strings.TrimPrefix(u.Path, "/")
 		}
 	}
 
 	if rb.TLS != nil {
 		path := "spec.broker.tls"
 		if b.protoOK && b.ok("spec.broker.url") && br.URL != "" && !br.TLS.Enabled {
-			_, secure, _, _ := brokerSchemes(s.Protocol)
 			b.fail(path, b.lookupPos(path, true), "", "tls-scheme",
 				fmt.Sprintf("configures TLS, but the URL's scheme %s:// is plaintext", br.Scheme),
-				fmt.Sprintf("write %s:// in spec.broker.url, or remove tls", secure))
+				fmt.Sprintf("write %s:// in spec.broker.url, or remove tls", b.proto.URL().TLSScheme))
 		} else {
 			br.TLS.CAFile = b.relTo(rb.TLS.CAFile)
 			br.TLS.CertFile = b.relTo(rb.TLS.CertFile)
@@ -136,19 +120,40 @@ func (b *binder) bindBroker(rb *rawBroker) {
 	if rb.Credentials != nil {
 		b.bindCredentials(rb.Credentials)
 	}
-	if !b.protoOK {
-		return
+
+	// Each protocol reads its own block. Only the block of the resource's
+	// protocol may be present; the others are still decoded, so that what
+	// is wrong inside them is reported too.
+	bound := false
+	for _, sec := range rb.Sections {
+		p := b.ld.protocols.byName(sec.name)
+		binding := b.protoOK && p == b.proto
+		if b.protoOK && !binding {
+			path := "spec.broker." + sec.name
+			b.fail(path, b.lookupPos(path, true), "", "protocol-section",
+				fmt.Sprintf("is a %s section, but spec.protocol is %s", sec.name, s.Protocol),
+				fmt.Sprintf("remove it, or write spec.broker.%s for %s options", s.Protocol, s.Protocol))
+		}
+		opts := p.Broker(&BrokerBlock{b: b, name: sec.name, node: sec.node, present: true, binding: binding})
+		if binding {
+			b.setOptions(opts)
+			bound = true
+		}
 	}
-	switch s.Protocol {
-	case "mqtt":
-		b.bindMQTT(rb.MQTT)
-	case "nats":
-		b.bindNATS(rb.NATS)
-	case "amqp":
-		b.bindAMQP(rb.AMQP)
+	if b.protoOK && !bound {
+		b.setOptions(b.proto.Broker(&BrokerBlock{b: b, name: s.Protocol, binding: true}))
 	}
 }
 
+func (b *binder) setOptions(o BrokerOptions) {
+	b.c.Broker.Options = o.Options
+	b.c.PolicyOptions = o.Policy
+	b.optsOK = o.PolicyOK
+}
+
+// bindCredentials applies the rules every protocol shares; the protocol
+// applies its own (which methods it accepts, whether a password is
+// required) in its Broker.
 func (b *binder) bindCredentials(rc *rawCredentials) {
 	const base = "spec.broker.credentials"
 	cr := &b.c.Broker.Credentials
@@ -160,47 +165,9 @@ func (b *binder) bindCredentials(rc *rawCredentials) {
 		return r
 	}
 	cr.Password, cr.Token, cr.NKeySeed, cr.Creds = rel(rc.Password), rel(rc.Token), rel(rc.NKeySeed), rel(rc.Creds)
-	proto := b.raw.Spec.Protocol
-	if b.protoOK && proto != "nats" {
-		for _, f := range []struct {
-			name string
-			ref  SecretRef
-		}{{"token", rc.Token}, {"nkeySeed", rc.NKeySeed}, {"creds", rc.Creds}} {
-			if !f.ref.IsZero() {
-				path := base + "." + f.name
-				b.fail(path, b.lookupPos(path, true), "", "credentials-protocol",
-					fmt.Sprintf("is a NATS credential, but spec.protocol is %s", proto),
-					"use username and password")
-			}
-		}
-	}
-	userPass := rc.Username != "" || !rc.Password.IsZero()
 	if !rc.Password.IsZero() && rc.Username == "" {
 		b.fail(base+".password", b.lookupPos(base+".password", true), "", "credentials-incomplete",
 			"is set without a username", "add username: NAME")
-	}
-	if rc.Username != "" && rc.Password.IsZero() && b.protoOK && proto != "mqtt" && b.ok(base+".password") {
-		b.fail(base+".username", b.lookupPos(base+".username", true), rc.Username, "credentials-incomplete",
-			fmt.Sprintf("is set without a password, which %s requires", proto), "add password: {env: NAME}")
-	}
-	if b.protoOK && proto == "nats" {
-		var methods []string
-		if userPass {
-			methods = append(methods, "username/password")
-		}
-		for _, f := range []struct {
-			name string
-			ref  SecretRef
-		}{{"token", rc.Token}, {"nkeySeed", rc.NKeySeed}, {"creds", rc.Creds}} {
-			if !f.ref.IsZero() {
-				methods = append(methods, f.name)
-			}
-		}
-		if len(methods) > 1 {
-			b.fail(base, b.lookupPos(base, true), "", "credentials-conflict",
-				"names more than one way to authenticate: "+strings.Join(methods, ", "),
-				"keep one: username and password, token, nkeySeed, or creds")
-		}
 	}
 }
 
@@ -208,136 +175,6 @@ func (b *binder) directionOnly(path string, set bool, dir, why string) {
 	if set && b.dirOK && b.raw.Spec.Direction != dir {
 		b.fail(path, b.lookupPos(path, true), "", "direction-field",
 			fmt.Sprintf("applies only to %s resources; this one is %s", dir, b.raw.Spec.Direction), why)
-	}
-}
-
-func (b *binder) bindMQTT(rm *rawMQTT) {
-	m := &MQTT{QoS: DefaultMQTTQoS, SessionExpiry: DefaultMQTTSessionExpiry}
-	b.c.Broker.MQTT = m
-	b.optsOK = true
-	if rm == nil {
-		b.c.PolicyOptions = policy.Options{QoS: int(m.QoS)}
-		return
-	}
-	if rm.QoS != nil {
-		if b.ok("spec.broker.mqtt.qos") {
-			m.QoS = byte(*rm.QoS)
-		} else {
-			b.optsOK = false
-		}
-	}
-	if rm.CleanStart != nil {
-		m.CleanStart = *rm.CleanStart
-	}
-	if rm.SessionExpiry != nil {
-		m.SessionExpiry = time.Duration(*rm.SessionExpiry)
-	}
-	m.SharedGroup = rm.SharedGroup
-	b.directionOnly("spec.broker.mqtt.sharedGroup", rm.SharedGroup != "", "inbound",
-		"a shared subscription splits what the broker delivers among subscribers; an outbound resource only publishes")
-	b.c.PolicyOptions = policy.Options{QoS: int(m.QoS)}
-}
-
-func (b *binder) bindNATS(rn *rawNATS) {
-	n := &NATS{}
-	b.c.Broker.NATS = n
-	b.optsOK = true
-	if rn == nil {
-		return
-	}
-	const base = "spec.broker.nats"
-	n.QueueGroup = rn.QueueGroup
-	b.directionOnly(base+".queueGroup", rn.QueueGroup != "", "inbound",
-		"a queue group splits what the server delivers among subscribers; an outbound resource only publishes")
-	if rn.JetStream != nil {
-		n.JetStream = &JetStream{Stream: rn.JetStream.Stream, Durable: rn.JetStream.Durable}
-		b.c.PolicyOptions.JetStream = true
-		js := base + ".jetstream"
-		if rn.QueueGroup != "" {
-			b.fail(base+".queueGroup", b.lookupPos(base+".queueGroup", true), rn.QueueGroup, "jetstream-queue-group",
-				"applies to core NATS only; with jetstream, replicas share the durable consumer",
-				"remove queueGroup; replicas that name the same durable split the messages")
-		}
-		if b.dirOK {
-			switch b.raw.Spec.Direction {
-			case "inbound":
-				if rn.JetStream.Durable == "" {
-					b.fail(js+".durable", b.lookupPos(js+".durable", true), "", "required",
-						"is required for an inbound resource: the durable consumer remembers what was acknowledged across restarts",
-						"durable: weida-connector")
-				}
-			case "outbound":
-				b.directionOnly(js+".durable", rn.JetStream.Durable != "", "inbound",
-					"an outbound resource publishes to the stream and waits for its acks; it consumes nothing")
-			}
-		}
-	}
-}
-
-func (b *binder) bindAMQP(ra *rawAMQP) {
-	a := &AMQP{Exchange: DefaultAMQPExchange}
-	b.c.Broker.AMQP = a
-	b.optsOK = true
-	inbound := b.dirOK && b.raw.Spec.Direction == "inbound"
-	if inbound {
-		a.Queue = AMQPQueue{Exclusive: true}
-		a.Prefetch = -1 // set from limits.inFlight in bindLimits
-	}
-	if ra == nil {
-		return
-	}
-	const base = "spec.broker.amqp"
-	if ra.Exchange != "" {
-		a.Exchange = ra.Exchange
-	}
-	b.directionOnly(base+".queue", ra.Queue != nil, "inbound", "an outbound resource publishes to the exchange and reads no queue")
-	b.directionOnly(base+".prefetch", ra.Prefetch != nil, "inbound", "prefetch bounds deliveries from a queue; an outbound resource reads none (limits.inFlight bounds its confirms)")
-	if ra.Prefetch != nil && inbound && b.ok(base+".prefetch") {
-		a.Prefetch = *ra.Prefetch
-	}
-	if ra.Queue == nil || !inbound {
-		return
-	}
-	q := ra.Queue
-	qp := base + ".queue"
-	a.Queue = AMQPQueue{Name: q.Name, Quorum: q.Type == "quorum", Passive: q.Passive, Durable: q.Durable, Exclusive: q.Name == ""}
-	if q.Exclusive != nil {
-		a.Queue.Exclusive = *q.Exclusive
-	}
-	if q.Passive {
-		// The queue's properties are the existing queue's own.
-		a.Queue.Exclusive = false
-		switch {
-		case q.Name == "":
-			b.fail(qp+".passive", b.at(qp+".passive"), "true", "amqp-queue",
-				"needs a queue name: passive uses a queue that already exists", "name the queue: queue: {name: orders, passive: true}")
-		case q.Type != "" || q.Durable || q.Exclusive != nil:
-			b.fail(qp+".passive", b.at(qp+".passive"), "true", "amqp-queue",
-				"uses the queue as it was declared, so type, durable and exclusive would be ignored",
-				"remove type, durable and exclusive, or passive")
-		}
-		return
-	}
-	switch {
-	case a.Queue.Quorum && (q.Name == "" || !q.Durable || a.Queue.Exclusive):
-		b.fail(qp+".type", b.at(qp+".type"), q.Type, "amqp-queue",
-			"needs a named, durable, non-exclusive queue: RabbitMQ replicates a quorum queue and keeps it across restarts",
-			"write queue: {name: weida-orders, type: quorum, durable: true, exclusive: false}")
-	case strings.HasPrefix(q.Name, "amq."):
-		b.fail(qp+".name", b.at(qp+".name"), q.Name, "amqp-reserved-name",
-			`starts with "amq.", which the broker reserves for its own queues`, "choose another name")
-	case q.Name == "" && q.Durable:
-		b.fail(qp+".durable", b.at(qp+".durable"), "true", "amqp-queue",
-			"needs a queue name: a queue the broker names is gone once the connection closes",
-			"name the queue: queue: {name: weida-orders, durable: true}")
-	case q.Name == "" && !a.Queue.Exclusive:
-		b.fail(qp+".exclusive", b.at(qp+".exclusive"), "false", "amqp-queue",
-			"needs a queue name: only the connection that declared a broker-named queue can use it",
-			"name the queue, or remove exclusive")
-	case q.Durable && a.Queue.Exclusive:
-		b.fail(qp+".exclusive", b.at(qp+".exclusive"), "true", "amqp-queue",
-			"contradicts durable: an exclusive queue is deleted when its connection closes, so what it held is lost on a restart",
-			"write exclusive: false to keep the queue across restarts")
 	}
 }
 
@@ -423,9 +260,6 @@ func (b *binder) bindLimits(rl *rawLimits) {
 		}
 	}
 	b.c.Limits = l
-	if a := b.c.Broker.AMQP; a != nil && a.Prefetch == -1 {
-		a.Prefetch = l.InFlight
-	}
 }
 
 func (b *binder) bindPolicy(s *rawSpec) {
@@ -436,10 +270,11 @@ func (b *binder) bindPolicy(s *rawSpec) {
 	if s.Conversion != nil {
 		name, declared = s.Conversion.Policy, s.Conversion.Losses
 	}
+	defaultPolicy := b.proto.Policies()[0]
 	if name == "" {
-		c.Policy = policy.Default(c.Protocol)
+		c.Policy = defaultPolicy
 	} else {
-		p, err := policy.Lookup(name)
+		p, err := policy.Lookup(b.ld.protocols.policies(), name)
 		if err != nil {
 			var r *policy.Refusal
 			hint := ""
@@ -452,7 +287,7 @@ func (b *binder) bindPolicy(s *rawSpec) {
 		if p.Protocol() != c.Protocol {
 			b.fail(base+".policy", b.at(base+".policy"), name, "policy-protocol",
 				fmt.Sprintf("converts %s topics, but spec.protocol is %s", p.Protocol(), c.Protocol),
-				fmt.Sprintf("use a %s policy (%s is the default), or leave policy out", c.Protocol, policy.Default(c.Protocol).Name()))
+				fmt.Sprintf("use a %s policy (%s is the default), or leave policy out", c.Protocol, defaultPolicy.Name()))
 			return
 		}
 		c.Policy = p
@@ -525,15 +360,8 @@ func (b *binder) checkLosses(declared []string) {
 		return
 	}
 	context := fmt.Sprintf("%s %s with %s", c.Protocol, c.Direction, c.Policy.Name())
-	switch c.Protocol {
-	case policy.MQTT:
-		context += fmt.Sprintf(", qos %d", c.PolicyOptions.QoS)
-	case policy.NATS:
-		if c.PolicyOptions.JetStream {
-			context += ", JetStream"
-		} else {
-			context += ", core NATS"
-		}
+	if o := b.proto.DescribeOptions(c.PolicyOptions); o != "" {
+		context += ", " + o
 	}
 	stated := map[policy.Loss]bool{}
 	for i, s := range declared {

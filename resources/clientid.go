@@ -42,7 +42,7 @@ func (r Resolver) ClientID(id string) (string, error) {
 	if len(missing) > 0 {
 		return "", fmt.Errorf("broker.clientID %q: environment variable %s is not set or empty", id, strings.Join(missing, ", "))
 	}
-	if !isPrintable(out) || len(out) > 256 {
+	if !IsPrintable(out) || len(out) > 256 {
 		return "", fmt.Errorf("broker.clientID %q expands to %q, which is not printable UTF-8 text of at most 256 bytes", id, out)
 	}
 	return out, nil

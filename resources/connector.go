@@ -7,7 +7,6 @@ import (
 	"net"
 	"reflect"
 	"strconv"
-	"time"
 
 	"weida.dev/connector/policy"
 	"weida.dev/connector/weida/address"
@@ -19,10 +18,6 @@ const (
 	DefaultMaxMessageBytes = 1 << 20 // limits.maxMessageBytes: 1 MiB
 	DefaultBufferBytes     = 8 << 20 // limits.bufferBytes: 8 MiB, weida's subscriber_buffer_bytes
 	DefaultInFlight        = 256     // limits.inFlight
-
-	DefaultMQTTQoS           = 1         // broker.mqtt.qos
-	DefaultMQTTSessionExpiry = time.Hour // broker.mqtt.sessionExpiry
-	DefaultAMQPExchange      = "amq.topic"
 )
 
 // Connector is one validated resource, bound to its conversion policy, with
@@ -78,103 +73,50 @@ type Broker struct {
 	// URL is the broker URL as written. It carries no credentials: the
 	// loader refuses user information in URLs.
 	URL    string
-	Scheme string // "mqtt", "mqtts", "nats", "tls", "amqp" or "amqps"
+	Scheme string // one of the protocol's two schemes ([URLRules])
 	Host   string // without brackets for IPv6
 	Port   int    // the scheme's default port when the URL has none
-	// VHost is the AMQP virtual host ("/" when the URL has no path); "" for
-	// other protocols.
-	VHost string
-	// ClientID is broker.clientID, or the resource name when absent. MQTT:
-	// the client identifier (with cleanStart false it names a session the
-	// broker keeps). NATS: the connection name. AMQP: the
-	// connection_name client property.
+	// Path is the URL's path without its leading '/', unescaped, for a
+	// protocol whose URLs have one ([URLRules].Path): "" when the URL has
+	// none or ends at "/".
+	Path string
+	// ClientID is broker.clientID, or the resource name when absent: how
+	// the connector names itself to the broker (the protocol says how).
 	ClientID    string
 	Credentials Credentials
 	TLS         TLS
-	// Exactly one of MQTT, NATS and AMQP is non-nil: the one for Protocol.
-	MQTT *MQTT
-	NATS *NATS
-	AMQP *AMQP
+	// Options are the protocol's own settings, from spec.broker.<protocol>
+	// with its defaults applied: what its [Protocol.Broker] returned,
+	// which only that protocol's driver reads.
+	Options any
 }
 
 // Addr returns host:port, bracketing IPv6 hosts.
 func (b Broker) Addr() string { return net.JoinHostPort(b.Host, strconv.Itoa(b.Port)) }
 
 // Credentials refer to secrets; [Resolver.Resolve] reads them when the
-// connector starts. At most one NATS method is set (user/password, Token,
-// NKeySeed or Creds); MQTT and AMQP use only Username and Password.
+// connector starts. Username and Password are the common method; Token,
+// NKeySeed and Creds are further methods a protocol may accept (NATS).
+// The protocol decides which combinations are valid.
 type Credentials struct {
 	Username string    // not a secret; "" when none
 	Password SecretRef // zero when none
-	Token    SecretRef // NATS token
-	NKeySeed SecretRef // NATS NKey seed ("SU...")
-	Creds    SecretRef // NATS credentials file (JWT and seed)
+	Token    SecretRef // a bearer token
+	NKeySeed SecretRef // an NKey seed ("SU...")
+	Creds    SecretRef // a credentials file (JWT and seed)
 }
 
 // TLS configures the broker connection's TLS. File paths are relative to
 // the working directory or absolute (the loader resolved them against the
 // resource file's directory).
 type TLS struct {
-	// Enabled is true when the URL's scheme is a TLS one (mqtts, tls,
-	// amqps). The other fields are empty when it is false.
+	// Enabled is true when the URL's scheme is the protocol's TLS one.
+	// The other fields are empty when it is false.
 	Enabled    bool
 	CAFile     string // "" : the system's roots
 	CertFile   string // client certificate; "" : none
 	KeyFile    string // set exactly when CertFile is
 	ServerName string // "" : Host
-}
-
-// MQTT holds the MQTT 5 options, defaults applied.
-type MQTT struct {
-	QoS           byte          // 0 or 1
-	CleanStart    bool          // false: resume the session named by ClientID
-	SessionExpiry time.Duration // whole seconds; how long the broker keeps the session after a disconnect
-	// SharedGroup, when set (inbound only), makes every subscription
-	// $share/SharedGroup/filter, so that replicas split the messages.
-	SharedGroup string
-}
-
-// NATS holds the NATS options.
-type NATS struct {
-	// QueueGroup, when set (inbound, core NATS only), makes replicas split
-	// the messages.
-	QueueGroup string
-	// JetStream is nil for core NATS.
-	JetStream *JetStream
-}
-
-// JetStream names the stream (and, inbound, the durable consumer) a NATS
-// resource uses instead of core NATS.
-type JetStream struct {
-	Stream string
-	// Durable is the durable consumer an inbound resource consumes with
-	// explicit acks; "" for outbound resources, which publish with acks.
-	Durable string
-}
-
-// AMQP holds the AMQP 0-9-1 options, defaults applied.
-type AMQP struct {
-	// Exchange is the topic exchange routes bind to (inbound) or publish
-	// to (outbound).
-	Exchange string
-	// Queue is the queue an inbound resource consumes; zero for outbound.
-	Queue AMQPQueue
-	// Prefetch bounds unacknowledged deliveries (inbound); 0 for outbound.
-	Prefetch int
-}
-
-// AMQPQueue is an inbound resource's queue. Name "" asks the broker to name
-// it; such a queue is exclusive and not durable.
-type AMQPQueue struct {
-	Name string
-	// Quorum declares a quorum queue (x-queue-type: quorum) instead of a
-	// classic one; it is named, durable and not exclusive.
-	Quorum bool
-	// Passive uses a queue that already exists, as it was declared
-	// (whatever its type and arguments), instead of declaring it.
-	Passive   bool
-	Durable   bool
-	Exclusive bool
 }
 
 // Weida says where the weida side of the bridge is.
@@ -270,3 +212,5 @@ func stripRoutePos(rs []Route) []Route {
 	}
 	return out
 }
+
+func joinHostPort(host string, port int) string { return net.JoinHostPort(host, strconv.Itoa(port)) }

@@ -14,7 +14,7 @@ import (
 // conflict gets its own error naming the others, so that the output for any
 // one resource is complete. It uses what binding could fill in even for
 // resources with other errors.
-func crossCheck(set *Set) {
+func crossCheck(set *Set, ps protocolList) {
 	var docs []*Document
 	for _, d := range set.Documents {
 		if d.partial != nil {
@@ -23,7 +23,19 @@ func crossCheck(set *Set) {
 	}
 	uniqueNames(docs)
 	listenConflicts(docs)
-	identityConflicts(docs)
+	// What one broker identity is (an MQTT client id, a JetStream durable,
+	// an AMQP queue) is each protocol's to say.
+	for _, p := range ps {
+		var mine []*Document
+		for _, d := range docs {
+			if d.partial.Protocol == p.Name() {
+				mine = append(mine, d)
+			}
+		}
+		if len(mine) > 1 {
+			p.CheckSet(&SetCheck{docs: mine})
+		}
+	}
 }
 
 // conflict adds to each member of group an error naming the other members.
@@ -215,72 +227,4 @@ func allSame(g []*Document, f func(*Document) string) bool {
 		}
 	}
 	return true
-}
-
-// identityConflicts finds resources that would fight over one identity on
-// one broker: an MQTT client id (the broker disconnects one session when
-// the other connects, and they take turns forever), a JetStream durable
-// consumer or an AMQP queue (the broker splits the messages between them).
-func identityConflicts(docs []*Document) {
-	broker := func(c *Connector) string {
-		if c.Broker.Port == 0 {
-			return ""
-		}
-		return string(c.Protocol) + "://" + net.JoinHostPort(canonicalHost(c.Broker.Host), strconv.Itoa(c.Broker.Port))
-	}
-	// MQTT client identifiers.
-	for _, g := range groupBy(docs, func(d *Document) string {
-		c := d.partial
-		if c.Protocol != policy.MQTT || broker(c) == "" || c.Broker.ClientID == "" {
-			return ""
-		}
-		return broker(c) + "\x00" + c.Broker.ClientID
-	}) {
-		conflict(g, clientIDField, func(d *Document) string { return d.partial.Broker.ClientID }, "broker-client-id-duplicate",
-			func(others string) string {
-				return fmt.Sprintf("is also the MQTT client id of %s on %s: each connection would make the broker disconnect the other, over and over",
-					others, g[0].partial.Broker.Addr())
-			},
-			"give each resource its own spec.broker.clientID (it defaults to metadata.name)")
-	}
-	// JetStream durable consumers.
-	for _, g := range groupBy(docs, func(d *Document) string {
-		c := d.partial
-		if c.Broker.NATS == nil || c.Broker.NATS.JetStream == nil || c.Broker.NATS.JetStream.Durable == "" || broker(c) == "" {
-			return ""
-		}
-		js := c.Broker.NATS.JetStream
-		return broker(c) + "\x00" + js.Stream + "\x00" + js.Durable
-	}) {
-		conflict(g, fixed("spec.broker.nats.jetstream.durable"), func(d *Document) string { return d.partial.Broker.NATS.JetStream.Durable },
-			"broker-consumer-duplicate",
-			func(others string) string {
-				return "is also the durable consumer of " + others + " on the same stream: the server would split the messages between the two resources"
-			},
-			"give each resource its own durable name")
-	}
-	// AMQP queues.
-	for _, g := range groupBy(docs, func(d *Document) string {
-		c := d.partial
-		if c.Broker.AMQP == nil || c.Broker.AMQP.Queue.Name == "" || broker(c) == "" {
-			return ""
-		}
-		return broker(c) + "\x00" + c.Broker.VHost + "\x00" + c.Broker.AMQP.Queue.Name
-	}) {
-		conflict(g, fixed("spec.broker.amqp.queue.name"), func(d *Document) string { return d.partial.Broker.AMQP.Queue.Name },
-			"broker-queue-duplicate",
-			func(others string) string {
-				return "is also the queue of " + others + ": RabbitMQ would deliver each message to only one of the two resources"
-			},
-			"give each resource its own queue name")
-	}
-}
-
-// clientIDField points at broker.clientID, or at metadata.name when the
-// client id defaulted to it.
-func clientIDField(d *Document) string {
-	if d.hasField("spec.broker.clientID") {
-		return "spec.broker.clientID"
-	}
-	return "metadata.name"
 }

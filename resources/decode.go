@@ -49,6 +49,9 @@ type decoder struct {
 	errs     []*FieldError
 	aliases  int // current alias nesting
 	dropped  int // errors not recorded because of maxErrorsPerDocument
+	// sections are the protocol names whose spec.broker.<name> blocks
+	// are kept as nodes for the protocol to decode.
+	sections []string
 }
 
 func newDecoder(file string, lineBase int) *decoder {
@@ -163,6 +166,7 @@ var (
 	typeSecretRef = reflect.TypeFor[SecretRef]()
 	typeDuration  = reflect.TypeFor[Duration]()
 	typeByteSize  = reflect.TypeFor[ByteSize]()
+	typeRawBroker = reflect.TypeFor[rawBroker]()
 )
 
 // decode stores the YAML value n into v, which must be settable.
@@ -431,14 +435,28 @@ func (d *decoder) decodeStruct(path string, at Position, n ast.Node, v reflect.V
 		return
 	}
 	fields := fieldsOf(v.Type())
+	if v.Type() == typeRawBroker {
+		for _, name := range d.sections {
+			fields = append(fields, structField{name, -1})
+		}
+	}
 	for _, e := range es {
 		child := join(path, e.name)
-		i := -1
+		i := -2
 		for _, f := range fields {
 			if f.name == e.name {
 				i = f.index
 				break
 			}
+		}
+		if i == -1 { // a protocol's block: its protocol decodes it
+			d.pos[child] = fieldPos{key: e.keyPos, value: e.keyPos}
+			if _, null := e.value.(*ast.NullNode); null || e.value == nil {
+				continue // an empty block is no block, as for the other fields
+			}
+			rb := v.Addr().Interface().(*rawBroker)
+			rb.Sections = append(rb.Sections, section{e.name, e.value})
+			continue
 		}
 		if i < 0 {
 			d.unknownField(path, child, e, fields)

@@ -15,6 +15,13 @@
 // What it returns for a valid resource is a [*Connector]: everything the
 // runtime needs, defaults applied, with each [Route] in both grammars.
 //
+// The package names no broker protocol. The program passes its list of
+// [Protocol]s ([Loader].Protocols): spec.protocol must name one, the
+// broker URL is parsed once against that protocol's [URLRules], and the
+// protocol decodes its own spec.broker.<protocol> block through a
+// [BrokerBlock], with the same positioned diagnostics as the common fields.
+// Its typed settings travel opaquely in [Broker].Options.
+//
 // Secrets are never part of a resource: credentials are [SecretRef]s to an
 // environment variable or a file, which a [Resolver] reads when a connector
 // starts. Loading reads no secret and opens no connection. A resolved

@@ -6,6 +6,9 @@ import (
 	"os"
 	"testing/fstest"
 
+	"weida.dev/connector/connectors/amqp"
+	"weida.dev/connector/connectors/mqtt"
+	"weida.dev/connector/connectors/nats"
 	"weida.dev/connector/resources"
 )
 
@@ -31,14 +34,16 @@ spec:
 
 func ExampleLoader_Load() {
 	fsys := fstest.MapFS{"orders.yaml": {Data: []byte(example)}}
-	set, err := resources.Loader{FS: fsys}.Load("orders.yaml")
+	// The protocols a program speaks are its drivers' (see package service).
+	loader := resources.Loader{FS: fsys, Protocols: []resources.Protocol{mqtt.Driver, nats.Driver, amqp.Driver}}
+	set, err := loader.Load("orders.yaml")
 	for _, e := range resources.Errors(err) {
 		fmt.Printf("%s %s %s\n", e.Position, e.Field, e.Rule)
 	}
 
 	// Without the refused route, the resource is valid.
 	fsys["orders.yaml"].Data = []byte(example[:len(example)-len("    - filter: orders.>\n")])
-	set, err = resources.Loader{FS: fsys}.Load("orders.yaml")
+	set, err = loader.Load("orders.yaml")
 	if err != nil {
 		panic(err)
 	}

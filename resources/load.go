@@ -29,10 +29,14 @@ const MaxFileBytes = 4 << 20
 // maxDocuments bounds the documents read from one file.
 const maxDocuments = 1000
 
-// Loader reads Connector resources from files and directories. The zero
-// value reads the operating system's files. A Loader holds no state between
-// calls; it is safe for concurrent use when its FS is.
+// Loader reads Connector resources from files and directories. A Loader
+// holds no state between calls; it is safe for concurrent use when its FS
+// and Protocols are.
 type Loader struct {
+	// Protocols are the broker protocols resources may use, in the order
+	// messages list them: spec.protocol must name one, and each reads its
+	// own spec.broker block. With none, every resource is refused.
+	Protocols []Protocol
 	// FS is where paths are read. nil means the operating system's files,
 	// with paths as given on the command line (relative to the working
 	// directory, or absolute). With a non-nil FS, paths follow io/fs
@@ -55,19 +59,23 @@ type Loader struct {
 // are resolved against the directory of the file that holds the resource.
 func (l Loader) Load(paths ...string) (*Set, error) {
 	set := &Set{}
-	ld := &load{Loader: l, set: set, seen: map[string]bool{}, v: newValidator()}
+	ps := protocolList(l.Protocols)
+	ld := &load{Loader: l, set: set, seen: map[string]bool{}, v: newValidator(ps), protocols: ps}
 	for _, p := range paths {
 		ld.path(p)
 	}
-	crossCheck(set)
+	crossCheck(set, ps)
 	for _, d := range set.Documents {
 		d.finish()
 	}
 	return set, set.Err()
 }
 
-// Load reads resources from the operating system's files; see [Loader.Load].
-func Load(paths ...string) (*Set, error) { return Loader{}.Load(paths...) }
+// Load reads resources of the given protocols from the operating system's
+// files; see [Loader.Load].
+func Load(protocols []Protocol, paths ...string) (*Set, error) {
+	return Loader{Protocols: protocols}.Load(paths...)
+}
 
 // Set is the result of one [Loader.Load].
 type Set struct {
@@ -136,9 +144,29 @@ func (s *Set) Err() error {
 
 type load struct {
 	Loader
-	set  *Set
-	seen map[string]bool
-	v    *validator.Validate
+	set       *Set
+	seen      map[string]bool
+	v         *validator.Validate
+	protocols protocolList
+	blockVals map[reflect.Type]*validator.Validate // per protocol block type
+}
+
+// blockValidator returns the validator of a protocol block's type: this
+// package's rules and the protocol's own.
+func (ld *load) blockValidator(t reflect.Type, rules map[string]Rule) *validator.Validate {
+	if v, ok := ld.blockVals[t]; ok {
+		return v
+	}
+	v := newValidator(ld.protocols)
+	for tag, r := range rules {
+		valid := r.Valid
+		mustRegister(v, tag, func(fl validator.FieldLevel) bool { return valid(fl.Field()) })
+	}
+	if ld.blockVals == nil {
+		ld.blockVals = map[reflect.Type]*validator.Validate{}
+	}
+	ld.blockVals[t] = v
+	return v
 }
 
 func (ld *load) fsys() fs.FS {
@@ -427,6 +455,7 @@ func syntaxDocument(file string, lineBase int, err error) *Document {
 // document decodes, validates and binds one resource.
 func (ld *load) document(file string, lineBase int, body ast.Node) *Document {
 	d := newDecoder(file, lineBase)
+	d.sections = ld.protocols.names()
 	var raw rawResource
 	d.decode("", Position{}, body, reflect.ValueOf(&raw).Elem())
 	doc := &Document{Source: d.docPos()}
@@ -434,8 +463,8 @@ func (ld *load) document(file string, lineBase int, body ast.Node) *Document {
 	if raw.Metadata != nil {
 		doc.Name = raw.Metadata.Name
 	}
-	d.validateRaw(ld.v, &raw)
-	b := &binder{decoder: d, raw: &raw, relTo: ld.relTo(file)}
+	d.validateRaw(ld.v, &raw, ld.protocols)
+	b := &binder{decoder: d, ld: ld, raw: &raw, relTo: ld.relTo(file)}
 	b.bind()
 	doc.partial, doc.dec = b.c, d
 	if d.dropped > 0 {

@@ -1,4 +1,4 @@
-package resources
+package resources_test
 
 import (
 	"errors"
@@ -9,7 +9,11 @@ import (
 	"testing/fstest"
 	"time"
 
+	"weida.dev/connector/connectors/amqp"
+	"weida.dev/connector/connectors/mqtt"
+	"weida.dev/connector/connectors/nats"
 	"weida.dev/connector/policy"
+	"weida.dev/connector/resources"
 )
 
 func names(set *Set) []string {
@@ -186,10 +190,10 @@ func TestDefaultsAndBinding(t *testing.T) {
 	if m.Broker.ClientID != "mqtt-in" || m.Broker.Host != "127.0.0.1" || m.Broker.Port != 1883 || m.Broker.TLS.Enabled {
 		t.Errorf("broker %+v", m.Broker)
 	}
-	if *m.Broker.MQTT != (MQTT{QoS: 1, SessionExpiry: time.Hour}) || m.Broker.NATS != nil || m.Broker.AMQP != nil {
-		t.Errorf("mqtt options %+v", m.Broker.MQTT)
+	if m.Broker.Options != (mqtt.Options{QoS: 1, SessionExpiry: time.Hour}) {
+		t.Errorf("mqtt options %+v", m.Broker.Options)
 	}
-	if m.Limits != (Limits{MaxMessageBytes: 1 << 20, BufferBytes: 8 << 20, InFlight: 256}) {
+	if m.Limits != (resources.Limits{MaxMessageBytes: 1 << 20, BufferBytes: 8 << 20, InFlight: 256}) {
 		t.Errorf("limits %+v", m.Limits)
 	}
 	if m.PolicyOptions != (policy.Options{QoS: 1}) || !slices.Equal(m.Losses, m.Policy.Losses(policy.Inbound, m.PolicyOptions)) {
@@ -203,8 +207,8 @@ func TestDefaultsAndBinding(t *testing.T) {
 	}
 
 	a := byName["amqp-in"]
-	if *a.Broker.AMQP != (AMQP{Exchange: "amq.topic", Queue: AMQPQueue{Exclusive: true}, Prefetch: 256}) || a.Broker.VHost != "/" {
-		t.Errorf("amqp options %+v vhost %q", a.Broker.AMQP, a.Broker.VHost)
+	if a.Broker.Options != (amqp.Options{VHost: "/", Exchange: "amq.topic", Queue: amqp.Queue{Exclusive: true}, Prefetch: 256}) || a.Broker.Path != "" {
+		t.Errorf("amqp options %+v path %q", a.Broker.Options, a.Broker.Path)
 	}
 	if a.Broker.Credentials.Username != "guest" || a.Broker.Credentials.Password != (SecretRef{Env: "AMQP_PASSWORD"}) {
 		t.Errorf("credentials %+v", a.Broker.Credentials)
@@ -224,8 +228,8 @@ func TestDefaultsAndBinding(t *testing.T) {
 	if n.Weida.CAFile != "cfg/ca.pem" || n.Weida.Endpoint.Fingerprint != "" {
 		t.Errorf("dial trust %+v", n.Weida)
 	}
-	if *n.Broker.NATS != (NATS{}) || n.PolicyOptions.JetStream {
-		t.Errorf("nats %+v", n.Broker.NATS)
+	if n.Broker.Options != (nats.Options{}) || n.PolicyOptions.JetStream {
+		t.Errorf("nats %+v", n.Broker.Options)
 	}
 }
 
@@ -237,14 +241,14 @@ func TestBindingOptions(t *testing.T) {
 	}{
 		{"mqtt options", edit(t, mqttIn, "      qos: 1\n", "      qos: 0\n      cleanStart: true\n      sessionExpiry: 0s\n      sharedGroup: replicas\n", "[delivery", "[at-most-once, delivery"),
 			func(t *testing.T, c *Connector) {
-				if *c.Broker.MQTT != (MQTT{QoS: 0, CleanStart: true, SharedGroup: "replicas"}) || c.PolicyOptions.QoS != 0 {
-					t.Errorf("%+v", c.Broker.MQTT)
+				if c.Broker.Options != (mqtt.Options{QoS: 0, CleanStart: true, SharedGroup: "replicas"}) || c.PolicyOptions.QoS != 0 {
+					t.Errorf("%+v", c.Broker.Options)
 				}
 			}},
 		{"merge key", edit(t, mqttIn, "    mqtt:\n      qos: 1\n", "    mqtt:\n      <<: {qos: 0, cleanStart: true}\n      qos: 1\n"),
 			func(t *testing.T, c *Connector) {
-				if c.Broker.MQTT.QoS != 1 || !c.Broker.MQTT.CleanStart {
-					t.Errorf("merge: %+v", c.Broker.MQTT)
+				if o, _ := mqtt.OptionsOf(c); o.QoS != 1 || !o.CleanStart {
+					t.Errorf("merge: %+v", c.Broker.Options)
 				}
 			}},
 		{"mqtts default port", edit(t, mqttIn, "mqtt://127.0.0.1:1883", "mqtts://[::1]"),
@@ -255,26 +259,26 @@ func TestBindingOptions(t *testing.T) {
 			}},
 		{"amqps vhost", edit(t, amqpOut, "amqp://127.0.0.1:5672/", "amqps://broker.example/prod"),
 			func(t *testing.T, c *Connector) {
-				if c.Broker.Port != 5671 || c.Broker.VHost != "prod" || c.Broker.AMQP.Queue != (AMQPQueue{}) || c.Broker.AMQP.Prefetch != 0 {
-					t.Errorf("%+v %+v", c.Broker, c.Broker.AMQP)
+				if o, _ := amqp.OptionsOf(c); c.Broker.Port != 5671 || o.VHost != "prod" || o.Queue != (amqp.Queue{}) || o.Prefetch != 0 {
+					t.Errorf("%+v %+v", c.Broker, o)
 				}
 			}},
 		{"amqp vhost with an escaped slash", edit(t, amqpOut, "amqp://127.0.0.1:5672/", "amqp://127.0.0.1:5672/team%2Fprod"),
 			func(t *testing.T, c *Connector) {
-				if c.Broker.VHost != "team/prod" {
-					t.Errorf("vhost %q, want team/prod", c.Broker.VHost)
+				if o, _ := amqp.OptionsOf(c); o.VHost != "team/prod" || c.Broker.Path != "team/prod" {
+					t.Errorf("vhost %q, want team/prod", o.VHost)
 				}
 			}},
 		{"amqp queue and prefetch from inFlight", edit(t, amqpIn, "  weida:\n", "    amqp: {queue: {name: q, durable: true, exclusive: false}}\n  limits: {inFlight: 32}\n  weida:\n"),
 			func(t *testing.T, c *Connector) {
-				if *c.Broker.AMQP != (AMQP{Exchange: "amq.topic", Queue: AMQPQueue{Name: "q", Durable: true}, Prefetch: 32}) {
-					t.Errorf("%+v", c.Broker.AMQP)
+				if c.Broker.Options != (amqp.Options{VHost: "/", Exchange: "amq.topic", Queue: amqp.Queue{Name: "q", Durable: true}, Prefetch: 32}) {
+					t.Errorf("%+v", c.Broker.Options)
 				}
 			}},
 		{"jetstream", edit(t, natsIn, "    url: nats://127.0.0.1:4222\n", "    url: nats://127.0.0.1:4222\n    nats: {jetstream: {stream: ORDERS, durable: bridge}}\n", "at-most-once, ", ""),
 			func(t *testing.T, c *Connector) {
-				if *c.Broker.NATS.JetStream != (JetStream{"ORDERS", "bridge"}) || !c.PolicyOptions.JetStream || slices.Contains(c.Losses, policy.LossAtMostOnce) {
-					t.Errorf("%+v %+v %v", c.Broker.NATS.JetStream, c.PolicyOptions, c.Losses)
+				if o, _ := nats.OptionsOf(c); *o.JetStream != (nats.JetStream{Stream: "ORDERS", Durable: "bridge"}) || !c.PolicyOptions.JetStream || slices.Contains(c.Losses, policy.LossAtMostOnce) {
+					t.Errorf("%+v %+v %v", c.Broker.Options, c.PolicyOptions, c.Losses)
 				}
 			}},
 		{"named routes", edit(t, amqpIn, "    - filter: audit.events.#\n", "    - {name: audit, filter: audit.events.#}\n    - filter: orders.*.new.#\n"),

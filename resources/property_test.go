@@ -1,4 +1,4 @@
-package resources
+package resources_test
 
 import (
 	"encoding/json"
@@ -39,9 +39,10 @@ func filterGen(p policy.Protocol) *rapid.Generator[string] {
 // every way it is not valid is reported at the field that causes it.
 func TestPropertyModel(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
-		proto := rapid.SampledFrom(policy.Protocols()).Draw(t, "protocol")
+		drv := rapid.SampledFrom(protocols()).Draw(t, "protocol")
+		proto := drv.Name()
 		dir := rapid.SampledFrom([]policy.Direction{policy.Inbound, policy.Outbound}).Draw(t, "direction")
-		pol := policy.Default(proto)
+		pol := drv.Policies()[0]
 		opts := policy.Options{}
 		var b strings.Builder
 		fmt.Fprintf(&b, "apiVersion: %s\nkind: Connector\nmetadata: {name: r}\nspec:\n  protocol: %s\n  direction: %s\n", APIVersion, proto, dir)

@@ -1,11 +1,15 @@
-package resources
+package resources_test
 
-import "testing"
+import (
+	"testing"
+
+	"weida.dev/connector/resources"
+)
 
 // TestRevision: moving a resource within its file keeps its revision, as
 // it keeps it Equal; changing its configuration changes the revision.
 func TestRevision(t *testing.T) {
-	load := func(doc string) *Connector {
+	load := func(doc string) *resources.Connector {
 		t.Helper()
 		set, err := loadFiles(t, "r.yaml", doc)
 		if err != nil {

@@ -1,5 +1,7 @@
 package resources
 
+import "github.com/goccy/go-yaml/ast"
+
 // The raw schema: what a resource file says, field by field, before
 // defaults, binding and cross-field rules. The yaml tags are the file's
 // field names (the decoder reads them); the validate tags are
@@ -28,7 +30,7 @@ type rawMetadata struct {
 }
 
 type rawSpec struct {
-	Protocol   string         `yaml:"protocol" validate:"required,oneof=mqtt nats amqp"`
+	Protocol   string         `yaml:"protocol" validate:"required,protocol"`
 	Direction  string         `yaml:"direction" validate:"required,oneof=inbound outbound"`
 	Broker     *rawBroker     `yaml:"broker" validate:"required"`
 	Weida      *rawWeida      `yaml:"weida" validate:"required"`
@@ -44,9 +46,16 @@ type rawBroker struct {
 	ClientID    string          `yaml:"clientID" validate:"omitempty,max=256,clientid"`
 	Credentials *rawCredentials `yaml:"credentials"`
 	TLS         *rawTLS         `yaml:"tls"`
-	MQTT        *rawMQTT        `yaml:"mqtt"`
-	NATS        *rawNATS        `yaml:"nats"`
-	AMQP        *rawAMQP        `yaml:"amqp"`
+	// Sections are the spec.broker.<protocol> blocks, one per key that
+	// names a protocol of the loader's list, in file order. The decoder
+	// keeps their YAML nodes for the protocols to decode.
+	Sections []section `yaml:"-"`
+}
+
+// section is one spec.broker.<protocol> block as written.
+type section struct {
+	name string
+	node ast.Node
 }
 
 type rawCredentials struct {
@@ -62,37 +71,6 @@ type rawTLS struct {
 	CertFile   string `yaml:"certFile" validate:"required_with=KeyFile"`
 	KeyFile    string `yaml:"keyFile" validate:"required_with=CertFile"`
 	ServerName string `yaml:"serverName" validate:"omitempty,hostname_rfc1123"`
-}
-
-type rawMQTT struct {
-	QoS           *int      `yaml:"qos" validate:"omitempty,mqttqos"`
-	CleanStart    *bool     `yaml:"cleanStart"`
-	SessionExpiry *Duration `yaml:"sessionExpiry" validate:"omitempty,sessionexpiry"`
-	SharedGroup   string    `yaml:"sharedGroup" validate:"omitempty,sharename"`
-}
-
-type rawNATS struct {
-	QueueGroup string        `yaml:"queueGroup" validate:"omitempty,natsname"`
-	JetStream  *rawJetStream `yaml:"jetstream"`
-}
-
-type rawJetStream struct {
-	Stream  string `yaml:"stream" validate:"required,jsname"`
-	Durable string `yaml:"durable" validate:"omitempty,jsname"`
-}
-
-type rawAMQP struct {
-	Exchange string    `yaml:"exchange" validate:"omitempty,amqpname"`
-	Queue    *rawQueue `yaml:"queue"`
-	Prefetch *int      `yaml:"prefetch" validate:"omitempty,min=1,max=65535"`
-}
-
-type rawQueue struct {
-	Name      string `yaml:"name" validate:"omitempty,amqpname"`
-	Type      string `yaml:"type" validate:"omitempty,oneof=classic quorum"`
-	Passive   bool   `yaml:"passive"`
-	Durable   bool   `yaml:"durable"`
-	Exclusive *bool  `yaml:"exclusive"`
 }
 
 type rawWeida struct {

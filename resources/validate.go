@@ -16,8 +16,8 @@ import (
 )
 
 // newValidator returns a validator that knows this package's rules and
-// reports fields by their YAML names.
-func newValidator() *validator.Validate {
+// reports fields by their YAML names. spec.protocol must name one of ps.
+func newValidator(ps protocolList) *validator.Validate {
 	v := validator.New()
 	v.RegisterTagNameFunc(func(f reflect.StructField) string {
 		name, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
@@ -29,33 +29,26 @@ func newValidator() *validator.Validate {
 	for tag, fn := range map[string]func(string) bool{
 		"apiversion":  func(s string) bool { return s == APIVersion },
 		"kind":        func(s string) bool { return s == Kind },
+		"protocol":    func(s string) bool { return ps.byName(s) != nil },
 		"dnslabel":    isDNSLabel,
 		"labelkey":    isLabelKey,
 		"labelvalue":  func(s string) bool { return s == "" || isLabelName(s) },
-		"clientid":    isPrintable,
-		"sharename":   func(s string) bool { return isPrintable(s) && !strings.ContainsAny(s, "/+#") },
-		"natsname":    func(s string) bool { return isPrintable(s) && !strings.ContainsAny(s, " \t*>") },
-		"jsname":      func(s string) bool { return len(s) <= 255 && isPrintable(s) && !strings.ContainsAny(s, " \t.*>/\\") },
-		"amqpname":    isAMQPName,
+		"clientid":    IsPrintable,
 		"weidaurl":    func(s string) bool { _, err := address.Parse(s); return err == nil },
 		"fingerprint": func(s string) bool { return address.ValidateFingerprint(s) == nil },
 	} {
 		mustRegister(v, tag, func(fl validator.FieldLevel) bool { return fn(fl.Field().String()) })
 	}
-	mustRegister(v, "mqttqos", func(fl validator.FieldLevel) bool {
-		q := fl.Field().Int()
-		return q == 0 || q == 1
-	})
-	mustRegister(v, "sessionexpiry", func(fl validator.FieldLevel) bool {
-		d := time.Duration(fl.Field().Int())
-		return d >= 0 && d%time.Second == 0 && d/time.Second <= 1<<32-1
-	})
 	v.RegisterStructValidation(func(sl validator.StructLevel) {
 		s := sl.Current().Interface().(rawSpec)
 		if s.Broker == nil || s.Broker.URL == "" {
 			return
 		}
-		if p := brokerURLProblem(s.Protocol, s.Broker.URL); p != nil {
+		p := ps.byName(s.Protocol)
+		if p == nil {
+			return // reported as spec.protocol
+		}
+		if brokerURLProblem(p, s.Broker.URL) != nil {
 			sl.ReportError(s.Broker.URL, "broker.url", "Broker.URL", "brokerurl", s.Protocol)
 		}
 	}, rawSpec{})
@@ -117,8 +110,10 @@ func isLabelKey(s string) bool {
 	return isLabelName(name)
 }
 
-// isPrintable: valid UTF-8, not empty, no control characters.
-func isPrintable(s string) bool {
+// IsPrintable reports whether s is valid UTF-8 text without control
+// characters, and not empty: what a broker accepts as a name or an
+// identifier. Protocols use it in their own rules.
+func IsPrintable(s string) bool {
 	if s == "" || !utf8.ValidString(s) {
 		return false
 	}
@@ -130,45 +125,14 @@ func isPrintable(s string) bool {
 	return true
 }
 
-// isAMQPName: AMQP 0-9-1 exchange and queue names: at most 255 bytes of
-// letters, digits, '-', '_', '.' and ':'.
-func isAMQPName(s string) bool {
-	if len(s) > 255 {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("-_.:", c) >= 0) {
-			return false
-		}
-	}
-	return true
-}
-
 // urlProblem is why a broker URL is refused.
 type urlProblem struct{ rule, msg, hint string }
 
-// brokerSchemes are the accepted schemes per protocol: the plain one first,
-// then the TLS one.
-func brokerSchemes(protocol string) (plain, secure string, port, securePort int) {
-	switch protocol {
-	case "mqtt":
-		return "mqtt", "mqtts", 1883, 8883
-	case "nats":
-		return "nats", "tls", 4222, 4222
-	case "amqp":
-		return "amqp", "amqps", 5672, 5671
-	}
-	return "", "", 0, 0
-}
-
-// brokerURLProblem checks a broker URL for protocol, or returns nil when it
-// is acceptable. An unknown protocol is reported elsewhere.
-func brokerURLProblem(protocol, raw string) *urlProblem {
-	plain, secure, port, _ := brokerSchemes(protocol)
-	if plain == "" {
-		return nil
-	}
+// brokerURLProblem checks a broker URL against p's rules, or returns nil
+// when it is acceptable.
+func brokerURLProblem(p Protocol, raw string) *urlProblem {
+	rules, protocol := p.URL(), p.Name()
+	plain, secure, port := rules.Scheme, rules.TLSScheme, rules.Port
 	example := fmt.Sprintf("%s://127.0.0.1:%d", plain, port)
 	u, err := url.Parse(raw)
 	if err != nil {
@@ -203,14 +167,14 @@ func brokerURLProblem(protocol, raw string) *urlProblem {
 	if u.RawQuery != "" || u.Fragment != "" || strings.Contains(raw, "?") || strings.Contains(raw, "#") {
 		return &urlProblem{"broker-url", "must not have a query or fragment", "options go in spec.broker, not in the URL"}
 	}
-	if protocol != "amqp" && u.Path != "" && u.Path != "/" {
+	if rules.Path == "" && u.Path != "" && u.Path != "/" {
 		return &urlProblem{"broker-url", "must not have a path", "write " + example}
 	}
-	// The escaped path, so that a virtual host written with %2F counts as
-	// one segment, as the hint says.
-	if protocol == "amqp" && strings.Count(strings.TrimPrefix(u.EscapedPath(), "/"), "/") > 0 {
-		return &urlProblem{"broker-url", "the path is the virtual host, which must be one path segment (write %2F for '/')",
-			"write amqp://127.0.0.1:5672/ for the default virtual host, or amqp://host:5672/name"}
+	// The escaped path, so that a name written with %2F counts as one
+	// segment, as the hint says.
+	if rules.Path != "" && strings.Count(strings.TrimPrefix(u.EscapedPath(), "/"), "/") > 0 {
+		return &urlProblem{"broker-url", fmt.Sprintf("the path is the %s, which must be one path segment (write %%2F for '/')", rules.Path),
+			fmt.Sprintf("write %s://127.0.0.1:%d/ for the default %s, or %s://host:%d/name", plain, port, rules.Path, plain, port)}
 	}
 	return nil
 }
@@ -234,8 +198,16 @@ func parsePort(p string) (int, error) {
 
 // validateRaw runs the structural rules and turns each failure into a
 // FieldError positioned with the decoder's map.
-func (d *decoder) validateRaw(v *validator.Validate, raw *rawResource) {
-	err := v.Struct(raw)
+func (d *decoder) validateRaw(v *validator.Validate, raw *rawResource, ps protocolList) {
+	d.validate(v, raw, "", func(fe validator.FieldError, path, value string) (string, string, string) {
+		return explain(fe, path, value, ps)
+	})
+}
+
+// validate checks x, whose fields are written under base, and reports each
+// failure as explained by why.
+func (d *decoder) validate(v *validator.Validate, x any, base string, why func(fe validator.FieldError, path, value string) (rule, msg, hint string)) {
+	err := v.Struct(x)
 	var verrs validator.ValidationErrors
 	if !errors.As(err, &verrs) {
 		return
@@ -243,11 +215,12 @@ func (d *decoder) validateRaw(v *validator.Validate, raw *rawResource) {
 	for _, fe := range verrs {
 		ns := fe.Namespace()
 		_, path, _ := strings.Cut(ns, ".") // drop the root type's name
+		path = join(base, path)
 		value := formatValue(fe.Value())
 		if fe.Tag() == "brokerurl" { // redact before shortening, which could cut off the '@'
 			value = shorten(redactUserinfo(fe.Value().(string)))
 		}
-		rule, msg, hint := explain(fe, path, value)
+		rule, msg, hint := why(fe, path, value)
 		if d.hasError(path) {
 			continue // the decoder already said what is wrong here
 		}
@@ -334,25 +307,28 @@ func genericPath(path string) string {
 }
 
 // explain turns a validator failure into a rule, a message and a hint.
-func explain(fe validator.FieldError, path, value string) (rule, msg, hint string) {
+func explain(fe validator.FieldError, path, value string, ps protocolList) (rule, msg, hint string) {
 	tag, param := fe.Tag(), fe.Param()
 	rule = tag
 	isList := fe.Kind() == reflect.Slice || fe.Kind() == reflect.Map
 	switch tag {
 	case "required":
 		msg = "is required"
-		hint = requiredHint(genericPath(path))
+		hint = requiredHint(genericPath(path), ps)
 	case "required_with":
 		other := map[string]string{"KeyFile": "keyFile", "CertFile": "certFile"}[param]
 		msg = fmt.Sprintf("is required when %s is set", other)
 		hint = "set both certFile and keyFile, or neither"
 	case "oneof":
 		msg = "must be one of " + strings.ReplaceAll(param, " ", ", ")
+	case "protocol":
+		rule = "oneof"
+		msg = "must be one of " + strings.Join(ps.names(), ", ")
 	case "min":
 		if isList {
 			msg = fmt.Sprintf("must have at least %s entries", param)
 			if genericPath(path) == "spec.routes" {
-				hint = requiredHint("spec.routes")
+				hint = requiredHint("spec.routes", ps)
 			}
 		} else {
 			msg = "must be at least " + param
@@ -388,27 +364,8 @@ func explain(fe validator.FieldError, path, value string) (rule, msg, hint strin
 		}
 	case "clientid":
 		msg = "must be printable UTF-8 text without control characters"
-	case "sharename":
-		msg = "must be printable text without '/', '+' or '#' (MQTT 5 §4.8.2)"
-	case "natsname":
-		msg = "must be printable text without whitespace, '*' or '>'"
-	case "jsname":
-		msg = "must be a JetStream name: printable, without whitespace, '.', '*', '>', '/' or '\\'"
-	case "amqpname":
-		msg = "must be at most 255 bytes of letters, digits, '-', '_', '.' and ':'"
 	case "hostname_rfc1123":
 		msg = "must be a host name"
-	case "mqttqos":
-		rule = "mqtt-qos"
-		msg = "must be 0 or 1"
-		if value == "2" {
-			rule = "mqtt-qos-2"
-			msg = "QoS 2 is refused: exactly-once delivery cannot be kept across weida, which delivers at most once to each subscriber"
-		}
-		hint = "write qos: 1 (at least once from the broker) or qos: 0 (and state the at-most-once loss)"
-	case "sessionexpiry":
-		msg = "must be a whole number of seconds from 0s to 4294967295s (MQTT 5 Session Expiry Interval)"
-		hint = "for example 1h"
 	case "weidaurl":
 		rule = "weida-url"
 		_, err := address.Parse(fe.Value().(string))
@@ -419,7 +376,10 @@ func explain(fe validator.FieldError, path, value string) (rule, msg, hint strin
 		msg = `must be "sha256:" followed by 64 lowercase hexadecimal digits`
 		hint = "`connector weida` prints a certificate's fingerprint"
 	case "brokerurl":
-		p := brokerURLProblem(param, fe.Value().(string))
+		var p *urlProblem
+		if proto := ps.byName(param); proto != nil {
+			p = brokerURLProblem(proto, fe.Value().(string))
+		}
 		if p == nil { // cannot happen: the rule reported it
 			p = &urlProblem{"broker-url", "is not accepted", ""}
 		}
@@ -430,7 +390,7 @@ func explain(fe validator.FieldError, path, value string) (rule, msg, hint strin
 	return rule, msg, hint
 }
 
-func requiredHint(gpath string) string {
+func requiredHint(gpath string, ps protocolList) string {
 	switch gpath {
 	case "apiVersion":
 		return "apiVersion: " + APIVersion
@@ -443,21 +403,25 @@ func requiredHint(gpath string) string {
 	case "spec":
 		return "a Connector needs a spec: protocol, direction, broker, weida and routes"
 	case "spec.protocol":
-		return "protocol: mqtt, nats or amqp"
+		return "protocol: " + ps.choice()
 	case "spec.direction":
 		return "direction: inbound (broker to weida) or outbound (weida to broker)"
 	case "spec.broker":
-		return "broker: {url: mqtt://127.0.0.1:1883}"
+		if len(ps) > 0 {
+			u := ps[0].URL()
+			return fmt.Sprintf("broker: {url: %s://127.0.0.1:%d}", u.Scheme, u.Port)
+		}
 	case "spec.broker.url":
-		return "for example url: mqtt://127.0.0.1:1883"
+		if len(ps) > 0 {
+			u := ps[0].URL()
+			return fmt.Sprintf("for example url: %s://127.0.0.1:%d", u.Scheme, u.Port)
+		}
 	case "spec.weida":
 		return "inbound: weida: {listen: weida://127.0.0.1:7001/path}; outbound: weida: {dial: weida://sha256:<fingerprint>@host:port/path}"
 	case "spec.routes":
 		return `add at least one route: routes: [{filter: "sensors/+/temperature"}]`
 	case "spec.routes[].filter":
 		return `write the filter in the broker's own grammar, quoted when it starts with '#' (which otherwise starts a YAML comment), '*', '>', '&' or '!': filter: "#"`
-	case "spec.broker.nats.jetstream.stream":
-		return "name the JetStream stream: jetstream: {stream: ORDERS, durable: connector}"
 	}
 	return ""
 }

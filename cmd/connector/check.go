@@ -9,6 +9,7 @@ import (
 
 	"weida.dev/connector/policy"
 	"weida.dev/connector/resources"
+	"weida.dev/connector/service"
 )
 
 // cmdCheck loads resource files exactly as `run` does and reports, per
@@ -34,7 +35,7 @@ func cmdCheck(_ context.Context, args []string, _ io.Reader, stdout, stderr io.W
 		return exitUsage
 	}
 
-	set, err := resources.Load(paths...)
+	set, err := resources.Load(service.Protocols(drivers()), paths...)
 	if *output == "json" {
 		if werr := writeCheckJSON(stdout, set); werr != nil {
 			fmt.Fprintf(stderr, "connector check: %v\n", werr)
@@ -171,55 +172,10 @@ func brokerSummary(c *resources.Connector) string {
 	case !cr.Creds.IsZero():
 		parts = append(parts, fmt.Sprintf("credentials from %s", cr.Creds))
 	}
-	switch {
-	case b.MQTT != nil:
-		m := b.MQTT
-		s := fmt.Sprintf("qos %d", m.QoS)
-		if m.CleanStart {
-			s += ", clean start"
-		} else {
-			s += fmt.Sprintf(", session kept %s", m.SessionExpiry)
+	if d := service.Lookup(drivers(), string(c.Protocol)); d != nil {
+		if s := d.Summary(c); s != "" {
+			parts = append(parts, s)
 		}
-		if m.SharedGroup != "" {
-			s += ", shared group " + m.SharedGroup
-		}
-		parts = append(parts, s)
-	case b.NATS != nil:
-		n := b.NATS
-		switch {
-		case n.JetStream != nil && n.JetStream.Durable != "":
-			parts = append(parts, fmt.Sprintf("JetStream stream %s, durable %s", n.JetStream.Stream, n.JetStream.Durable))
-		case n.JetStream != nil:
-			parts = append(parts, fmt.Sprintf("JetStream stream %s", n.JetStream.Stream))
-		default:
-			parts = append(parts, "core NATS")
-		}
-		if n.QueueGroup != "" {
-			parts = append(parts, "queue group "+n.QueueGroup)
-		}
-	case b.AMQP != nil:
-		a := b.AMQP
-		s := "exchange " + a.Exchange
-		if c.Direction == policy.Inbound {
-			q := a.Queue.Name
-			if q == "" {
-				q = "named by the broker"
-			}
-			var attrs []string
-			if a.Queue.Durable {
-				attrs = append(attrs, "durable")
-			}
-			if a.Queue.Exclusive {
-				attrs = append(attrs, "exclusive")
-			}
-			if len(attrs) > 0 {
-				q += " (" + strings.Join(attrs, ", ") + ")"
-			}
-			s += fmt.Sprintf(", queue %s, prefetch %d", q, a.Prefetch)
-		} else {
-			s += ", publisher confirms"
-		}
-		parts = append(parts, s)
 	}
 	return strings.Join(parts, "; ")
 }

@@ -31,6 +31,7 @@ import (
 	"weida.dev/connector/connectors"
 	"weida.dev/connector/policy"
 	"weida.dev/connector/resources"
+	"weida.dev/connector/service"
 	"weida.dev/connector/weida"
 )
 
@@ -213,14 +214,14 @@ func (d *demo) run(ctx context.Context) error {
 
 	// 1. Configuration time: the refused resource never runs.
 	d.printf("1. Checking resources, as `connector check` and `connector run` do\n\n")
-	if _, err := resources.Load(refusedFile); err == nil {
+	if _, err := resources.Load(service.Protocols(drivers()), refusedFile); err == nil {
 		d.fail("the resource with route orders.> was accepted")
 	} else {
 		for _, fe := range resources.Errors(err) {
 			d.printf("  REFUSED  %s: %s = %q\n           %s [%s]\n           hint: %s\n", fe.Resource, fe.Field, fe.Value, fe.Message, fe.Rule, fe.Hint)
 		}
 	}
-	set, err := resources.Load(resFile)
+	set, err := resources.Load(service.Protocols(drivers()), resFile)
 	if err != nil {
 		return fmt.Errorf("demo resources: %w", err)
 	}
@@ -234,8 +235,7 @@ func (d *demo) run(ctx context.Context) error {
 	d.printf("\n")
 
 	// 2. Run them.
-	env := unitEnv{marker: "demo", log: d.log}
-	units, err := buildUnits(set.Connectors(), env)
+	units, err := service.Units(set.Connectors(), service.Env{Drivers: drivers(), LoopMarker: "demo", Logger: d.log})
 	if err != nil {
 		return err
 	}
@@ -556,7 +556,7 @@ func writeDemoCert(dir string) (certFile, keyFile, fingerprint string, err error
 // policy incurs with the demo's options (MQTT QoS 1, core NATS): the demo
 // states exactly what its conversions lose, as every resource must.
 func lossesFor(protocol, direction string) string {
-	p := policy.Default(policy.Protocol(protocol))
+	p := service.Lookup(drivers(), protocol).Policies()[0]
 	ls := p.Losses(policy.Direction(direction), policy.Options{QoS: 1})
 	s := make([]string, len(ls))
 	for i, l := range ls {

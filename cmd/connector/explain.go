@@ -4,19 +4,62 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 
 	"weida.dev/connector/policy"
+	"weida.dev/connector/service"
 )
 
 // exitRefused is explain's exit code when at least one input was refused.
 const exitRefused = 3
 
-const explainSynopsis = `connector explain --protocol mqtt|nats|amqp [--policy NAME] [--direction inbound|outbound]
-           (--filter F | --topic T)... [--output text|json] [--qos 0|1] [--jetstream]
+// explainSynopsis is the usage text; the protocols and their settings
+// come from ds.
+func explainSynopsis(ds []service.Driver) string {
+	names := make([]string, len(ds))
+	for i, d := range ds {
+		names[i] = string(d.Name())
+	}
+	settings := ""
+	for _, s := range settingFlags(ds) {
+		if s.Bool {
+			settings += fmt.Sprintf(" [--%s]", s.Name)
+		} else {
+			settings += fmt.Sprintf(" [--%s %s]", s.Name, s.Values)
+		}
+	}
+	return `connector explain --protocol ` + strings.Join(names, "|") + ` [--policy NAME] [--direction inbound|outbound]
+           (--filter F | --topic T)... [--output text|json]` + settings + explainHelp
+}
+
+// settingFlag is one policy setting flag and the protocols that have it.
+type settingFlag struct {
+	policy.Setting
+	protocols []string
+}
+
+// settingFlags merges the settings of ds by flag name, in order.
+func settingFlags(ds []service.Driver) []settingFlag {
+	var out []settingFlag
+	for _, d := range ds {
+	next:
+		for _, s := range d.Settings() {
+			for i := range out {
+				if out[i].Name == s.Name {
+					out[i].protocols = append(out[i].protocols, string(d.Name()))
+					continue next
+				}
+			}
+			out = append(out, settingFlag{s, []string{string(d.Name())}})
+		}
+	}
+	return out
+}
+
+const explainHelp = `
 
 Shows how each filter and topic converts under a conversion policy, or why it
 is refused. A --filter is always a filter of the broker's protocol and
@@ -68,16 +111,30 @@ type explainResult struct {
 }
 
 func cmdExplain(_ context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) int {
-	fs := newFlagSet("explain", explainSynopsis, stderr)
+	ds := drivers()
+	fs := newFlagSet("explain", explainSynopsis(ds), stderr)
 	var inputs []explainInput
-	proto := fs.String("protocol", "", "the broker's protocol: mqtt, nats or amqp (required)")
-	name := fs.String("policy", "", "the conversion policy (default: mqtt-levels/v1, nats-tokens/v1 or amqp-words/v1 by protocol)")
+	protoNames, defaults := make([]string, len(ds)), make([]string, len(ds))
+	for i, d := range ds {
+		protoNames[i], defaults[i] = string(d.Name()), d.Policies()[0].Name()
+	}
+	proto := fs.String("protocol", "", "the broker's protocol: "+orList(protoNames)+" (required)")
+	name := fs.String("policy", "", "the conversion policy (default: "+orList(defaults)+" by protocol)")
 	dir := fs.String("direction", string(policy.Inbound), "inbound (broker → weida) or outbound (weida → broker)")
 	fs.Var(inputFlag{"filter", &inputs}, "filter", "a broker filter to convert to weida's grammar; repeatable")
 	fs.Var(inputFlag{"topic", &inputs}, "topic", "a topic to convert: a broker topic inbound, a weida topic outbound; repeatable")
 	output := fs.String("output", "text", "output format: text or json")
-	qos := fs.Int("qos", 1, "MQTT only: the QoS the bridge would use (0 or 1); changes the losses")
-	jetstream := fs.Bool("jetstream", false, "NATS only: the bridge would use JetStream; changes the losses")
+	settings := settingFlags(ds)
+	given := map[string]string{}
+	for _, s := range settings {
+		usage := strings.ToUpper(strings.Join(s.protocols, ", ")) + " only: " + s.Usage
+		set := func(v string) error { given[s.Name] = v; return nil }
+		if s.Bool {
+			fs.BoolFunc(s.Name, usage, set)
+		} else {
+			fs.Func(s.Name, usage+" (default "+s.Default+")", set)
+		}
+	}
 	if code, done := parseFlags(fs, args, stdout); done {
 		return code
 	}
@@ -99,19 +156,22 @@ func cmdExplain(_ context.Context, args []string, _ io.Reader, stdout, stderr io
 		return usageErr("unexpected argument %q: give each input with --filter or --topic", fs.Arg(0))
 	}
 	if *proto == "" {
-		return usageErr("--protocol is required (mqtt, nats or amqp)")
+		return usageErr("--protocol is required (%s)", orList(protoNames))
 	}
-	p, err := policy.ParseProtocol(*proto)
-	if err != nil {
-		return usageErr("--protocol must be mqtt, nats or amqp, not %q", *proto)
+	drv := service.Lookup(ds, *proto)
+	if drv == nil {
+		return usageErr("--protocol must be %s, not %q", orList(protoNames), *proto)
 	}
-	pol := policy.Default(p)
+	p, def := drv.Name(), drv.Policies()[0]
+	pol := def
 	if *name != "" {
-		if pol, err = policy.Lookup(*name); err != nil {
-			return usageErr("unknown --policy %q; known policies: %s", *name, strings.Join(policy.Names(), ", "))
+		all := service.Policies(ds)
+		var err error
+		if pol, err = policy.Lookup(all, *name); err != nil {
+			return usageErr("unknown --policy %q; known policies: %s", *name, strings.Join(policy.Names(all), ", "))
 		}
 		if pol.Protocol() != p {
-			return usageErr("policy %s is for %s, not %s (the %s default is %s)", pol.Name(), pol.Protocol(), p, p, policy.Default(p).Name())
+			return usageErr("policy %s is for %s, not %s (the %s default is %s)", pol.Name(), pol.Protocol(), p, p, def.Name())
 		}
 	}
 	d := policy.Direction(*dir)
@@ -121,22 +181,26 @@ func cmdExplain(_ context.Context, args []string, _ io.Reader, stdout, stderr io
 	if *output != "text" && *output != "json" {
 		return usageErr("--output must be text or json, not %q", *output)
 	}
-	if *qos != 0 && *qos != 1 {
-		return usageErr("--qos must be 0 or 1, not %d", *qos)
-	}
-	setFlags := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { setFlags[f.Name] = true })
-	if setFlags["qos"] && p != policy.MQTT {
-		return usageErr("--qos applies to mqtt only")
-	}
-	if setFlags["jetstream"] && p != policy.NATS {
-		return usageErr("--jetstream applies to nats only")
+	var opts policy.Options
+	for _, s := range settings {
+		v, set := given[s.Name]
+		if !slices.Contains(s.protocols, string(p)) {
+			if set {
+				return usageErr("--%s applies to %s only", s.Name, strings.Join(s.protocols, " and "))
+			}
+			continue
+		}
+		if !set {
+			v = s.Default
+		}
+		if err := s.Apply(&opts, v); err != nil {
+			return usageErr("--%s %v", s.Name, err)
+		}
 	}
 	if len(inputs) == 0 {
 		return usageErr("nothing to explain: give at least one --filter or --topic")
 	}
 
-	opts := policy.Options{QoS: *qos, JetStream: *jetstream}
 	results := make([]explainResult, len(inputs))
 	refused := false
 	for i, in := range inputs {
@@ -152,7 +216,7 @@ func cmdExplain(_ context.Context, args []string, _ io.Reader, stdout, stderr io
 			}
 		}
 	} else {
-		writeExplainText(stdout, pol, d, opts, results)
+		writeExplainText(stdout, pol, drv.DescribeOptions(opts), d, opts, results)
 	}
 	if refused {
 		return exitRefused
@@ -202,22 +266,15 @@ func explainOne(pol policy.Policy, d policy.Direction, opts policy.Options, in e
 // writeExplainText prints a header naming the conversion, one block per
 // input, and the losses with their meaning once at the end. Inputs and
 // outputs are quoted so that empty strings and spaces show.
-func writeExplainText(w io.Writer, pol policy.Policy, d policy.Direction, opts policy.Options, results []explainResult) {
+func writeExplainText(w io.Writer, pol policy.Policy, settings string, d policy.Direction, opts policy.Options, results []explainResult) {
 	proto := strings.ToUpper(string(pol.Protocol()))
 	from, to := proto, "weida"
 	if d == policy.Outbound {
 		from, to = "weida", proto
 	}
 	fmt.Fprintf(w, "%s, %s", pol.Name(), d)
-	switch pol.Protocol() {
-	case policy.MQTT:
-		fmt.Fprintf(w, ", QoS %d", opts.QoS)
-	case policy.NATS:
-		if opts.JetStream {
-			fmt.Fprint(w, ", JetStream")
-		} else {
-			fmt.Fprint(w, ", core NATS")
-		}
+	if settings != "" {
+		fmt.Fprintf(w, ", %s", settings)
 	}
 	fmt.Fprintf(w, ": filters %s → weida, topics %s → %s\n\n", proto, from, to)
 
@@ -253,4 +310,12 @@ func writeExplainText(w io.Writer, pol policy.Policy, d policy.Direction, opts p
 	for _, l := range losses {
 		fmt.Fprintf(w, "  %-*s  %s\n", width, l, l.Description())
 	}
+}
+
+// orList joins names as a sentence does: "a, b or c".
+func orList(names []string) string {
+	if len(names) < 2 {
+		return strings.Join(names, "")
+	}
+	return strings.Join(names[:len(names)-1], ", ") + " or " + names[len(names)-1]
 }

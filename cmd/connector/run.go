@@ -6,19 +6,15 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"strings"
 	"syscall"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-
 	"weida.dev/connector/connectors"
 	"weida.dev/connector/resources"
+	"weida.dev/connector/service"
 )
 
 // runOptions are the flags of `connector run`.
@@ -84,104 +80,38 @@ func newLogger(w io.Writer, format string, level slog.Level) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, ho))
 }
 
-// loadUnits loads, checks and binds the resources. On any refusal it
-// returns the check-style diagnostics as the error text.
-func loadUnits(paths []string, env unitEnv) ([]connectors.Unit, []*resources.Connector, error) {
-	set, err := resources.Load(paths...)
-	if err != nil {
-		var b strings.Builder
-		writeCheckText(&b, set)
-		return nil, nil, errors.New(b.String())
-	}
-	cs := set.Connectors()
-	if len(cs) == 0 {
-		return nil, nil, fmt.Errorf("no resources found in %s", strings.Join(paths, ", "))
-	}
-	for _, d := range set.Documents {
-		for _, w := range d.Warnings {
-			env.log.Warn("resource warning", "resource", w.Resource, "at", w.Position.String(), "field", w.Field, "rule", w.Rule, "msg", w.Message)
-		}
-	}
-	units, err := buildUnits(cs, env)
-	if err != nil {
-		return nil, nil, err
-	}
-	return units, cs, nil
-}
-
 func runService(ctx context.Context, opts runOptions, stdout, stderr io.Writer) int {
 	log := newLogger(stderr, opts.logFormat, opts.logLevel)
-	env := unitEnv{marker: opts.instance, log: log}
 
 	// SIGHUP is registered before loading so that a reload sent while
 	// starting is not lost (nor kills the process, SIGHUP's default).
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
-
-	units, cs, err := loadUnits(opts.paths, env)
-	if err != nil {
-		fmt.Fprintf(stderr, "connector run: refusing to start; nothing was started.\n%s\n", err)
+	err := service.Run(ctx, service.Config{
+		Env:   service.Env{Drivers: drivers(), LoopMarker: opts.instance, Logger: log},
+		Paths: opts.paths,
+		Admin: opts.admin,
+		Drain: opts.drain,
+		Retry: opts.retry,
+		Describe: func(set *resources.Set) string {
+			var b strings.Builder
+			writeCheckText(&b, set)
+			return b.String()
+		},
+	}, hup)
+	var le *service.LoadError
+	var ae *service.AdminError
+	switch {
+	case errors.As(err, &le):
+		fmt.Fprintf(stderr, "connector run: refusing to start; nothing was started.\n%s\n", le.Text)
+		return exitFailure
+	case errors.As(err, &ae):
+		fmt.Fprintf(stderr, "connector run: %v; nothing was started.\n", ae)
+		return exitFailure
+	case err != nil:
+		fmt.Fprintf(stderr, "connector run: %v\n", err)
 		return exitFailure
 	}
-
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	metrics := connectors.NewMetrics(reg)
-	rt := connectors.NewRuntime(connectors.Deps{Metrics: metrics, Logger: log, Drain: opts.drain, Backoff: opts.retry.Wait})
-	reg.MustRegister(rt.Collector())
-
-	var adminSrv *http.Server
-	if opts.admin != "" {
-		ln, err := net.Listen("tcp", opts.admin)
-		if err != nil {
-			fmt.Fprintf(stderr, "connector run: admin listener %s: %v; nothing was started.\n", opts.admin, err)
-			return exitFailure
-		}
-		adminSrv = &http.Server{Handler: connectors.AdminHandler(rt, reg), ReadHeaderTimeout: 5 * time.Second}
-		go func() {
-			if err := adminSrv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				log.Error("admin listener stopped", "err", err)
-			}
-		}()
-		log.Info("admin listener up", "addr", ln.Addr().String())
-	}
-
-	if err := rt.Apply(ctx, units); err != nil {
-		log.Error("some resources could not start; they are retried, the others run", "err", err)
-	}
-	log.Info("connector running", "resources", len(cs), "instance", opts.instance)
-
-	for {
-		select {
-		case <-ctx.Done():
-			log.Info("stopping: draining in-flight messages", "bound", opts.drain.String())
-			rt.Stop()
-			if adminSrv != nil {
-				sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-				_ = adminSrv.Shutdown(sctx)
-				cancel()
-			}
-			log.Info("stopped")
-			return exitOK
-		case <-hup:
-			reload(ctx, rt, opts, env, log)
-		}
-	}
-}
-
-// reload validates every file again and applies the difference only when
-// all of them are valid; otherwise the running set stays as it is.
-func reload(ctx context.Context, rt *connectors.Runtime, opts runOptions, env unitEnv, log *slog.Logger) {
-	log.Info("SIGHUP: reloading resources", "paths", strings.Join(opts.paths, ","))
-	units, cs, err := loadUnits(opts.paths, env)
-	if err != nil {
-		log.Error("reload refused; the running resources are unchanged", "errors", err.Error())
-		return
-	}
-	if err := rt.Apply(ctx, units); err != nil {
-		log.Error("reload applied; some resources could not start and are retried", "err", err)
-		return
-	}
-	log.Info("reload applied", "resources", len(cs))
+	return exitOK
 }

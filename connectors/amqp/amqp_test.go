@@ -94,7 +94,7 @@ func newHarness(t *testing.T) conntest.Harness {
 	return &harness{t: t, ch: ch}
 }
 
-func (h *harness) Protocol() policy.Protocol { return policy.AMQP }
+func (h *harness) Policy() policy.Policy { return Driver.Policies()[0] }
 
 func (h *harness) NewSource(name, marker string, report connectors.StateFunc) (connectors.Source, error) {
 	cfg := testConfig(name, marker)

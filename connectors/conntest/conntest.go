@@ -21,9 +21,9 @@ import (
 
 // Harness adapts one driver and its broker to the suite.
 type Harness interface {
-	// Protocol names the foreign grammar; the suite uses its default
-	// policy.
-	Protocol() policy.Protocol
+	// Policy is the driver's default conversion policy (the first of its
+	// Policies); the suite converts with it.
+	Policy() policy.Policy
 	// NewSource returns an inbound Source for a resource named name.
 	// marker is the loop marker value the Source must recognise.
 	NewSource(name, marker string, report connectors.StateFunc) (connectors.Source, error)
@@ -139,7 +139,7 @@ func waitReady(t *testing.T, b *connectors.Bridge) {
 // endpoint subscribed to wfilter.
 func inbound(t *testing.T, h Harness, filter, marker string) (*bridgeEnv, *weida.Subscriber, *weida.Publisher) {
 	t.Helper()
-	p := policy.Default(h.Protocol())
+	p := h.Policy()
 	l, err := weida.Listen(context.Background(), "127.0.0.1:0", weida.ListenConfig{})
 	if err != nil {
 		t.Fatal(err)
@@ -151,7 +151,7 @@ func inbound(t *testing.T, h Harness, filter, marker string) (*bridgeEnv, *weida
 	}
 	name := "in-" + Unique()
 	spec := connectors.Spec{
-		Name: name, Protocol: h.Protocol(), Direction: policy.Inbound, Policy: p,
+		Name: name, Protocol: h.Policy().Protocol(), Direction: policy.Inbound, Policy: p,
 		Routes:   []connectors.Route{route(t, p, filter)},
 		Endpoint: "weida://" + l.Addr().String() + "/conntest",
 	}
@@ -182,7 +182,7 @@ func inbound(t *testing.T, h Harness, filter, marker string) (*bridgeEnv, *weida
 // outbound starts a weida publisher and an outbound bridge dialling it.
 func outbound(t *testing.T, h Harness, filter, marker string) (*bridgeEnv, *weida.Publisher) {
 	t.Helper()
-	p := policy.Default(h.Protocol())
+	p := h.Policy()
 	l, err := weida.Listen(context.Background(), "127.0.0.1:0", weida.ListenConfig{})
 	if err != nil {
 		t.Fatal(err)
@@ -195,7 +195,7 @@ func outbound(t *testing.T, h Harness, filter, marker string) (*bridgeEnv, *weid
 	url := "weida://" + l.Fingerprint() + "@" + l.Addr().String() + "/conntest-out"
 	name := "out-" + Unique()
 	spec := connectors.Spec{
-		Name: name, Protocol: h.Protocol(), Direction: policy.Outbound, Policy: p,
+		Name: name, Protocol: h.Policy().Protocol(), Direction: policy.Outbound, Policy: p,
 		Routes: []connectors.Route{route(t, p, filter)}, Endpoint: url, InFlight: 8,
 	}
 	m := connectors.NewMetrics(prometheus.NewRegistry())

@@ -16,7 +16,7 @@ import (
 func testInboundRoundTrip(t *testing.T, h Harness) {
 	filter, selected, other, _ := h.Topics()
 	env, sub, _ := inbound(t, h, filter, "m-"+Unique())
-	p := policy.Default(h.Protocol())
+	p := h.Policy()
 	ctx := ctxFor(t, 20*time.Second)
 	if err := h.Publish(ctx, &connectors.Message{Topic: other, Payload: []byte("not for us")}); err != nil {
 		t.Fatal(err)
@@ -60,7 +60,7 @@ func testInboundUnconvertible(t *testing.T, h Harness) {
 	if !ok || string(m.Payload) != "y" {
 		t.Fatalf("want only the convertible message, got %q ok=%v", m.Payload, ok)
 	}
-	_, err := policy.Default(h.Protocol()).TopicToWeida(bad)
+	_, err := h.Policy().TopicToWeida(bad)
 	rule := err.(*policy.Refusal).Rule
 	deadline := time.Now().Add(5 * time.Second)
 	for dropped(env.bridge, rule) != 1 && time.Now().Before(deadline) {
@@ -75,7 +75,7 @@ func testInboundUnconvertible(t *testing.T, h Harness) {
 // reaches the broker converted; one outside the route is dropped, counted.
 func testOutboundRoundTrip(t *testing.T, h Harness) {
 	filter, selected, other, _ := h.Topics()
-	p := policy.Default(h.Protocol())
+	p := h.Policy()
 	msgs, stop, err := h.Subscribe(ctxFor(t, 10*time.Second), filter)
 	if err != nil {
 		t.Fatal(err)
@@ -132,7 +132,7 @@ func testMetadata(t *testing.T, h Harness) {
 	}
 	defer stop()
 	_, pub := outbound(t, h, filter, "m-"+Unique())
-	w, _ := policy.Default(h.Protocol()).TopicToWeida(selected)
+	w, _ := h.Policy().TopicToWeida(selected)
 	if _, err := pub.Publish(ctx, weida.Message{Topic: w, Payload: []byte("m"), ContentType: "text/plain", Traceparent: tp, Tracestate: ts}); err != nil {
 		t.Fatal(err)
 	}
@@ -152,7 +152,7 @@ func testLoopMarker(t *testing.T, h Harness) {
 	marker := "m-" + Unique()
 	in, sub, _ := inbound(t, h, filter, marker)
 	_, pub := outbound(t, h, filter, marker)
-	w, _ := policy.Default(h.Protocol()).TopicToWeida(selected)
+	w, _ := h.Policy().TopicToWeida(selected)
 	if _, err := pub.Publish(ctxFor(t, 10*time.Second), weida.Message{Topic: w, Payload: []byte("echo?")}); err != nil {
 		t.Fatal(err)
 	}

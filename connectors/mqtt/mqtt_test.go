@@ -37,7 +37,7 @@ func requireBroker(t *testing.T) {
 
 type harness struct{ t *testing.T }
 
-func (h harness) Protocol() policy.Protocol { return policy.MQTT }
+func (h harness) Policy() policy.Policy { return Driver.Policies()[0] }
 
 func (h harness) config(name, marker string) Config {
 	return Config{

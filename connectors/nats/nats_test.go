@@ -46,7 +46,7 @@ type harness struct {
 	prefix string // first token of every subject
 }
 
-func (h harness) Protocol() policy.Protocol { return policy.NATS }
+func (h harness) Policy() policy.Policy { return Driver.Policies()[0] }
 
 func (h harness) config(name, marker string, inbound bool) Config {
 	cfg := Config{

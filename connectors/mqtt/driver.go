@@ -1,0 +1,239 @@
+package mqtt
+
+import (
+	"fmt"
+	"net"
+	"reflect"
+	"strconv"
+	"strings"
+	"time"
+
+	"weida.dev/connector/connectors"
+	"weida.dev/connector/policy"
+	"weida.dev/connector/resources"
+)
+
+// Defaults of spec.broker.mqtt; docs/RESOURCES.md documents them.
+const (
+	DefaultQoS           = 1         // qos
+	DefaultSessionExpiry = time.Hour // sessionExpiry
+)
+
+// Options are the MQTT 5 settings of a resource (spec.broker.mqtt, defaults
+// applied), as [Driver] stores them in resources.Broker.Options.
+type Options struct {
+	QoS           byte          // 0 or 1
+	CleanStart    bool          // false: resume the session named by the client id
+	SessionExpiry time.Duration // whole seconds; how long the broker keeps the session after a disconnect
+	// SharedGroup, when set (inbound only), makes every subscription
+	// $share/SharedGroup/filter, so that replicas split the messages.
+	SharedGroup string
+}
+
+// OptionsOf returns c's MQTT options; ok is false when c is not a bound
+// MQTT resource.
+func OptionsOf(c *resources.Connector) (o Options, ok bool) {
+	o, ok = c.Broker.Options.(Options)
+	return o, ok
+}
+
+// Driver is the MQTT 5 protocol: how resources write it and how the
+// connector bridges it. It is stateless; the program lists it among its
+// drivers.
+var Driver driver
+
+type driver struct{}
+
+type rawOptions struct {
+	QoS           *int                `yaml:"qos" validate:"omitempty,mqttqos"`
+	CleanStart    *bool               `yaml:"cleanStart"`
+	SessionExpiry *resources.Duration `yaml:"sessionExpiry" validate:"omitempty,sessionexpiry"`
+	SharedGroup   string              `yaml:"sharedGroup" validate:"omitempty,sharename"`
+}
+
+// schema is a function so that its rules cannot be changed at run time.
+func schema() resources.Schema {
+	return resources.Schema{Rules: map[string]resources.Rule{
+		"mqttqos": {
+			Valid: func(v reflect.Value) bool { q := v.Int(); return q == 0 || q == 1 },
+			Explain: func(value string) (string, string, string) {
+				hint := "write qos: 1 (at least once from the broker) or qos: 0 (and state the at-most-once loss)"
+				if value == "2" {
+					return "mqtt-qos-2", "QoS 2 is refused: exactly-once delivery cannot be kept across weida, which delivers at most once to each subscriber", hint
+				}
+				return "mqtt-qos", "must be 0 or 1", hint
+			},
+		},
+		"sessionexpiry": {
+			Valid: func(v reflect.Value) bool {
+				d := time.Duration(v.Int())
+				return d >= 0 && d%time.Second == 0 && d/time.Second <= 1<<32-1
+			},
+			Explain: func(string) (string, string, string) {
+				return "sessionexpiry", "must be a whole number of seconds from 0s to 4294967295s (MQTT 5 Session Expiry Interval)", "for example 1h"
+			},
+		},
+		"sharename": {
+			Valid: func(v reflect.Value) bool {
+				s := v.String()
+				return resources.IsPrintable(s) && !strings.ContainsAny(s, "/+#")
+			},
+			Explain: func(string) (string, string, string) {
+				return "sharename", "must be printable text without '/', '+' or '#' (MQTT 5 §4.8.2)", ""
+			},
+		},
+	}}
+}
+
+func (driver) Name() policy.Protocol { return policy.MQTT }
+
+func (driver) URL() resources.URLRules {
+	return resources.URLRules{Scheme: "mqtt", TLSScheme: "mqtts", Port: 1883, TLSPort: 8883}
+}
+
+func (driver) Policies() []policy.Policy {
+	return []policy.Policy{policy.MQTTLevelsV1(), policy.MQTTLevelsEscapedV1()}
+}
+
+func (driver) DescribeOptions(o policy.Options) string { return fmt.Sprintf("QoS %d", o.QoS) }
+
+func (driver) Settings() []policy.Setting {
+	return []policy.Setting{{
+		Name: "qos", Usage: "the QoS the bridge would use (0 or 1); changes the losses", Values: "0|1", Default: "1",
+		Apply: func(o *policy.Options, v string) error {
+			q, err := strconv.Atoi(v)
+			if err != nil || (q != 0 && q != 1) {
+				return fmt.Errorf("must be 0 or 1, not %s", v)
+			}
+			o.QoS = q
+			return nil
+		},
+	}}
+}
+
+func (driver) Broker(b *resources.BrokerBlock) resources.BrokerOptions {
+	var raw rawOptions
+	b.Decode(&raw, schema())
+	if !b.Binding() {
+		return resources.BrokerOptions{}
+	}
+	base := b.Path()
+	if cr, ok := b.Credentials(); ok {
+		refuseNATSCredentials(b, cr)
+	}
+	m := Options{QoS: DefaultQoS, SessionExpiry: DefaultSessionExpiry}
+	optsOK := true
+	if raw.QoS != nil {
+		if b.OK(base + ".qos") {
+			m.QoS = byte(*raw.QoS)
+		} else {
+			optsOK = false
+		}
+	}
+	if raw.CleanStart != nil {
+		m.CleanStart = *raw.CleanStart
+	}
+	if raw.SessionExpiry != nil {
+		m.SessionExpiry = time.Duration(*raw.SessionExpiry)
+	}
+	m.SharedGroup = raw.SharedGroup
+	b.DirectionOnly(base+".sharedGroup", raw.SharedGroup != "", policy.Inbound,
+		"a shared subscription splits what the broker delivers among subscribers; an outbound resource only publishes")
+	return resources.BrokerOptions{Options: m, Policy: policy.Options{QoS: int(m.QoS)}, PolicyOK: optsOK}
+}
+
+// refuseNATSCredentials reports the credential methods MQTT does not have.
+func refuseNATSCredentials(b *resources.BrokerBlock, cr resources.Credentials) {
+	for _, f := range []struct {
+		name string
+		ref  resources.SecretRef
+	}{{"token", cr.Token}, {"nkeySeed", cr.NKeySeed}, {"creds", cr.Creds}} {
+		if !f.ref.IsZero() {
+			path := "spec.broker.credentials." + f.name
+			b.Fail(path, b.KeyAt(path), "", "credentials-protocol",
+				"is a NATS credential, but spec.protocol is mqtt", "use username and password")
+		}
+	}
+}
+
+// CheckSet refuses two resources with one client id on one broker: each
+// connection would make the broker disconnect the other, over and over.
+func (driver) CheckSet(s *resources.SetCheck) {
+	cs := s.Connectors()
+	for _, g := range s.GroupBy(cs, func(c *resources.Connector) string {
+		if resources.BrokerKey(c) == "" || c.Broker.ClientID == "" {
+			return ""
+		}
+		return resources.BrokerKey(c) + "\x00" + c.Broker.ClientID
+	}) {
+		addr := g[0].Broker.Addr()
+		s.Report(g, resources.Conflict{
+			// Point at metadata.name when the client id defaulted to it.
+			Field: func(c *resources.Connector) string {
+				if s.Written(c, "spec.broker.clientID") {
+					return "spec.broker.clientID"
+				}
+				return "metadata.name"
+			},
+			Value: func(c *resources.Connector) string { return c.Broker.ClientID },
+			Rule:  "broker-client-id-duplicate",
+			Message: func(others string) string {
+				return fmt.Sprintf("is also the MQTT client id of %s on %s: each connection would make the broker disconnect the other, over and over", others, addr)
+			},
+			Hint: "give each resource its own spec.broker.clientID (it defaults to metadata.name)",
+		})
+	}
+}
+
+// Summary describes c's MQTT session for `connector check`.
+func (driver) Summary(c *resources.Connector) string {
+	m, _ := OptionsOf(c)
+	s := fmt.Sprintf("qos %d", m.QoS)
+	if m.CleanStart {
+		s += ", clean start"
+	} else {
+		s += fmt.Sprintf(", session kept %s", m.SessionExpiry)
+	}
+	if m.SharedGroup != "" {
+		s += ", shared group " + m.SharedGroup
+	}
+	return s
+}
+
+// Source returns the factory of an inbound resource's Source.
+func (driver) Source(bc resources.BrokerConfig) connectors.SourceFactory {
+	cfg := configOf(bc)
+	return func(report connectors.StateFunc) (connectors.Source, error) { return NewSource(cfg, report) }
+}
+
+// Sink returns the factory of an outbound resource's Sink.
+func (driver) Sink(bc resources.BrokerConfig) connectors.SinkFactory {
+	cfg := configOf(bc)
+	return func(report connectors.StateFunc) (connectors.Sink, error) { return NewSink(cfg, report) }
+}
+
+// configOf maps a loaded resource onto a Config.
+func configOf(bc resources.BrokerConfig) Config {
+	c := bc.Resource
+	m, _ := OptionsOf(c)
+	scheme := Driver.URL().Scheme
+	if c.Broker.TLS.Enabled {
+		scheme = Driver.URL().TLSScheme
+	}
+	cfg := Config{
+		URL:           scheme + "://" + net.JoinHostPort(c.Broker.Host, strconv.Itoa(c.Broker.Port)),
+		ClientID:      c.Broker.ClientID,
+		Username:      bc.Credentials.Username,
+		TLS:           bc.TLS,
+		QoS:           m.QoS,
+		CleanStart:    m.CleanStart,
+		SessionExpiry: m.SessionExpiry,
+		SharedGroup:   m.SharedGroup,
+		LoopMarker:    bc.LoopMarker,
+		Logger:        bc.Logger,
+	}
+	if !bc.Credentials.Password.IsZero() {
+		cfg.Password = []byte(bc.Credentials.Password.Reveal())
+	}
+	return cfg
+}

@@ -1,0 +1,268 @@
+package nats
+
+import (
+	"fmt"
+	"net"
+	"reflect"
+	"strconv"
+	"strings"
+
+	"weida.dev/connector/connectors"
+	"weida.dev/connector/policy"
+	"weida.dev/connector/resources"
+)
+
+// Options are the NATS settings of a resource (spec.broker.nats), as
+// [Driver] stores them in resources.Broker.Options.
+type Options struct {
+	// QueueGroup, when set (inbound, core NATS only), makes replicas split
+	// the messages.
+	QueueGroup string
+	// JetStream is nil for core NATS. Its Durable is "" for outbound
+	// resources, which publish with acks.
+	JetStream *JetStream
+}
+
+// OptionsOf returns c's NATS options; ok is false when c is not a bound
+// NATS resource.
+func OptionsOf(c *resources.Connector) (o Options, ok bool) {
+	o, ok = c.Broker.Options.(Options)
+	return o, ok
+}
+
+// Driver is the NATS protocol (core NATS and JetStream): how resources
+// write it and how the connector bridges it. It is stateless; the program
+// lists it among its drivers.
+var Driver driver
+
+type driver struct{}
+
+type rawOptions struct {
+	QueueGroup string        `yaml:"queueGroup" validate:"omitempty,natsname"`
+	JetStream  *rawJetStream `yaml:"jetstream"`
+}
+
+type rawJetStream struct {
+	Stream  string `yaml:"stream" validate:"required,jsname"`
+	Durable string `yaml:"durable" validate:"omitempty,jsname"`
+}
+
+// schema is a function so that its rules cannot be changed at run time.
+func schema() resources.Schema {
+	str := func(f func(string) bool) func(reflect.Value) bool {
+		return func(v reflect.Value) bool { return f(v.String()) }
+	}
+	return resources.Schema{
+		Rules: map[string]resources.Rule{
+			"natsname": {
+				Valid: str(func(s string) bool { return resources.IsPrintable(s) && !strings.ContainsAny(s, " \t*>") }),
+				Explain: func(string) (string, string, string) {
+					return "natsname", "must be printable text without whitespace, '*' or '>'", ""
+				},
+			},
+			"jsname": {
+				Valid: str(func(s string) bool {
+					return len(s) <= 255 && resources.IsPrintable(s) && !strings.ContainsAny(s, " \t.*>/\\")
+				}),
+				Explain: func(string) (string, string, string) {
+					return "jsname", "must be a JetStream name: printable, without whitespace, '.', '*', '>', '/' or '\\'", ""
+				},
+			},
+		},
+		RequiredHints: map[string]string{
+			"spec.broker.nats.jetstream.stream": "name the JetStream stream: jetstream: {stream: ORDERS, durable: connector}",
+		},
+	}
+}
+
+func (driver) Name() policy.Protocol { return policy.NATS }
+
+func (driver) URL() resources.URLRules {
+	return resources.URLRules{Scheme: "nats", TLSScheme: "tls", Port: 4222, TLSPort: 4222}
+}
+
+func (driver) Policies() []policy.Policy { return []policy.Policy{policy.NATSTokensV1()} }
+
+func (driver) DescribeOptions(o policy.Options) string {
+	if o.JetStream {
+		return "JetStream"
+	}
+	return "core NATS"
+}
+
+func (driver) Settings() []policy.Setting {
+	return []policy.Setting{{
+		Name: "jetstream", Usage: "the bridge would use JetStream; changes the losses", Bool: true, Default: "false",
+		Apply: func(o *policy.Options, v string) error {
+			b, err := strconv.ParseBool(v)
+			if err != nil {
+				return fmt.Errorf("must be true or false, not %s", v)
+			}
+			o.JetStream = b
+			return nil
+		},
+	}}
+}
+
+func (driver) Broker(b *resources.BrokerBlock) resources.BrokerOptions {
+	var raw rawOptions
+	b.Decode(&raw, schema())
+	if !b.Binding() {
+		return resources.BrokerOptions{}
+	}
+	if cr, ok := b.Credentials(); ok {
+		checkCredentials(b, cr)
+	}
+	n := Options{}
+	out := resources.BrokerOptions{PolicyOK: true}
+	const base = "spec.broker.nats"
+	n.QueueGroup = raw.QueueGroup
+	b.DirectionOnly(base+".queueGroup", raw.QueueGroup != "", policy.Inbound,
+		"a queue group splits what the server delivers among subscribers; an outbound resource only publishes")
+	if rj := raw.JetStream; rj != nil {
+		n.JetStream = &JetStream{Stream: rj.Stream, Durable: rj.Durable}
+		out.Policy.JetStream = true
+		js := base + ".jetstream"
+		if raw.QueueGroup != "" {
+			b.Fail(base+".queueGroup", b.KeyAt(base+".queueGroup"), raw.QueueGroup, "jetstream-queue-group",
+				"applies to core NATS only; with jetstream, replicas share the durable consumer",
+				"remove queueGroup; replicas that name the same durable split the messages")
+		}
+		if dir, ok := b.Direction(); ok {
+			switch dir {
+			case policy.Inbound:
+				if rj.Durable == "" {
+					b.Fail(js+".durable", b.KeyAt(js+".durable"), "", "required",
+						"is required for an inbound resource: the durable consumer remembers what was acknowledged across restarts",
+						"durable: weida-connector")
+				}
+			case policy.Outbound:
+				b.DirectionOnly(js+".durable", rj.Durable != "", policy.Inbound,
+					"an outbound resource publishes to the stream and waits for its acks; it consumes nothing")
+			}
+		}
+	}
+	out.Options = n
+	return out
+}
+
+// checkCredentials applies NATS's rules: a password needs a username, and
+// one method only.
+func checkCredentials(b *resources.BrokerBlock, cr resources.Credentials) {
+	const base = "spec.broker.credentials"
+	if cr.Username != "" && cr.Password.IsZero() && b.OK(base+".password") {
+		b.Fail(base+".username", b.KeyAt(base+".username"), cr.Username, "credentials-incomplete",
+			"is set without a password, which nats requires", "add password: {env: NAME}")
+	}
+	var methods []string
+	if cr.Username != "" || !cr.Password.IsZero() {
+		methods = append(methods, "username/password")
+	}
+	for _, f := range []struct {
+		name string
+		ref  resources.SecretRef
+	}{{"token", cr.Token}, {"nkeySeed", cr.NKeySeed}, {"creds", cr.Creds}} {
+		if !f.ref.IsZero() {
+			methods = append(methods, f.name)
+		}
+	}
+	if len(methods) > 1 {
+		b.Fail(base, b.KeyAt(base), "", "credentials-conflict",
+			"names more than one way to authenticate: "+strings.Join(methods, ", "),
+			"keep one: username and password, token, nkeySeed, or creds")
+	}
+}
+
+// CheckSet refuses two resources with one durable consumer on one stream:
+// the server would split the messages between them.
+func (driver) CheckSet(s *resources.SetCheck) {
+	durable := func(c *resources.Connector) string {
+		o, _ := OptionsOf(c)
+		if o.JetStream == nil {
+			return ""
+		}
+		return o.JetStream.Durable
+	}
+	for _, g := range s.GroupBy(s.Connectors(), func(c *resources.Connector) string {
+		o, _ := OptionsOf(c)
+		if durable(c) == "" || resources.BrokerKey(c) == "" {
+			return ""
+		}
+		return resources.BrokerKey(c) + "\x00" + o.JetStream.Stream + "\x00" + durable(c)
+	}) {
+		s.Report(g, resources.Conflict{
+			Field: func(*resources.Connector) string { return "spec.broker.nats.jetstream.durable" },
+			Value: durable,
+			Rule:  "broker-consumer-duplicate",
+			Message: func(others string) string {
+				return "is also the durable consumer of " + others + " on the same stream: the server would split the messages between the two resources"
+			},
+			Hint: "give each resource its own durable name",
+		})
+	}
+}
+
+// Summary describes how c reads or writes NATS, for `connector check`.
+func (driver) Summary(c *resources.Connector) string {
+	n, _ := OptionsOf(c)
+	var parts []string
+	switch {
+	case n.JetStream != nil && n.JetStream.Durable != "":
+		parts = append(parts, fmt.Sprintf("JetStream stream %s, durable %s", n.JetStream.Stream, n.JetStream.Durable))
+	case n.JetStream != nil:
+		parts = append(parts, fmt.Sprintf("JetStream stream %s", n.JetStream.Stream))
+	default:
+		parts = append(parts, "core NATS")
+	}
+	if n.QueueGroup != "" {
+		parts = append(parts, "queue group "+n.QueueGroup)
+	}
+	return strings.Join(parts, "; ")
+}
+
+// Source returns the factory of an inbound resource's Source.
+func (driver) Source(bc resources.BrokerConfig) connectors.SourceFactory {
+	cfg := configOf(bc)
+	return func(report connectors.StateFunc) (connectors.Source, error) { return NewSource(cfg, report) }
+}
+
+// Sink returns the factory of an outbound resource's Sink.
+func (driver) Sink(bc resources.BrokerConfig) connectors.SinkFactory {
+	cfg := configOf(bc)
+	return func(report connectors.StateFunc) (connectors.Sink, error) { return NewSink(cfg, report) }
+}
+
+// configOf maps a loaded resource onto a Config.
+func configOf(bc resources.BrokerConfig) Config {
+	c, creds := bc.Resource, bc.Credentials
+	scheme := Driver.URL().Scheme
+	if c.Broker.TLS.Enabled {
+		scheme = Driver.URL().TLSScheme
+	}
+	cfg := Config{
+		URL:        scheme + "://" + net.JoinHostPort(c.Broker.Host, strconv.Itoa(c.Broker.Port)),
+		Name:       c.Broker.ClientID,
+		User:       creds.Username,
+		Password:   creds.Password.Reveal(),
+		Token:      creds.Token.Reveal(),
+		NKeySeed:   creds.NKeySeed.Reveal(),
+		TLS:        bc.TLS,
+		LoopMarker: bc.LoopMarker,
+		Logger:     bc.Logger,
+	}
+	if !creds.Creds.IsZero() {
+		cfg.Creds = []byte(creds.Creds.Reveal())
+	}
+	if o, ok := OptionsOf(c); ok {
+		cfg.QueueGroup = o.QueueGroup
+		if js := o.JetStream; js != nil {
+			cfg.JetStream = &JetStream{Stream: js.Stream, Durable: js.Durable}
+		}
+	}
+	if c.Direction == policy.Inbound && c.Limits.InFlight > 0 {
+		// A new durable consumer delivers no more than the runtime may
+		// hold unsettled.
+		cfg.MaxAckPending = c.Limits.InFlight
+	}
+	return cfg
+}

@@ -1,0 +1,10 @@
+package resources
+
+// Internals the external tests check against.
+const (
+	MaxMappingValues = maxMappingValues
+	MaxTokens        = maxTokens
+	MaxDocuments     = maxDocuments
+)
+
+var StripRoutePos = stripRoutePos

@@ -1,0 +1,171 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"weida.dev/connector/connectors"
+	"weida.dev/connector/resources"
+)
+
+// LoadError is returned when resources cannot run: some are invalid, none
+// were found, or a secret cannot be read. Nothing was started.
+type LoadError struct {
+	// Set is what was loaded; nil when loading itself succeeded and
+	// building the units failed.
+	Set *resources.Set
+	// Text is the diagnostics, one or more lines, for an operator.
+	Text string
+	Err  error
+}
+
+func (e *LoadError) Error() string { return e.Text }
+func (e *LoadError) Unwrap() error { return e.Err }
+
+// Load loads and checks the resources of paths with env's drivers, logs
+// their warnings and builds their units. describe renders a refused set
+// for [LoadError.Text] (`connector check`'s text); nil uses the set's
+// joined errors.
+func Load(paths []string, env Env, describe func(*resources.Set) string) ([]connectors.Unit, []*resources.Connector, error) {
+	set, err := resources.Load(Protocols(env.Drivers), paths...)
+	if err != nil {
+		text := err.Error()
+		if describe != nil {
+			text = describe(set)
+		}
+		return nil, nil, &LoadError{Set: set, Text: text, Err: err}
+	}
+	cs := set.Connectors()
+	if len(cs) == 0 {
+		return nil, nil, &LoadError{Set: set, Text: "no resources found in " + strings.Join(paths, ", ")}
+	}
+	for _, d := range set.Documents {
+		for _, w := range d.Warnings {
+			env.logger().Warn("resource warning", "resource", w.Resource, "at", w.Position.String(), "field", w.Field, "rule", w.Rule, "msg", w.Message)
+		}
+	}
+	units, err := Units(cs, env)
+	if err != nil {
+		return nil, nil, &LoadError{Text: err.Error(), Err: err}
+	}
+	return units, cs, nil
+}
+
+// Config configures [Run].
+type Config struct {
+	Env
+	// Paths are the resource files and directories.
+	Paths []string
+	// Admin is the address of the admin HTTP listener (/metrics,
+	// /healthz, /readyz, /status); "" disables it.
+	Admin string
+	// Drain bounds how long in-flight messages may take to settle when
+	// ctx ends; zero means the runtime's default.
+	Drain time.Duration
+	// Retry bounds the jittered backoff between attempts of a failed
+	// resource; the zero value means the runtime's default.
+	Retry connectors.Backoff
+	// Describe renders a refused set (see [Load]).
+	Describe func(*resources.Set) string
+}
+
+// AdminError is returned by [Run] when the admin listener cannot listen.
+// Nothing was started.
+type AdminError struct {
+	Addr string
+	Err  error
+}
+
+func (e *AdminError) Error() string { return fmt.Sprintf("admin listener %s: %v", e.Addr, e.Err) }
+func (e *AdminError) Unwrap() error { return e.Err }
+
+// Run loads the resources and runs them until ctx ends, then drains and
+// returns nil. Each value received from reload (SIGHUP, for the command)
+// loads the files again and,
+// only when all of them are valid, applies the difference; otherwise the
+// running set stays as it is. Before anything starts, a refusal returns a
+// [*LoadError] and a busy admin address an [*AdminError]. A resource that
+// cannot start (its listen address is taken, say) is logged and the others
+// run.
+func Run[T any](ctx context.Context, cfg Config, reload <-chan T) error {
+	log := cfg.logger()
+	units, cs, err := Load(cfg.Paths, cfg.Env, cfg.Describe)
+	if err != nil {
+		return err
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics := connectors.NewMetrics(reg)
+	deps := connectors.Deps{Metrics: metrics, Logger: log, Drain: cfg.Drain}
+	if cfg.Retry.Initial > 0 {
+		deps.Backoff = cfg.Retry.Wait
+	}
+	rt := connectors.NewRuntime(deps)
+	reg.MustRegister(rt.Collector())
+
+	var admin *http.Server
+	var serving sync.WaitGroup
+	if cfg.Admin != "" {
+		ln, err := net.Listen("tcp", cfg.Admin)
+		if err != nil {
+			return &AdminError{Addr: cfg.Admin, Err: err}
+		}
+		admin = &http.Server{Handler: connectors.AdminHandler(rt, reg), ReadHeaderTimeout: 5 * time.Second}
+		serving.Go(func() {
+			if err := admin.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				log.Error("admin listener stopped", "err", err)
+			}
+		})
+		log.Info("admin listener up", "addr", ln.Addr().String())
+	}
+
+	if err := rt.Apply(ctx, units); err != nil {
+		log.Error("some resources could not start; the others run", "err", err)
+	}
+	log.Info("connector running", "resources", len(cs), "instance", cfg.LoopMarker)
+
+	for {
+		select {
+		case <-ctx.Done():
+			log.Info("stopping: draining in-flight messages", "bound", cfg.Drain.String())
+			rt.Stop()
+			if admin != nil {
+				sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+				_ = admin.Shutdown(sctx)
+				cancel()
+				serving.Wait()
+			}
+			log.Info("stopped")
+			return nil
+		case <-reload:
+			Reload(ctx, rt, cfg)
+		}
+	}
+}
+
+// Reload loads cfg's files again and applies them to rt when every
+// resource is valid; otherwise it logs why and leaves rt as it is.
+func Reload(ctx context.Context, rt *connectors.Runtime, cfg Config) {
+	log := cfg.logger()
+	log.Info("reloading resources", "paths", strings.Join(cfg.Paths, ","))
+	units, cs, err := Load(cfg.Paths, cfg.Env, cfg.Describe)
+	if err != nil {
+		log.Error("reload refused; the running resources are unchanged", "errors", err.Error())
+		return
+	}
+	if err := rt.Apply(ctx, units); err != nil {
+		log.Error("reload applied; some resources could not start", "err", err)
+		return
+	}
+	log.Info("reload applied", "resources", len(cs))
+}

@@ -1,0 +1,191 @@
+package service
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+
+	"weida.dev/connector/connectors"
+	"weida.dev/connector/policy"
+	"weida.dev/connector/resources"
+	"weida.dev/connector/weida"
+)
+
+// Env is what building runnable units needs besides the resources.
+type Env struct {
+	// Drivers are the program's broker protocols; a resource whose
+	// protocol none of them has is an error.
+	Drivers []Driver
+	// Resolver reads the secrets; its zero value reads the process
+	// environment and the operating system's files.
+	Resolver resources.Resolver
+	// LoopMarker marks what the connector publishes, so that it does not
+	// bridge its own messages back (`connector run --instance`).
+	LoopMarker string
+	// Logger receives the units' logs; nil discards them.
+	Logger *slog.Logger
+	// InsecureWeidaForTesting skips weida certificate checks when
+	// dialling. Only for endpoints the caller generated itself (the demo).
+	InsecureWeidaForTesting bool
+}
+
+func (e Env) logger() *slog.Logger {
+	if e.Logger == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return e.Logger
+}
+
+// ErrNoDriver is wrapped by the error of a resource whose protocol has no
+// driver in [Env.Drivers].
+var ErrNoDriver = errors.New("service: no driver for the protocol")
+
+// Units turns loaded resources into runnable units, resolving every
+// secret. It fails as a whole: nothing should run unless everything
+// resolves. The error lists each resource's problem on its own line,
+// naming the resource and where it is written, never a secret's value.
+func Units(cs []*resources.Connector, env Env) ([]connectors.Unit, error) {
+	var units []connectors.Unit
+	var errs []string
+	for _, c := range cs {
+		u, err := unit(c, env)
+		if err != nil {
+			errs = append(errs, fmt.Sprintf("%s: resource %q: %v", c.Source, c.Name, err))
+			continue
+		}
+		units = append(units, u)
+	}
+	if len(errs) > 0 {
+		return nil, &UnitsError{Lines: errs}
+	}
+	return units, nil
+}
+
+// UnitsError is the error of [Units]: one line per resource that cannot
+// be built.
+type UnitsError struct{ Lines []string }
+
+func (e *UnitsError) Error() string { return strings.Join(e.Lines, "\n") }
+
+func unit(c *resources.Connector, env Env) (connectors.Unit, error) {
+	d := Lookup(env.Drivers, string(c.Protocol))
+	if d == nil {
+		return connectors.Unit{}, fmt.Errorf("%w %q", ErrNoDriver, c.Protocol)
+	}
+	creds, err := env.Resolver.Credentials(c.Broker.Credentials)
+	if err != nil {
+		return connectors.Unit{}, err
+	}
+	// The drivers read the broker identity from the resource; give them
+	// a copy with its ${NAME} references expanded. The unit keeps the
+	// resource as loaded, for reloads to compare.
+	id, err := env.Resolver.ClientID(c.Broker.ClientID)
+	if err != nil {
+		return connectors.Unit{}, err
+	}
+	expanded := c
+	if id != c.Broker.ClientID {
+		cp := *c
+		cp.Broker.ClientID = id
+		expanded = &cp
+	}
+	routes := make([]connectors.Route, len(c.Routes))
+	for i, r := range c.Routes {
+		routes[i] = connectors.Route{Name: r.Name, Foreign: r.Foreign, Weida: r.Weida}
+	}
+	u := connectors.Unit{
+		Spec: connectors.Spec{
+			Name:            c.Name,
+			Protocol:        c.Protocol,
+			Direction:       c.Direction,
+			Policy:          c.Policy,
+			Routes:          routes,
+			Endpoint:        c.Weida.Endpoint.String(),
+			MaxMessageBytes: int(c.Limits.MaxMessageBytes),
+			InFlight:        c.Limits.InFlight,
+		},
+		Revision: expanded.Revision(),
+	}
+	log := env.logger().With("resource", c.Name)
+	bc := resources.BrokerConfig{
+		Resource:    expanded,
+		Credentials: creds,
+		LoopMarker:  env.LoopMarker,
+		Logger:      log.With("broker", c.Broker.URL),
+	}
+	// A TLS configuration that cannot be built is reported through the
+	// runtime, which keeps the resource visible with its reason.
+	bc.TLS, err = brokerTLS(c.Broker, env.Resolver)
+	if c.Direction == policy.Outbound {
+		url := c.Weida.Endpoint.String()
+		cfg := weida.DialConfig{
+			CAFile:                       c.Weida.CAFile,
+			CertFile:                     c.Weida.CertFile,
+			KeyFile:                      c.Weida.KeyFile,
+			InsecureSkipVerifyForTesting: env.InsecureWeidaForTesting,
+			Logger:                       log,
+		}
+		u.Dial = func(ctx context.Context) (*weida.Subscriber, error) { return weida.Dial(ctx, url, cfg) }
+		if err != nil {
+			u.NewSink = func(connectors.StateFunc) (connectors.Sink, error) { return nil, err }
+		} else {
+			u.NewSink = d.Sink(bc)
+		}
+		return u, nil
+	}
+	u.Listen = c.Weida.Endpoint.HostPort()
+	u.Path = c.Weida.Endpoint.Path
+	u.ListenConfig = weida.ListenConfig{
+		CertFile:           c.Weida.CertFile,
+		KeyFile:            c.Weida.KeyFile,
+		ClientFingerprints: c.Weida.AllowedClients,
+		Limits:             weida.Limits{SubscriberBufferBytes: c.Limits.BufferBytes},
+	}
+	if err != nil {
+		u.NewSource = func(connectors.StateFunc) (connectors.Source, error) { return nil, err }
+	} else {
+		u.NewSource = d.Source(bc)
+	}
+	return u, nil
+}
+
+// brokerTLS builds the TLS configuration of a broker connection, or nil
+// when the resource's URL is not a TLS one.
+func brokerTLS(b resources.Broker, r resources.Resolver) (*tls.Config, error) {
+	t := b.TLS
+	if !t.Enabled {
+		return nil, nil
+	}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: t.ServerName}
+	if cfg.ServerName == "" {
+		cfg.ServerName = b.Host
+	}
+	if t.CAFile != "" {
+		read := r.ReadFile
+		if read == nil {
+			read = os.ReadFile
+		}
+		pem, err := read(t.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("broker TLS CA: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("broker TLS CA %s: no PEM certificate in it", t.CAFile)
+		}
+		cfg.RootCAs = pool
+	}
+	if t.CertFile != "" {
+		cert, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("broker TLS client certificate: %w", err)
+		}
+		cfg.Certificates = []tls.Certificate{cert}
+	}
+	return cfg, nil
+}
