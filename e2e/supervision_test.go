@@ -103,7 +103,7 @@ func (c *Connector) alive() {
 	c.t.Helper()
 	select {
 	case <-c.done:
-		c.t.Fatalf("connector exited (%v) instead of retrying (its output follows)", c.err)
+		c.t.Fatalf("connector exited (%v) while it should keep running (its output follows)", c.err)
 	default:
 	}
 }
@@ -358,7 +358,7 @@ func TestSupervisionSIGHUPRestartsFailedUnit(t *testing.T) {
 	st := c.WaitFailure(res.Name, "StreamMissing", 1, 20*time.Second)
 	for i := 0; time.Until(st.Failure.NextRetryTime) < margin; i++ {
 		if i == 3 {
-			t.Fatalf("with --retry-initial 20s, no retry of %d was scheduled %s ahead: %+v", i, margin, *st.Failure)
+			t.Fatalf("with --retry-initial 20s, none of %d failures scheduled its next attempt %s ahead: %+v", st.Failure.Attempts, margin, *st.Failure)
 		}
 		st = c.WaitFailure(res.Name, "StreamMissing", st.Failure.Attempts+1, 30*time.Second)
 	}
