@@ -28,6 +28,8 @@ type amqpResource struct {
 	Broker    string // host:port; empty means rabbitAddr
 	VHost     string // the URL's path after "/", escaped; empty means the default vhost
 	Exchange  string // empty means amq.topic
+	// ExchangePassive uses Exchange as it exists instead of declaring it.
+	ExchangePassive bool
 	// Queue, inbound only: empty Name asks the broker to name one.
 	QueueName string
 	Durable   bool
@@ -63,6 +65,9 @@ func (r amqpResource) YAML(t testing.TB) string {
 	b.WriteString("    amqp:\n")
 	if r.Exchange != "" {
 		fmt.Fprintf(&b, "      exchange: %s\n", r.Exchange)
+	}
+	if r.ExchangePassive {
+		b.WriteString("      exchangePassive: true\n")
 	}
 	if r.Direction == policy.Inbound {
 		b.WriteString("      queue:\n")

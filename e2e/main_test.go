@@ -219,6 +219,19 @@ type ResourceStatus struct {
 		Reconnects   uint64            `json:"reconnects"`
 		Subscribers  int               `json:"weidaSubscribers"`
 	} `json:"counters"`
+	// Failure is present only while the resource is down after a failed
+	// attempt to start it.
+	Failure *Failure `json:"failure"`
+}
+
+// Failure is why a resource is down and when the connector tries again.
+type Failure struct {
+	Reason        string    `json:"reason"`
+	Message       string    `json:"message"`
+	Attempts      int       `json:"attempts"`
+	Permanent     bool      `json:"permanent"`
+	LastErrorTime time.Time `json:"lastErrorTime"`
+	NextRetryTime time.Time `json:"nextRetryTime"`
 }
 
 // Status returns the named resource's status, or false when it is absent.

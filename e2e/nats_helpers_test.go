@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -35,6 +36,7 @@ type natsResource struct {
 	Routes     []string
 	InFlight   int
 	TLS        *brokerPKI // set: tls:// with the PKI's CA and client certificate
+	TokenFile  string     // set: credentials.token read from this file
 }
 
 // YAML renders the resource, declaring exactly the losses its conversion
@@ -54,6 +56,9 @@ func (r natsResource) YAML(t testing.TB) string {
 	}
 	fmt.Fprintf(&b, "  broker:\n    url: %s://%s\n    clientID: %s-%s\n", scheme, broker, r.Name, unique())
 	b.WriteString(r.TLS.yaml())
+	if r.TokenFile != "" {
+		fmt.Fprintf(&b, "    credentials:\n      token: {file: %s}\n", r.TokenFile)
+	}
 	if r.QueueGroup != "" || r.Stream != "" {
 		b.WriteString("    nats:\n")
 		if r.QueueGroup != "" {
@@ -190,6 +195,21 @@ func (s *privateNATS) start() {
 			s.t.Fatalf("private nats-server did not listen on %s: %v", s.Addr(), err)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// reload makes the server read its configuration file again (SIGHUP, as
+// `nats-server --signal reload` sends).
+func (s *privateNATS) reload() {
+	s.t.Helper()
+	s.mu.Lock()
+	cmd := s.cmd
+	s.mu.Unlock()
+	if cmd == nil {
+		s.t.Fatal("reloading a nats-server that is not running")
+	}
+	if err := cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		s.t.Fatalf("reloading the private nats-server: %v", err)
 	}
 }
 
