@@ -20,6 +20,10 @@ type Options struct {
 	// Exchange is the topic exchange routes bind to (inbound) or publish
 	// to (outbound).
 	Exchange string
+	// ExchangePassive uses Exchange as it already exists (a passive
+	// declare) instead of declaring it; while it is missing the resource
+	// reports DeclarationRefused and is retried.
+	ExchangePassive bool
 	// Queue is the queue an inbound resource consumes; zero for outbound.
 	// An empty Name asks the broker to name it; such a queue is exclusive
 	// and not durable.
@@ -43,9 +47,10 @@ var Driver driver
 type driver struct{}
 
 type rawOptions struct {
-	Exchange string    `yaml:"exchange" validate:"omitempty,amqpname"`
-	Queue    *rawQueue `yaml:"queue"`
-	Prefetch *int      `yaml:"prefetch" validate:"omitempty,min=1,max=65535"`
+	Exchange        string    `yaml:"exchange" validate:"omitempty,amqpname"`
+	ExchangePassive bool      `yaml:"exchangePassive"`
+	Queue           *rawQueue `yaml:"queue"`
+	Prefetch        *int      `yaml:"prefetch" validate:"omitempty,min=1,max=65535"`
 }
 
 type rawQueue struct {
@@ -123,6 +128,7 @@ func (driver) Broker(b *resources.BrokerBlock) resources.BrokerOptions {
 	if ra.Exchange != "" {
 		a.Exchange = ra.Exchange
 	}
+	a.ExchangePassive = ra.ExchangePassive
 	b.DirectionOnly(base+".queue", ra.Queue != nil, policy.Inbound, "an outbound resource publishes to the exchange and reads no queue")
 	b.DirectionOnly(base+".prefetch", ra.Prefetch != nil, policy.Inbound, "prefetch bounds deliveries from a queue; an outbound resource reads none (limits.inFlight bounds its confirms)")
 	if ra.Prefetch != nil && inbound && b.OK(base+".prefetch") {
@@ -226,6 +232,9 @@ func (driver) CheckSet(s *resources.SetCheck) {
 func (driver) Summary(c *resources.Connector) string {
 	a, _ := OptionsOf(c)
 	s := "exchange " + a.Exchange
+	if a.ExchangePassive {
+		s += " (passive)"
+	}
 	if c.Direction != policy.Inbound {
 		return s + ", publisher confirms"
 	}
@@ -273,15 +282,16 @@ func configOf(bc resources.BrokerConfig) Config {
 		path += url.PathEscape(o.VHost)
 	}
 	return Config{
-		URL:            scheme + "://" + c.Broker.Addr() + path,
-		Username:       bc.Credentials.Username,
-		Password:       bc.Credentials.Password.Reveal(),
-		TLS:            bc.TLS,
-		Exchange:       o.Exchange,
-		Queue:          o.Queue,
-		Prefetch:       o.Prefetch,
-		ConnectionName: c.Broker.ClientID,
-		LoopMarker:     bc.LoopMarker,
-		Logger:         bc.Logger,
+		URL:             scheme + "://" + c.Broker.Addr() + path,
+		Username:        bc.Credentials.Username,
+		Password:        bc.Credentials.Password.Reveal(),
+		TLS:             bc.TLS,
+		Exchange:        o.Exchange,
+		ExchangePassive: o.ExchangePassive,
+		Queue:           o.Queue,
+		Prefetch:        o.Prefetch,
+		ConnectionName:  c.Broker.ClientID,
+		LoopMarker:      bc.LoopMarker,
+		Logger:          bc.Logger,
 	}
 }
