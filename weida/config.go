@@ -19,6 +19,8 @@ const (
 	DefaultHelloTimeout             = 10 * time.Second
 	DefaultIdleTimeout              = 30 * time.Second
 	DefaultKeepAlive                = 10 * time.Second
+	DefaultListenerIdleTimeout      = 2 * time.Second
+	DefaultListenerKeepAlive        = 500 * time.Millisecond
 	DefaultMaxPayloadBytes          = 16 << 20
 	DefaultMaxConcurrentUniStreams  = 2048
 	DefaultMaxConcurrentBidiStreams = 1024
@@ -62,12 +64,27 @@ type Limits struct {
 	// peer HELLO before it is closed with NEGOTIATION_FAILED. Default 10 s.
 	HelloTimeout time.Duration
 
-	// IdleTimeout is the QUIC idle timeout; QUIC uses the smaller of both
-	// peers' values. Default 30 s.
+	// IdleTimeout is the QUIC idle timeout: a connection that receives
+	// nothing for that long is considered dead and closed without a
+	// CONNECTION_CLOSE. QUIC uses the smaller of both peers' values.
+	// Default 30 s when dialling (PROTOCOL §2.4) and
+	// DefaultListenerIdleTimeout (2 s) on a listener, so that a subscriber
+	// that vanished without closing (a killed process, a lost host) is
+	// noticed within seconds and the copies queued for it are counted as
+	// dropped at once; the listener's KeepAlive keeps every live connection
+	// busy enough not to reach it. Since QUIC takes the smaller value, a
+	// listener's IdleTimeout also bounds how long its subscribers take to
+	// notice the listener is gone.
 	IdleTimeout time.Duration
 
-	// KeepAlive is the QUIC keep-alive period of a dialled connection; a
-	// listener sends none (PROTOCOL §2.4). Default 10 s.
+	// KeepAlive is the QUIC keep-alive period: after that long without
+	// receiving a packet this side sends a PING, which the peer
+	// acknowledges. Default 10 s when dialling (PROTOCOL §2.4). A listener
+	// sends them too, every DefaultListenerKeepAlive (500 ms) by default,
+	// which PROTOCOL §2.4 does not ask for: the PINGs are QUIC frames,
+	// invisible to weida, and they are what lets a listener run a short
+	// IdleTimeout without idle subscribers timing out. quic-go never waits
+	// longer than half the negotiated idle timeout, whatever this says.
 	KeepAlive time.Duration
 
 	// MaxPayloadBytes is the largest DATA payload a Subscriber reads; a
@@ -93,9 +110,10 @@ type Limits struct {
 	ConnectionReceiveWindow uint64
 }
 
-// withDefaults returns l with every zero field set to its default, or an
-// error naming the first negative field.
-func (l Limits) withDefaults() (Limits, error) {
+// withDefaults returns l with every zero field set to its default for the
+// role (listening or dialling), or an error naming the first negative
+// field.
+func (l Limits) withDefaults(listening bool) (Limits, error) {
 	neg := func(name string, v int64) error {
 		if v < 0 {
 			return fmt.Errorf("weida: Limits.%s is negative (%d)", name, v)
@@ -147,8 +165,13 @@ func (l Limits) withDefaults() (Limits, error) {
 	defInt(&l.MaxConnections, DefaultMaxConnections)
 	defInt(&l.MaxConnectionsPerPeer, DefaultMaxConnectionsPerPeer)
 	defDur(&l.HelloTimeout, DefaultHelloTimeout)
-	defDur(&l.IdleTimeout, DefaultIdleTimeout)
-	defDur(&l.KeepAlive, DefaultKeepAlive)
+	if listening {
+		defDur(&l.IdleTimeout, DefaultListenerIdleTimeout)
+		defDur(&l.KeepAlive, DefaultListenerKeepAlive)
+	} else {
+		defDur(&l.IdleTimeout, DefaultIdleTimeout)
+		defDur(&l.KeepAlive, DefaultKeepAlive)
+	}
 	def(&l.MaxPayloadBytes, DefaultMaxPayloadBytes)
 	def(&l.MaxConcurrentUniStreams, DefaultMaxConcurrentUniStreams)
 	def(&l.MaxConcurrentBidiStreams, DefaultMaxConcurrentBidiStreams)
@@ -157,10 +180,11 @@ func (l Limits) withDefaults() (Limits, error) {
 	return l, nil
 }
 
-// quicConfig is the QUIC configuration both roles share; dialling adds the
-// keep-alive. Datagrams stay off: a v0 peer lists no capability, so it must
-// not advertise max_datagram_frame_size (PROTOCOL §6.1).
-func (l *Limits) quicConfig(dialling bool) *quic.Config {
+// quicConfig is the QUIC configuration of both roles (withDefaults gave
+// them different timers). Datagrams stay off: a v0 peer lists no
+// capability, so it must not advertise max_datagram_frame_size (PROTOCOL
+// §6.1).
+func (l *Limits) quicConfig() *quic.Config {
 	c := &quic.Config{
 		MaxIdleTimeout:                 l.IdleTimeout,
 		MaxIncomingUniStreams:          l.MaxConcurrentUniStreams,
@@ -169,10 +193,8 @@ func (l *Limits) quicConfig(dialling bool) *quic.Config {
 		MaxStreamReceiveWindow:         l.StreamReceiveWindow,
 		InitialConnectionReceiveWindow: min(l.ConnectionReceiveWindow, 1<<20),
 		MaxConnectionReceiveWindow:     l.ConnectionReceiveWindow,
+		KeepAlivePeriod:                l.KeepAlive,
 		EnableDatagrams:                false,
-	}
-	if dialling {
-		c.KeepAlivePeriod = l.KeepAlive
 	}
 	return c
 }
@@ -182,10 +204,32 @@ func (l *Limits) quicConfig(dialling bool) *quic.Config {
 // no logging.
 type ListenConfig struct {
 	// CertFile and KeyFile name a PEM certificate chain and its private key.
-	// Both empty: a self-signed ECDSA P-256 certificate is generated at start
-	// and its fingerprint logged (and returned by [Listener.Fingerprint]),
-	// for subscribers to pin. One without the other is an error.
+	// Both empty: the listener uses a self-signed ECDSA P-256 certificate,
+	// kept in StateDir or, without one, generated at every start, and logs
+	// its fingerprint (also returned by [Listener.Fingerprint]) for
+	// subscribers to pin. One without the other is an error.
 	CertFile, KeyFile string
+
+	// StateDir is a directory where the listener keeps what must survive a
+	// restart; created (mode 0700) when missing. Empty: nothing is kept, so
+	// a generated certificate, and with it the fingerprint subscribers pin,
+	// changes at every start.
+	//
+	// With CertFile and KeyFile empty, the listener's certificate and key
+	// are the files [StateFiles] names for the listen address: loaded when
+	// they exist, else generated and written (the key with mode 0600). A
+	// file that exists but cannot be read or parsed, or a certificate
+	// without its key, fails [Listen]: replacing it silently would break
+	// every subscriber's pin.
+	//
+	// Whatever the certificate, StateDir also holds the QUIC stateless
+	// reset key ("stateless-reset.key", 32 random bytes, mode 0600),
+	// shared by every listener using the directory. A listener restarted
+	// with the same key answers packets of its previous process's
+	// connections with a stateless reset (RFC 9000 §10.3), so that their
+	// subscribers learn at once that the connection is gone. Without
+	// StateDir the key is random for each process.
+	StateDir string
 
 	// ClientFingerprints, when non-empty, requires every client to present a
 	// certificate and admits only those whose "sha256:<hex>" fingerprint is

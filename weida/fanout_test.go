@@ -14,7 +14,7 @@ import (
 // no QUIC: fakeConn adds negotiated connections whose queues are only
 // inspected, never written.
 func fakeListener(budget int64) *Listener {
-	limits, _ := Limits{SubscriberBufferBytes: budget}.withDefaults()
+	limits, _ := Limits{SubscriberBufferBytes: budget}.withDefaults(true)
 	return &Listener{
 		limits:  limits,
 		paths:   make(map[string]*pathState),

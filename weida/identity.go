@@ -1,6 +1,7 @@
 package weida
 
 import (
+	"crypto"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -75,17 +76,39 @@ func leafFingerprint(c *tls.Certificate) (string, error) {
 }
 
 // selfSigned generates an ECDSA P-256 key and a self-signed certificate for
-// it, valid from an hour ago for ten years. Subscribers trust it by pinning
-// its fingerprint, so its names do not matter; it carries "localhost" for
-// tools that insist on one.
+// it.
 func selfSigned() (tls.Certificate, error) {
+	key, err := newKey()
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	der, err := selfSignedDER(key)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	leaf, err := x509.ParseCertificate(der)
+	if err != nil {
+		return tls.Certificate{}, fmt.Errorf("weida: parsing self-signed certificate: %w", err)
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}, nil
+}
+
+func newKey() (*ecdsa.PrivateKey, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
-		return tls.Certificate{}, fmt.Errorf("weida: generating key: %w", err)
+		return nil, fmt.Errorf("weida: generating key: %w", err)
 	}
+	return key, nil
+}
+
+// selfSignedDER returns a self-signed certificate for key, valid from an
+// hour ago for ten years. Subscribers trust it by pinning its fingerprint,
+// so its names and dates do not matter; it carries "localhost" for tools
+// that insist on a name.
+func selfSignedDER(key crypto.Signer) ([]byte, error) {
 	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 127))
 	if err != nil {
-		return tls.Certificate{}, fmt.Errorf("weida: generating serial: %w", err)
+		return nil, fmt.Errorf("weida: generating serial: %w", err)
 	}
 	now := time.Now()
 	tmpl := &x509.Certificate{
@@ -98,27 +121,30 @@ func selfSigned() (tls.Certificate, error) {
 		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 		BasicConstraintsValid: true,
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
 	if err != nil {
-		return tls.Certificate{}, fmt.Errorf("weida: creating self-signed certificate: %w", err)
+		return nil, fmt.Errorf("weida: creating self-signed certificate: %w", err)
 	}
-	leaf, err := x509.ParseCertificate(der)
-	if err != nil {
-		return tls.Certificate{}, fmt.Errorf("weida: parsing self-signed certificate: %w", err)
-	}
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}, nil
+	return der, nil
 }
 
-// serverTLS builds the listener's TLS configuration and returns its
-// fingerprint and whether the certificate was generated. Clients refused
-// by cfg.ClientFingerprints are logged and counted in refused.
-func serverTLS(cfg *ListenConfig, log *slog.Logger, refused *atomic.Uint64, proofs *proofs) (*tls.Config, string, bool, error) {
+// serverTLS builds the TLS configuration of a listener on addr and returns
+// its fingerprint and whether the certificate is self-signed by this
+// package (generated now or kept in cfg.StateDir). Clients refused by
+// cfg.ClientFingerprints are logged and counted in refused.
+func serverTLS(addr string, cfg *ListenConfig, log *slog.Logger, refused *atomic.Uint64, proofs *proofs) (*tls.Config, string, bool, error) {
 	cert, ok, err := loadKeyPair(cfg.CertFile, cfg.KeyFile, "listen")
 	if err != nil {
 		return nil, "", false, err
 	}
 	generated := !ok
-	if generated {
+	switch {
+	case ok:
+	case cfg.StateDir != "":
+		if cert, _, err = stateIdentity(cfg.StateDir, addr, log); err != nil {
+			return nil, "", false, err
+		}
+	default:
 		if cert, err = selfSigned(); err != nil {
 			return nil, "", false, err
 		}

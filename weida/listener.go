@@ -61,14 +61,15 @@ type pathState struct {
 // Listen starts a weida listener on addr ("host:port"; port 0 picks a free
 // one) and serves until Close or Shutdown. ctx bounds only the start-up.
 //
-// With cfg.CertFile and cfg.KeyFile empty it generates a self-signed ECDSA
-// P-256 certificate and logs its fingerprint at Info level; subscribers pin
-// it in their URL (weida://<fingerprint>@host:port/path).
+// With cfg.CertFile and cfg.KeyFile empty it uses a self-signed ECDSA P-256
+// certificate, kept in cfg.StateDir (see [StateFiles]) or generated now, and
+// logs its fingerprint at Info level; subscribers pin it in their URL
+// (weida://<fingerprint>@host:port/path).
 func Listen(ctx context.Context, addr string, cfg ListenConfig) (*Listener, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	limits, err := cfg.Limits.withDefaults()
+	limits, err := cfg.Limits.withDefaults(true)
 	if err != nil {
 		return nil, err
 	}
@@ -81,7 +82,16 @@ func Listen(ctx context.Context, addr string, cfg ListenConfig) (*Listener, erro
 		perPeer: make(map[string]int),
 	}
 	l.proofs = newProofs(log, &l.stats.clientsRefused)
-	tlsConf, fp, generated, err := serverTLS(&cfg, log, &l.stats.clientsRefused, l.proofs)
+	tlsConf, fp, generated, err := serverTLS(addr, &cfg, log, &l.stats.clientsRefused, l.proofs)
+	if err != nil {
+		return nil, err
+	}
+	var resetKey *quic.StatelessResetKey
+	if cfg.StateDir != "" {
+		resetKey, err = stateResetKey(cfg.StateDir)
+	} else {
+		resetKey, err = processResetKey()
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -93,8 +103,12 @@ func Listen(ctx context.Context, addr string, cfg ListenConfig) (*Listener, erro
 	if err != nil {
 		return nil, fmt.Errorf("weida: listen %s: %w", addr, err)
 	}
-	tr := &quic.Transport{Conn: udp}
-	ln, err := tr.Listen(tlsConf, limits.quicConfig(false))
+	// The reset key makes the transport answer packets of connections it
+	// does not know (those of a previous process on this address, when the
+	// key is kept in StateDir) with a stateless reset, so that their
+	// subscribers do not wait for their idle timeout.
+	tr := &quic.Transport{Conn: udp, StatelessResetKey: resetKey}
+	ln, err := tr.Listen(tlsConf, limits.quicConfig())
 	if err != nil {
 		_ = tr.Close()
 		_ = udp.Close()
@@ -108,7 +122,7 @@ func Listen(ctx context.Context, addr string, cfg ListenConfig) (*Listener, erro
 		refused:    &l.stats.streamsRefused,
 	}
 	log.Info("weida: listening", "addr", udp.LocalAddr().String(), "fingerprint", fp,
-		"self_signed", generated, "client_auth", len(cfg.ClientFingerprints) > 0)
+		"self_signed", generated, "state_dir", cfg.StateDir, "client_auth", len(cfg.ClientFingerprints) > 0)
 	actx, cancel := context.WithCancel(context.Background())
 	l.cancel = cancel
 	l.wg.Go(func() { l.accept(actx) })

@@ -72,7 +72,7 @@ func Dial(ctx context.Context, rawURL string, cfg DialConfig) (*Subscriber, erro
 	if err != nil {
 		return nil, err
 	}
-	limits, err := cfg.Limits.withDefaults()
+	limits, err := cfg.Limits.withDefaults(false)
 	if err != nil {
 		return nil, err
 	}
@@ -89,7 +89,7 @@ func Dial(ctx context.Context, rawURL string, cfg DialConfig) (*Subscriber, erro
 		return nil, fmt.Errorf("weida: dial %s: %w", a, err)
 	}
 	tr := &quic.Transport{Conn: udp}
-	qc, err := tr.Dial(ctx, ua, tlsConf, limits.quicConfig(true))
+	qc, err := tr.Dial(ctx, ua, tlsConf, limits.quicConfig())
 	if err != nil {
 		_ = tr.Close()
 		_ = udp.Close()

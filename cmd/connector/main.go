@@ -42,6 +42,7 @@ func commands() []command {
 		{"explain", "show how a filter or topic converts under a policy", cmdExplain},
 		{"demo", "run an embedded demonstration; needs no broker", cmdDemo},
 		{"weida", "talk to weida endpoints directly (sub, pub, bench)", weidacli.Main},
+		{"identity", "create an endpoint certificate, or show a certificate's fingerprint", cmdIdentity},
 		{"version", "print the version and VCS revision of this build", cmdVersion},
 	}
 }
@@ -79,7 +80,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 func usage(w io.Writer) {
 	fmt.Fprintln(w, "usage: connector <command> [flags]\n\ncommands:")
 	for _, c := range commands() {
-		fmt.Fprintf(w, "  %-8s %s\n", c.name, c.summary)
+		fmt.Fprintf(w, "  %-9s %s\n", c.name, c.summary)
 	}
 	fmt.Fprintln(w, "\nRun 'connector <command> --help' for a command's flags.")
 }
