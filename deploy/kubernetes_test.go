@@ -603,7 +603,7 @@ func TestKubernetes(t *testing.T) {
 		}
 	})
 
-	t.Run("Resources files", func(t *testing.T) { checkResourceFiles(t, m, c, pod, args, bin) })
+	t.Run("ResourceFiles", func(t *testing.T) { checkResourceFiles(t, m, c, pod, args, bin) })
 
 	t.Run("SecretRefs", func(t *testing.T) {
 		// Every Secret the pod reads is one secret.example.yaml shows,
