@@ -87,6 +87,10 @@ func buildUnit(c *resources.Connector, env unitEnv) (connectors.Unit, error) {
 	for i, r := range c.Routes {
 		routes[i] = connectors.Route{Name: r.Name, Foreign: r.Foreign, Weida: r.Weida}
 	}
+	var losses []string
+	for _, l := range c.Losses {
+		losses = append(losses, string(l))
+	}
 	spec := connectors.Spec{
 		Name:            c.Name,
 		Protocol:        c.Protocol,
@@ -94,6 +98,8 @@ func buildUnit(c *resources.Connector, env unitEnv) (connectors.Unit, error) {
 		Policy:          c.Policy,
 		Routes:          routes,
 		Endpoint:        c.Weida.Endpoint.String(),
+		Broker:          c.Broker.URL,
+		Losses:          losses,
 		MaxMessageBytes: int(c.Limits.MaxMessageBytes),
 		InFlight:        c.Limits.InFlight,
 	}
