@@ -229,7 +229,7 @@ func (b *Bridge) Status() Status {
 	if len(b.spec.Routes) > 0 {
 		routes = make([]RouteStatus, len(b.spec.Routes))
 		for i, r := range b.spec.Routes {
-			routes[i] = RouteStatus{Name: r.Name, Foreign: r.Foreign, Weida: r.Weida}
+			routes[i] = RouteStatus(r)
 		}
 	}
 	return Status{
