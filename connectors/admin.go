@@ -63,5 +63,6 @@ func AdminHandler(rt *Runtime, g prometheus.Gatherer) http.Handler {
 			Resources []Status `json:"resources"`
 		}{rt.Ready(), rt.Statuses()})
 	})
+	mux.Handle("GET /", newStatusPage(rt)) // the status page at / and its files under /ui/; see statuspage.go
 	return mux
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -30,6 +31,12 @@ type Spec struct {
 	// Endpoint is the weida URL the resource hosts (inbound) or dials
 	// (outbound), for status and logs.
 	Endpoint string
+	// Broker is the broker URL, for status. It must carry no credentials
+	// (package resources refuses user information in broker URLs).
+	Broker string
+	// Losses are the declared losses of the resource's conversion, for
+	// status. Nil means none.
+	Losses []string
 	// MaxMessageBytes drops larger payloads (counted). Zero means no
 	// limit beyond the weida peer's own.
 	MaxMessageBytes int
@@ -174,11 +181,22 @@ func (b *Bridge) Status() Status {
 		b.deps.Metrics.Subscribers.WithLabelValues(b.spec.Name).Set(float64(c.Subscribers))
 	}
 	conds, failure := b.conds.snapshot()
+	// Routes and Losses are copied: a Status is the caller's to keep.
+	var routes []RouteStatus
+	if len(b.spec.Routes) > 0 {
+		routes = make([]RouteStatus, len(b.spec.Routes))
+		for i, r := range b.spec.Routes {
+			routes[i] = RouteStatus(r)
+		}
+	}
 	return Status{
 		Name:       b.spec.Name,
 		Protocol:   string(b.spec.Protocol),
 		Direction:  string(b.spec.Direction),
+		Broker:     b.spec.Broker,
 		Endpoint:   b.spec.Endpoint,
+		Routes:     routes,
+		Losses:     slices.Clone(b.spec.Losses),
 		Conditions: conds,
 		Counters:   c,
 		Failure:    failure,

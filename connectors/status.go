@@ -34,14 +34,26 @@ type Counters struct {
 	Subscribers  int               `json:"weidaSubscribers,omitempty"`
 }
 
-// Status is a snapshot of one resource.
+// RouteStatus is one route of a resource as /status shows it: the filter
+// in the broker's grammar and its weida conversion.
+type RouteStatus struct {
+	Name    string `json:"name"`
+	Foreign string `json:"foreign"`
+	Weida   string `json:"weida"`
+}
+
+// Status is a snapshot of one resource. Its slices belong to the caller.
 type Status struct {
-	Name       string      `json:"name"`
-	Protocol   string      `json:"protocol"`
-	Direction  string      `json:"direction"`
-	Endpoint   string      `json:"endpoint"`
-	Conditions []Condition `json:"conditions"`
-	Counters   Counters    `json:"counters"`
+	Name      string `json:"name"`
+	Protocol  string `json:"protocol"`
+	Direction string `json:"direction"`
+	// Broker is the broker URL; it never carries credentials.
+	Broker     string        `json:"broker,omitempty"`
+	Endpoint   string        `json:"endpoint"`
+	Routes     []RouteStatus `json:"routes,omitempty"`
+	Losses     []string      `json:"losses,omitempty"` // declared losses of the conversion
+	Conditions []Condition   `json:"conditions"`
+	Counters   Counters      `json:"counters"`
 	// Failure is present while the unit is down after a failed attempt,
 	// until another attempt has started.
 	Failure *FailureStatus `json:"failure,omitempty"`

@@ -98,6 +98,10 @@ func unit(c *resources.Connector, env Env) (connectors.Unit, error) {
 	for i, r := range c.Routes {
 		routes[i] = connectors.Route{Name: r.Name, Foreign: r.Foreign, Weida: r.Weida}
 	}
+	var losses []string
+	for _, l := range c.Losses {
+		losses = append(losses, string(l))
+	}
 	u := connectors.Unit{
 		Spec: connectors.Spec{
 			Name:            c.Name,
@@ -106,6 +110,8 @@ func unit(c *resources.Connector, env Env) (connectors.Unit, error) {
 			Policy:          c.Policy,
 			Routes:          routes,
 			Endpoint:        c.Weida.Endpoint.String(),
+			Broker:          c.Broker.URL,
+			Losses:          losses,
 			MaxMessageBytes: int(c.Limits.MaxMessageBytes),
 			InFlight:        c.Limits.InFlight,
 		},

@@ -1,0 +1,217 @@
+package connectors
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"weida.dev/connector/policy"
+)
+
+const (
+	hostileName    = `<script>alert("name")</script>`
+	hostileForeign = `sensors/<script>/x`
+	hostileWeida   = `sensors.<script>.x`
+	hostileError   = `dial: <img src=x onerror=alert(1)> & "quoted"`
+	hostileReason  = `<b onmouseover=alert(2)>`
+)
+
+// hostileRuntime returns a runtime holding one resource whose name, route,
+// drop reason and error text are all markup, with known counters.
+func hostileRuntime(t *testing.T) *Runtime {
+	t.Helper()
+	deps := Deps{Metrics: NewMetrics(prometheus.NewRegistry())}
+	rt := NewRuntime(deps)
+	spec := Spec{
+		Name:      hostileName,
+		Protocol:  policy.MQTT,
+		Direction: policy.Inbound,
+		Broker:    "mqtt://127.0.0.1:1883",
+		Endpoint:  "weida://127.0.0.1:7000/x",
+		Routes:    []Route{{Name: hostileForeign, Foreign: hostileForeign, Weida: hostileWeida}},
+		Losses:    []string{"dotted-levels", "ordering"},
+	}
+	b := NewInbound(spec, nil, nil, rt.deps)
+	b.stats.count.received.Add(7)
+	b.stats.count.bridged.Add(5)
+	b.stats.count.drop("mqtt-dotted-level", 1)
+	b.stats.count.drop(hostileReason, 1)
+	b.failed(FailureStatus{Reason: FailListen, Message: hostileError, Attempts: 1, LastErrorTime: time.Now()}, condWeida)
+	done := make(chan struct{})
+	close(done)
+	rt.mu.Lock()
+	rt.running[spec.Name] = &runningUnit{unit: Unit{Spec: spec}, bridge: b, cancel: func() {}, done: done}
+	rt.mu.Unlock()
+	return rt
+}
+
+func get(t *testing.T, h http.Handler, path string) (*http.Response, string) {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest("GET", path, nil))
+	res := rec.Result()
+	b, err := io.ReadAll(res.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res, string(b)
+}
+
+func TestStatusPageEscapesHostileText(t *testing.T) {
+	h := AdminHandler(hostileRuntime(t), prometheus.NewRegistry())
+	res, body := get(t, h, "/")
+	if res.StatusCode != 200 {
+		t.Fatalf("GET / = %d\n%s", res.StatusCode, body)
+	}
+	if ct := res.Header.Get("Content-Type"); ct != "text/html; charset=utf-8" {
+		t.Errorf("Content-Type = %q", ct)
+	}
+	for _, raw := range []string{hostileName, hostileForeign, hostileWeida, "<img", hostileReason, "onerror=alert(1)>"} {
+		if strings.Contains(body, raw) {
+			t.Errorf("the page contains %q unescaped", raw)
+		}
+	}
+	for _, esc := range []string{
+		`&lt;script&gt;alert(&#34;name&#34;)&lt;/script&gt;`,
+		`sensors/&lt;script&gt;/x`,
+		`sensors.&lt;script&gt;.x`,
+		`&lt;img src=x onerror=alert(1)&gt; &amp; &#34;quoted&#34;`,
+		`&lt;b onmouseover=alert(2)&gt;`,
+	} {
+		if !strings.Contains(body, esc) {
+			t.Errorf("the page lacks the escaped text %s", esc)
+		}
+	}
+	// The only script is the page's own file, and nothing inline would
+	// run under the CSP anyway: no inline handlers or styles.
+	if n := strings.Count(body, "<script"); n != 1 || !strings.Contains(body, `<script src="/ui/page.js" defer></script>`) {
+		t.Errorf("want exactly the page's own script element, got %d <script", n)
+	}
+	if m := regexp.MustCompile(`(?i)<[^>]*\s(on[a-z]+|style)=`).FindString(body); m != "" {
+		t.Errorf("inline handler or style attribute: %s", m)
+	}
+	// What the page shows is what /status says.
+	for _, want := range []string{">7<", ">5<", "mqtt://127.0.0.1:1883", "weida://127.0.0.1:7000/x", "dotted-levels", "ListenFailed", "mqtt-dotted-level"} {
+		if !strings.Contains(body, want) {
+			t.Errorf("the page lacks %q", want)
+		}
+	}
+}
+
+func TestStatusPageHeaders(t *testing.T) {
+	h := AdminHandler(hostileRuntime(t), prometheus.NewRegistry())
+	res, _ := get(t, h, "/")
+	csp := res.Header.Get("Content-Security-Policy")
+	for _, want := range []string{"default-src 'none'", "script-src 'self'", "style-src 'self'", "connect-src 'self'", "frame-ancestors 'none'"} {
+		if !strings.Contains(csp, want) {
+			t.Errorf("CSP %q lacks %q", csp, want)
+		}
+	}
+	for _, bad := range []string{"unsafe-inline", "unsafe-eval", "http:", "https:", "*"} {
+		if strings.Contains(csp, bad) {
+			t.Errorf("CSP %q allows %q", csp, bad)
+		}
+	}
+	if v := res.Header.Get("X-Content-Type-Options"); v != "nosniff" {
+		t.Errorf("X-Content-Type-Options = %q", v)
+	}
+}
+
+func TestStatusPageAssets(t *testing.T) {
+	h := AdminHandler(hostileRuntime(t), prometheus.NewRegistry())
+	for path, want := range map[string]string{
+		"/ui/page.js":     "text/javascript; charset=utf-8",
+		"/ui/page.css":    "text/css; charset=utf-8",
+		"/ui/favicon.svg": "image/svg+xml",
+	} {
+		res, body := get(t, h, path)
+		if res.StatusCode != 200 || res.Header.Get("Content-Type") != want || len(body) == 0 {
+			t.Errorf("GET %s = %d %q (%d bytes), want 200 %q", path, res.StatusCode, res.Header.Get("Content-Type"), len(body), want)
+		}
+		if res.Header.Get("Content-Security-Policy") == "" {
+			t.Errorf("GET %s: no CSP", path)
+		}
+	}
+	for _, path := range []string{"/ui/", "/ui/page.html", "/ui/x/page.js", "/nope", "/index.html"} {
+		if res, _ := get(t, h, path); res.StatusCode != 404 {
+			t.Errorf("GET %s = %d, want 404", path, res.StatusCode)
+		}
+	}
+	// ServeMux redirects a path with .. to its clean form, which is not
+	// found either.
+	if res, body := get(t, h, "/ui/../statuspage.go"); res.StatusCode == 200 || strings.Contains(body, "package") {
+		t.Errorf("GET /ui/../statuspage.go = %d", res.StatusCode)
+	}
+	// The routes that were there before the page keep answering.
+	res, body := get(t, h, "/status")
+	var st struct{ Resources []Status }
+	if err := json.Unmarshal([]byte(body), &st); res.StatusCode != 200 || err != nil || len(st.Resources) != 1 {
+		t.Fatalf("GET /status = %d, %v:\n%s", res.StatusCode, err, body)
+	}
+	if r := st.Resources[0]; r.Broker != "mqtt://127.0.0.1:1883" || len(r.Routes) != 1 || r.Routes[0].Weida != hostileWeida ||
+		len(r.Losses) != 2 {
+		t.Errorf("/status lacks the broker, routes or losses: %+v", r)
+	}
+	if res, _ := get(t, h, "/healthz"); res.StatusCode != 200 {
+		t.Errorf("GET /healthz = %d", res.StatusCode)
+	}
+}
+
+// The script must never hand data to the HTML parser.
+func TestStatusPageScriptUsesTextContent(t *testing.T) {
+	js, err := statusPageFiles.ReadFile("statuspage/page.js")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sink := range []string{"innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(", "new Function"} {
+		if bytes.Contains(js, []byte(sink)) {
+			t.Errorf("page.js uses %s", sink)
+		}
+	}
+}
+
+// A status may carry a "failure" object (the supervisor's account of a
+// resource that is down); the page shows it, escaped, when present.
+func TestStatusPageRendersFailure(t *testing.T) {
+	page := &statusPage{tmpl: mustStatusTemplate(), now: time.Now}
+	at := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	d := pageData{Generated: at, Resources: []pageResource{
+		{Status: Status{Name: "down"}, Failure: &pageFailure{Reason: "ConnectFailed", Message: hostileError, Attempts: 3,
+			LastErrorTime: at, NextRetryTime: at.Add(4 * time.Second)}},
+		{Status: Status{Name: "fine"}},
+	}}
+	var buf bytes.Buffer
+	if err := page.tmpl.Execute(&buf, d); err != nil {
+		t.Fatal(err)
+	}
+	body := buf.String()
+	for _, want := range []string{"ConnectFailed", `&lt;img src=x onerror=alert(1)&gt;`, ">3<", "2026-12-01 10:00:04 UTC"} {
+		if !strings.Contains(body, want) {
+			t.Errorf("the failure box lacks %q", want)
+		}
+	}
+	if strings.Contains(body, "<img") {
+		t.Error("the failure message is not escaped")
+	}
+	if n := strings.Count(body, `class="failure" data-f="failure" hidden`); n != 1 {
+		t.Errorf("%d hidden failure boxes, want 1 (the resource without a failure)", n)
+	}
+
+	// Decoding tolerates the field: /status JSON with a failure object
+	// reaches the template.
+	var r pageResource
+	if err := json.Unmarshal([]byte(`{"name":"n","failure":{"reason":"R","message":"M","attempts":2,"lastErrorTime":"2026-12-01T10:00:00Z","nextRetryTime":"2026-12-01T10:00:05Z","extra":1}}`), &r); err != nil {
+		t.Fatal(err)
+	}
+	if r.Failure == nil || r.Failure.Reason != "R" || r.Failure.Attempts != 2 || !r.Failure.NextRetryTime.Equal(at.Add(5*time.Second)) {
+		t.Errorf("decoded failure = %+v", r.Failure)
+	}
+}
