@@ -103,7 +103,8 @@ func amqpInboundRig(t *testing.T, addr string) *benchRig {
 	p, routes := amqpBenchRoute(t)
 	l, wpub, url := benchEndpoint(t)
 	spec := connectors.Spec{Name: "bench-in", Protocol: policy.AMQP, Direction: policy.Inbound, Policy: p, Routes: routes, Endpoint: url}
-	cfg := amqpconn.Config{URL: "amqp://" + addr + "/", Exchange: "bench-in", Prefetch: benchPrefetch, ConnectionName: "bench-in"}
+	host, port := splitAddr(t, addr)
+	cfg := amqpconn.Config{Host: host, Port: port, Exchange: "bench-in", Prefetch: benchPrefetch, ConnectionName: "bench-in"}
 	b := connectors.NewInbound(spec, func(report connectors.StateFunc) (connectors.Source, error) {
 		return amqpconn.NewSource(cfg, report)
 	}, wpub, connectors.Deps{Metrics: connectors.NewMetrics(prometheus.NewRegistry())})
@@ -130,7 +131,8 @@ func amqpOutboundRig(t *testing.T, addr string) *benchRig {
 	rabbitConsumer(t, addr, "bench-out", rig.delivered)
 	spec := connectors.Spec{Name: "bench-out", Protocol: policy.AMQP, Direction: policy.Outbound, Policy: p, Routes: routes,
 		Endpoint: url, InFlight: resourcesDefaultInFlight}
-	cfg := amqpconn.Config{URL: "amqp://" + addr + "/", Exchange: "bench-out", ConnectionName: "bench-out"}
+	host, port := splitAddr(t, addr)
+	cfg := amqpconn.Config{Host: host, Port: port, Exchange: "bench-out", ConnectionName: "bench-out"}
 	b := connectors.NewOutbound(spec,
 		func(ctx context.Context) (*weida.Subscriber, error) { return weida.Dial(ctx, url, weida.DialConfig{}) },
 		func(report connectors.StateFunc) (connectors.Sink, error) { return amqpconn.NewSink(cfg, report) },

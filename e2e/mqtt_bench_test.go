@@ -476,7 +476,8 @@ func newMQTTInboundBridge(t testing.TB, addr, root string, qos byte) *mqttInboun
 		Routes:   []connectors.Route{{Name: "r", Foreign: filter, Weida: wf}},
 		Endpoint: "weida://" + l.Addr().String() + "/bench",
 	}
-	cfg := mqtt.Config{URL: "mqtt://" + addr, ClientID: "bench-" + root, QoS: qos, CleanStart: true}
+	host, port := splitAddr(t, addr)
+	cfg := mqtt.Config{Host: host, Port: port, ClientID: "bench-" + root, QoS: qos, CleanStart: true}
 	b := connectors.NewInbound(spec, func(report connectors.StateFunc) (connectors.Source, error) {
 		return mqtt.NewSource(cfg, report)
 	}, wpub, connectors.Deps{Metrics: connectors.NewMetrics(prometheus.NewRegistry())})
@@ -537,7 +538,8 @@ func newMQTTOutboundBridge(t testing.TB, addr, root string, qos byte) *mqttOutbo
 		// What `connector run` gives a resource that sets no limits.inFlight.
 		InFlight: int(envUint(t, "WEIDA_BENCH_INFLIGHT", 256)),
 	}
-	cfg := mqtt.Config{URL: "mqtt://" + addr, ClientID: "bench-" + root, QoS: qos}
+	host, port := splitAddr(t, addr)
+	cfg := mqtt.Config{Host: host, Port: port, ClientID: "bench-" + root, QoS: qos}
 	b := connectors.NewOutbound(spec,
 		func(ctx context.Context) (*weida.Subscriber, error) { return weida.Dial(ctx, url, weida.DialConfig{}) },
 		func(report connectors.StateFunc) (connectors.Sink, error) { return mqtt.NewSink(cfg, report) },

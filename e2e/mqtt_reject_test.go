@@ -24,7 +24,8 @@ func TestMQTTSinkRejections(t *testing.T) {
 	broker := startPrivateMosquitto(t, "acl_file "+acl, "message_size_limit 1000")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	sink, err := mqtt.NewSink(mqtt.Config{URL: "mqtt://" + broker.Addr(), ClientID: "reject-" + t.Name(), QoS: 1, CleanStart: true},
+	host, port := splitAddr(t, broker.Addr())
+	sink, err := mqtt.NewSink(mqtt.Config{Host: host, Port: port, ClientID: "reject-" + t.Name(), QoS: 1, CleanStart: true},
 		func(connectors.ConnState) {})
 	if err != nil {
 		t.Fatal(err)

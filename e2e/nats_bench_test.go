@@ -61,8 +61,9 @@ func inboundRig(t *testing.T, addr string) *benchRig {
 	p, routes := natsBenchRoute(t, natsBenchFilter("in"))
 	l, wpub, url := benchEndpoint(t)
 	spec := connectors.Spec{Name: "bench-in", Protocol: policy.NATS, Direction: policy.Inbound, Policy: p, Routes: routes, Endpoint: url}
+	host, port := splitAddr(t, addr)
 	b := connectors.NewInbound(spec, func(report connectors.StateFunc) (connectors.Source, error) {
-		return natsconn.NewSource(natsconn.Config{URL: "nats://" + addr, Name: "bench-in", LoopMarker: "bench"}, report)
+		return natsconn.NewSource(natsconn.Config{Host: host, Port: port, Name: "bench-in", LoopMarker: "bench"}, report)
 	}, wpub, connectors.Deps{Metrics: connectors.NewMetrics(prometheus.NewRegistry())})
 	stopBridge := runBridge(t, b)
 	rig := &benchRig{name: "nats-server → bridge → weida", delivered: make(chan struct{}, benchWindow)}
@@ -106,11 +107,12 @@ func outboundRig(t *testing.T, addr string, blockingWrites bool) *benchRig {
 	// As `connector run` does, the Sink marks every message with the
 	// loop marker header.
 	var sink *natsconn.Sink
+	host, port := splitAddr(t, addr)
 	b := connectors.NewOutbound(spec,
 		func(ctx context.Context) (*weida.Subscriber, error) { return weida.Dial(ctx, url, weida.DialConfig{}) },
 		func(report connectors.StateFunc) (connectors.Sink, error) {
 			var err error
-			sink, err = natsconn.NewSink(natsconn.Config{URL: "nats://" + addr, Name: "bench-out", LoopMarker: "bench"}, report)
+			sink, err = natsconn.NewSink(natsconn.Config{Host: host, Port: port, Name: "bench-out", LoopMarker: "bench"}, report)
 			if blockingWrites {
 				return struct{ connectors.Sink }{sink}, err // hides WriteAsync
 			}

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -43,22 +45,28 @@ const DefaultExchange = "amq.topic"
 const DefaultPrefetch = 256
 
 // Config configures one AMQP 0-9-1 connection, for a [Source] or a [Sink].
-// The zero value of each field is the documented default; URL is required.
+// The zero value of each field is the documented default; Host is required.
 // A Config is copied by NewSource and NewSink and not modified afterwards.
 type Config struct {
-	// URL is amqp://host[:port][/vhost] or amqps://host[:port][/vhost].
-	// The path is the virtual host, percent-encoded ("/" or no path: the
-	// default vhost "/"). Credentials belong in Username and Password; when
-	// Username is empty the URL's user information applies, and without
-	// any the library's default (guest).
-	URL      string
-	Username string
-	// Password is the resolved secret; it is sent with SASL PLAIN and
-	// never logged.
-	Password string
-	// TLS is used for amqps://; nil means the system roots and the URL's
-	// host as server name. It is cloned for every connection attempt.
+	// Host is the broker's host name or IP address (IPv6 without
+	// brackets); required. Host, Port, VHost and TLS are the broker
+	// address already parsed (package resources parses a resource's URL):
+	// the driver connects to them as they are and parses no URL.
+	Host string
+	// Port is the broker's TCP port; zero means 5672, or 5671 with TLS.
+	Port int
+	// VHost is the virtual host, as RabbitMQ names it (not escaped); ""
+	// means the default virtual host "/".
+	VHost string
+	// TLS, when not nil, secures the connection (amqps): an empty
+	// tls.Config means the system roots, and an empty ServerName means
+	// Host. Nil means plain TCP. It is cloned for every connection attempt.
 	TLS *tls.Config
+	// Username and Password are sent with SASL PLAIN; an empty Username
+	// means the library's default user (guest). The password is the
+	// resolved secret and is never logged.
+	Username string
+	Password string
 
 	// Exchange is the topic exchange routes bind to (Source) or publish to
 	// (Sink); "" means amq.topic. Start declares it as a durable topic
@@ -131,15 +139,11 @@ type Queue struct {
 }
 
 func (c *Config) validate() error {
-	if c.URL == "" {
-		return errors.New("amqp: a broker URL is required")
+	if c.Host == "" {
+		return errors.New("amqp: a broker host is required")
 	}
-	uri, err := amqp.ParseURI(c.URL)
-	if err != nil {
-		return fmt.Errorf("amqp: broker url: %w", err)
-	}
-	if uri.Scheme != "amqp" && uri.Scheme != "amqps" {
-		return fmt.Errorf("amqp: broker url: scheme %q, want amqp or amqps", uri.Scheme)
+	if c.Port < 0 || c.Port > 65535 {
+		return fmt.Errorf("amqp: broker port %d out of range 1–65535", c.Port)
 	}
 	if c.Queue.Name == "" && c.Queue.Durable {
 		return errors.New("amqp: a durable queue needs a name")
@@ -358,12 +362,16 @@ func (c *Config) dial(ctx context.Context) (*link, error) {
 	if c.Username != "" {
 		acfg.SASL = []amqp.Authentication{&amqp.PlainAuth{Username: c.Username, Password: c.Password}}
 	}
-	conn, err := amqp.DialConfig(c.URL, acfg)
+	// The library dials only a URL string. This one carries the address
+	// alone, built from the parsed fields: the virtual host goes in
+	// acfg.Vhost, so that no escaping stands between it and the broker.
+	acfg.Vhost = c.vhost()
+	conn, err := amqp.DialConfig(c.brokerURL(), acfg)
 	if stopAbort != nil {
 		stopAbort()
 	}
 	if err != nil {
-		return nil, fmt.Errorf("amqp: connect to %s: %w", redactURL(c.URL), err)
+		return nil, fmt.Errorf("amqp: connect to %s: %w", c.brokerURL(), err)
 	}
 	ch, err := conn.Channel()
 	if err != nil {
@@ -373,13 +381,29 @@ func (c *Config) dial(ctx context.Context) (*link, error) {
 	return &link{conn: conn, ch: ch, lost: make(chan struct{})}, nil
 }
 
-// redactURL removes user information from u for messages.
-func redactURL(u string) string {
-	uri, err := amqp.ParseURI(u)
-	if err != nil {
-		return "the broker"
+// brokerURL returns the broker's address as a URL without credentials or
+// virtual host, amqp://host:port or amqps://host:port (the schemes and
+// default ports of [Driver]'s URL rules): what the library dials, and how
+// logs and errors name the broker.
+func (c *Config) brokerURL() string {
+	r := Driver.URL()
+	scheme, port := r.Scheme, r.Port
+	if c.TLS != nil {
+		scheme, port = r.TLSScheme, r.TLSPort
 	}
-	return fmt.Sprintf("%s://%s", uri.Scheme, net.JoinHostPort(uri.Host, fmt.Sprint(uri.Port)))
+	if c.Port != 0 {
+		port = c.Port
+	}
+	u := url.URL{Scheme: scheme, Host: net.JoinHostPort(c.Host, strconv.Itoa(port))}
+	return u.String()
+}
+
+// vhost returns the virtual host to open.
+func (c *Config) vhost() string {
+	if c.VHost == "" {
+		return "/"
+	}
+	return c.VHost
 }
 
 // closeReason names the loss of a channel or connection the broker (or the

@@ -14,10 +14,11 @@ import (
 	"weida.dev/connector/policy"
 )
 
-// brokerAddr is the loopback RabbitMQ that scripts/brokers starts.
+// The loopback RabbitMQ that scripts/brokers starts.
 const (
+	loopback   = "127.0.0.1"
+	brokerPort = 5672
 	brokerAddr = "127.0.0.1:5672"
-	brokerURL  = "amqp://" + brokerAddr + "/"
 )
 
 func TestMain(m *testing.M) {
@@ -40,7 +41,8 @@ func requireBroker(t testing.TB) {
 // testConfig is a Config for the loopback broker.
 func testConfig(name, marker string) Config {
 	return Config{
-		URL:            brokerURL,
+		Host:           loopback,
+		Port:           brokerPort,
 		Username:       "guest",
 		Password:       "guest",
 		ConnectionName: name,

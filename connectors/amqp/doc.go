@@ -17,7 +17,7 @@
 // a failure closes it and builds a fresh one after its own jittered
 // backoff.
 //
-// Start connects (TCP, TLS for amqps://, AMQP handshake, bounded by
+// Start connects (TCP, TLS when Config.TLS is set, AMQP handshake, bounded by
 // Config.ConnectTimeout), opens the channel and declares what the resource
 // owns: the exchange, as a durable topic exchange (amq.topic qualifies; a
 // name that exists as another type is refused), or with

@@ -1,8 +1,8 @@
 package amqp
 
 import (
+	"crypto/tls"
 	"fmt"
-	"net/url"
 	"reflect"
 	"strings"
 
@@ -267,25 +267,17 @@ func (driver) Sink(bc resources.BrokerConfig) connectors.SinkFactory {
 	return func(report connectors.StateFunc) (connectors.Sink, error) { return NewSink(cfg, report) }
 }
 
-// configOf maps a loaded resource onto a Config. The URL is built from the
-// parsed broker address, with the virtual host percent-encoded the way
-// amqp091-go reads it.
+// configOf maps a loaded resource onto a Config.
 func configOf(bc resources.BrokerConfig) Config {
 	c := bc.Resource
 	o, _ := OptionsOf(c)
-	scheme := Driver.URL().Scheme
-	if c.Broker.TLS.Enabled {
-		scheme = Driver.URL().TLSScheme
-	}
-	path := "/"
-	if o.VHost != "" && o.VHost != "/" {
-		path += url.PathEscape(o.VHost)
-	}
 	return Config{
-		URL:             scheme + "://" + c.Broker.Addr() + path,
+		Host:            c.Broker.Host,
+		Port:            c.Broker.Port,
+		VHost:           o.VHost,
+		TLS:             brokerTLS(bc),
 		Username:        bc.Credentials.Username,
 		Password:        bc.Credentials.Password.Reveal(),
-		TLS:             bc.TLS,
 		Exchange:        o.Exchange,
 		ExchangePassive: o.ExchangePassive,
 		Queue:           o.Queue,
@@ -294,4 +286,17 @@ func configOf(bc resources.BrokerConfig) Config {
 		LoopMarker:      bc.LoopMarker,
 		Logger:          bc.Logger,
 	}
+}
+
+// brokerTLS returns the TLS configuration of bc's broker connection: the
+// one package service built, or, should a TLS resource come without one,
+// the system roots; nil for a plaintext broker.
+func brokerTLS(bc resources.BrokerConfig) *tls.Config {
+	if !bc.Resource.Broker.TLS.Enabled {
+		return nil
+	}
+	if bc.TLS != nil {
+		return bc.TLS
+	}
+	return &tls.Config{ServerName: bc.Resource.Broker.TLS.ServerName}
 }

@@ -2,6 +2,7 @@ package amqp
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -17,6 +18,7 @@ import (
 
 	"weida.dev/connector/connectors"
 	"weida.dev/connector/connectors/conntest"
+	"weida.dev/connector/resources"
 )
 
 // recorder collects a driver's state reports.
@@ -154,22 +156,22 @@ func TestConfigValidate(t *testing.T) {
 		cfg  Config
 		want string // substring of the error; "" for valid
 	}{
-		{"minimal", Config{URL: "amqp://127.0.0.1"}, ""},
-		{"vhost and tls", Config{URL: "amqps://broker.example:5671/prod%2Feu"}, ""},
-		{"named durable", Config{URL: brokerURL, Queue: Queue{Name: "q", Durable: true}}, ""},
-		{"quorum", Config{URL: brokerURL, Queue: Queue{Name: "q", Durable: true, Quorum: true}}, ""},
-		{"quorum not durable", Config{URL: brokerURL, Queue: Queue{Name: "q", Quorum: true}}, "quorum queue"},
-		{"named exclusive", Config{URL: brokerURL, Queue: Queue{Name: "q", Exclusive: true}}, ""},
-		{"max prefetch", Config{URL: brokerURL, Prefetch: 65535}, ""},
-		{"no url", Config{}, "URL is required"},
-		{"bad scheme", Config{URL: "mqtt://127.0.0.1"}, "broker url"},
-		{"unparsable", Config{URL: "amqp://[::1"}, "broker url"},
-		{"durable without name", Config{URL: brokerURL, Queue: Queue{Durable: true}}, "needs a name"},
-		{"durable and exclusive", Config{URL: brokerURL, Queue: Queue{Name: "q", Durable: true, Exclusive: true}}, "both durable and exclusive"},
-		{"reserved queue", Config{URL: brokerURL, Queue: Queue{Name: "amq.q"}}, "reserved"},
-		{"negative prefetch", Config{URL: brokerURL, Prefetch: -1}, "prefetch"},
-		{"prefetch too large", Config{URL: brokerURL, Prefetch: 65536}, "prefetch"},
-		{"exchange too long", Config{URL: brokerURL, Exchange: strings.Repeat("x", 256)}, "exchange"},
+		{"minimal", Config{Host: "127.0.0.1"}, ""},
+		{"vhost and tls", Config{Host: "broker.example", Port: 5671, VHost: "prod/eu", TLS: &tls.Config{}}, ""},
+		{"named durable", Config{Host: loopback, Port: brokerPort, Queue: Queue{Name: "q", Durable: true}}, ""},
+		{"quorum", Config{Host: loopback, Port: brokerPort, Queue: Queue{Name: "q", Durable: true, Quorum: true}}, ""},
+		{"quorum not durable", Config{Host: loopback, Port: brokerPort, Queue: Queue{Name: "q", Quorum: true}}, "quorum queue"},
+		{"named exclusive", Config{Host: loopback, Port: brokerPort, Queue: Queue{Name: "q", Exclusive: true}}, ""},
+		{"max prefetch", Config{Host: loopback, Port: brokerPort, Prefetch: 65535}, ""},
+		{"no host", Config{}, "host is required"},
+		{"port too large", Config{Host: "::1", Port: 65536}, "out of range"},
+		{"negative port", Config{Host: "::1", Port: -1}, "out of range"},
+		{"durable without name", Config{Host: loopback, Port: brokerPort, Queue: Queue{Durable: true}}, "needs a name"},
+		{"durable and exclusive", Config{Host: loopback, Port: brokerPort, Queue: Queue{Name: "q", Durable: true, Exclusive: true}}, "both durable and exclusive"},
+		{"reserved queue", Config{Host: loopback, Port: brokerPort, Queue: Queue{Name: "amq.q"}}, "reserved"},
+		{"negative prefetch", Config{Host: loopback, Port: brokerPort, Prefetch: -1}, "prefetch"},
+		{"prefetch too large", Config{Host: loopback, Port: brokerPort, Prefetch: 65536}, "prefetch"},
+		{"exchange too long", Config{Host: loopback, Port: brokerPort, Exchange: strings.Repeat("x", 256)}, "exchange"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -189,7 +191,7 @@ func TestConfigValidate(t *testing.T) {
 }
 
 func TestConfigSecretNotInErrors(t *testing.T) {
-	cfg := Config{URL: "amqp://user:hunter2@127.0.0.1:1/", Password: "hunter2", Username: "user", ConnectTimeout: time.Second}
+	cfg := Config{Host: loopback, Port: 1, Password: "hunter2", Username: "user", ConnectTimeout: time.Second}
 	rec := &recorder{}
 	s, err := NewSink(cfg, rec.report)
 	if err != nil {
@@ -534,7 +536,7 @@ func TestExchangePassive(t *testing.T) {
 
 func TestSourceStartCancelled(t *testing.T) {
 	cfg := testConfig("unreachable", "")
-	cfg.URL = "amqp://127.0.0.1:1/"
+	cfg.Port = 1
 	src, err := NewSource(cfg, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -560,7 +562,7 @@ func TestStartAbortedByClose(t *testing.T) {
 	}
 	defer l.Close()
 	cfg := testConfig("silent", "")
-	cfg.URL = "amqp://" + l.Addr().String() + "/"
+	cfg.Port = l.Addr().(*net.TCPAddr).Port
 	src, err := NewSource(cfg, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -661,7 +663,7 @@ func TestSinkConfirmsAndReturns(t *testing.T) {
 
 func TestSinkNotConnected(t *testing.T) {
 	cfg := testConfig("down", "")
-	cfg.URL = "amqp://127.0.0.1:1/"
+	cfg.Port = 1
 	sink, err := NewSink(cfg, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -769,7 +771,7 @@ func TestCustomExchange(t *testing.T) {
 	t.Cleanup(func() { ch.ExchangeDelete(ex, false, false) })
 	key := "orders.eu.new"
 	src, _, _ := durableSource(t, "orders.*.new.#", func(cfg *Config) { cfg.Exchange = ex })
-	sink, err := NewSink(Config{URL: brokerURL, Exchange: ex}, nil)
+	sink, err := NewSink(Config{Host: loopback, Port: brokerPort, Exchange: ex}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -865,4 +867,91 @@ func TestWrongCredentials(t *testing.T) {
 	}
 	defer closeSource(t, src)
 	wantFailure(t, src.Start(testCtx(t), []string{"a"}), "CredentialsRefused")
+}
+
+// TestConfigOfAddress: the driver takes the broker's address and virtual
+// host from the loaded resource's parsed fields, and names the broker by a
+// URL built from them.
+func TestConfigOfAddress(t *testing.T) {
+	built := &tls.Config{ServerName: "rabbit.example"}
+	for _, tc := range []struct {
+		name    string
+		broker  resources.Broker
+		vhost   string
+		tls     *tls.Config
+		wantTLS bool
+		wantURL string
+	}{
+		{"plain", resources.Broker{Host: "127.0.0.1", Port: 5672}, "/", nil, false, "amqp://127.0.0.1:5672"},
+		{"vhost with a slash", resources.Broker{Host: "rabbit.example", Port: 5671, TLS: resources.TLS{Enabled: true}}, "prod/eu", built, true, "amqps://rabbit.example:5671"},
+		{"tls without a built config", resources.Broker{Host: "::1", Port: 5671, TLS: resources.TLS{Enabled: true}}, "a b", nil, true, "amqps://[::1]:5671"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.broker.Options = Options{Exchange: DefaultExchange, VHost: tc.vhost}
+			cfg := configOf(resources.BrokerConfig{Resource: &resources.Connector{Broker: tc.broker}, TLS: tc.tls})
+			if cfg.Host != tc.broker.Host || cfg.Port != tc.broker.Port || cfg.VHost != tc.vhost {
+				t.Errorf("address %s:%d vhost %q, want %s:%d vhost %q", cfg.Host, cfg.Port, cfg.VHost, tc.broker.Host, tc.broker.Port, tc.vhost)
+			}
+			if (cfg.TLS != nil) != tc.wantTLS {
+				t.Errorf("TLS %v, want TLS %v", cfg.TLS, tc.wantTLS)
+			}
+			if tc.tls != nil && cfg.TLS != tc.tls {
+				t.Error("the TLS configuration built for the resource is not the one used")
+			}
+			if got := cfg.brokerURL(); got != tc.wantURL {
+				t.Errorf("broker URL %s, want %s", got, tc.wantURL)
+			}
+		})
+	}
+}
+
+// TestBrokerURLDefaultPort: a zero Port is the scheme's default.
+func TestBrokerURLDefaultPort(t *testing.T) {
+	for _, tc := range []struct {
+		cfg  Config
+		want string
+	}{
+		{Config{Host: "h"}, "amqp://h:5672"},
+		{Config{Host: "h", TLS: &tls.Config{}}, "amqps://h:5671"},
+		{Config{Host: "h", Port: 6000}, "amqp://h:6000"},
+	} {
+		if got := tc.cfg.brokerURL(); got != tc.want {
+			t.Errorf("%s:%d TLS %v: %s, want %s", tc.cfg.Host, tc.cfg.Port, tc.cfg.TLS != nil, got, tc.want)
+		}
+	}
+}
+
+// TestVHostReachesBroker: the virtual host is opened as written, a '/'
+// in it included: the default one connects, a missing one is refused by
+// the broker as PermissionDenied.
+func TestVHostReachesBroker(t *testing.T) {
+	requireBroker(t)
+	cfg := testConfig("vhost-default", "")
+	cfg.VHost = "/"
+	ok, err := NewSink(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeSink(t, ok)
+	if err := ok.Start(testCtx(t)); err != nil {
+		t.Fatalf("the default virtual host, named: %v", err)
+	}
+
+	cfg = testConfig("vhost-missing", "")
+	cfg.VHost = "missing/" + conntest.Unique()
+	s, err := NewSink(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeSink(t, s)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	err = s.Start(ctx)
+	wantFailure(t, err, "PermissionDenied")
+	// RabbitMQ's reason text is the only place that says which virtual
+	// host it was asked for: it must be the one written, unescaped.
+	var ae *amqp.Error
+	if !errors.As(err, &ae) || ae.Code != amqp.NotAllowed || !strings.Contains(ae.Reason, cfg.VHost) {
+		t.Errorf("Start's error is not the broker refusing virtual host %q: %v", cfg.VHost, err)
+	}
 }

@@ -15,7 +15,8 @@ import (
 // acknowledges.
 func ExampleNewSource() {
 	src, err := amqp.NewSource(amqp.Config{
-		URL:            "amqp://127.0.0.1:5672/",
+		Host:           "127.0.0.1",
+		Port:           5672,
 		Username:       "guest",
 		Password:       "guest", // resolved from a secret reference in practice
 		Queue:          amqp.Queue{Name: "weida-audit", Durable: true},
@@ -45,7 +46,8 @@ func ExampleNewSource() {
 // own.
 func ExampleNewSink() {
 	sink, err := amqp.NewSink(amqp.Config{
-		URL:        "amqp://127.0.0.1:5672/",
+		Host:       "127.0.0.1",
+		Port:       5672,
 		Exchange:   "amq.topic",
 		LoopMarker: "weida-connector",
 	}, func(s connectors.ConnState) { log.Printf("broker: %s %s", s.Reason, s.Detail) })

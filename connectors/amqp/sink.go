@@ -108,7 +108,7 @@ func (s *Sink) Start(ctx context.Context) error {
 		if cctx.Err() != nil && ctx.Err() == nil {
 			return connectors.ErrClosed
 		}
-		err = fmt.Errorf("amqp: publishing to %s: %w", redactURL(s.cfg.URL), err)
+		err = fmt.Errorf("amqp: publishing to %s: %w", s.cfg.brokerURL(), err)
 		reportStart(s.report, s.log, nil, "", err)
 		return err
 	}

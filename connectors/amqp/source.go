@@ -187,7 +187,7 @@ func (s *Source) Start(ctx context.Context, filters []string) error {
 		if cctx.Err() != nil && ctx.Err() == nil {
 			return connectors.ErrClosed
 		}
-		err = fmt.Errorf("amqp: consuming from %s: %w", redactURL(s.cfg.URL), err)
+		err = fmt.Errorf("amqp: consuming from %s: %w", s.cfg.brokerURL(), err)
 		reportStart(s.report, s.log, nil, "", err)
 		return err
 	}

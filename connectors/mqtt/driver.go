@@ -1,8 +1,8 @@
 package mqtt
 
 import (
+	"crypto/tls"
 	"fmt"
-	"net"
 	"reflect"
 	"strconv"
 	"strings"
@@ -216,15 +216,12 @@ func (driver) Sink(bc resources.BrokerConfig) connectors.SinkFactory {
 func configOf(bc resources.BrokerConfig) Config {
 	c := bc.Resource
 	m, _ := OptionsOf(c)
-	scheme := Driver.URL().Scheme
-	if c.Broker.TLS.Enabled {
-		scheme = Driver.URL().TLSScheme
-	}
 	cfg := Config{
-		URL:           scheme + "://" + net.JoinHostPort(c.Broker.Host, strconv.Itoa(c.Broker.Port)),
+		Host:          c.Broker.Host,
+		Port:          c.Broker.Port,
+		TLS:           brokerTLS(bc),
 		ClientID:      c.Broker.ClientID,
 		Username:      bc.Credentials.Username,
-		TLS:           bc.TLS,
 		QoS:           m.QoS,
 		CleanStart:    m.CleanStart,
 		SessionExpiry: m.SessionExpiry,
@@ -236,4 +233,17 @@ func configOf(bc resources.BrokerConfig) Config {
 		cfg.Password = []byte(bc.Credentials.Password.Reveal())
 	}
 	return cfg
+}
+
+// brokerTLS returns the TLS configuration of bc's broker connection: the
+// one package service built, or, should a TLS resource come without one,
+// the system roots; nil for a plaintext broker.
+func brokerTLS(bc resources.BrokerConfig) *tls.Config {
+	if !bc.Resource.Broker.TLS.Enabled {
+		return nil
+	}
+	if bc.TLS != nil {
+		return bc.TLS
+	}
+	return &tls.Config{ServerName: bc.Resource.Broker.TLS.ServerName}
 }

@@ -41,8 +41,8 @@ func freePort(t *testing.T) int {
 }
 
 // passwordBroker starts a private Mosquitto that admits only user with
-// password, and returns its URL.
-func passwordBroker(t *testing.T, user, password string) string {
+// password on loopback, and returns its port.
+func passwordBroker(t *testing.T, user, password string) int {
 	t.Helper()
 	for _, bin := range []string{"/usr/sbin/mosquitto", "mosquitto_passwd"} {
 		if _, err := exec.LookPath(bin); err != nil {
@@ -54,7 +54,8 @@ func passwordBroker(t *testing.T, user, password string) string {
 	if out, err := exec.Command("mosquitto_passwd", "-c", "-b", pw, user, password).CombinedOutput(); err != nil {
 		t.Fatalf("mosquitto_passwd: %v\n%s", err, out)
 	}
-	port := strconv.Itoa(freePort(t))
+	p := freePort(t)
+	port := strconv.Itoa(p)
 	conf := filepath.Join(dir, "mosquitto.conf")
 	err := os.WriteFile(conf, []byte("user root\nlistener "+port+" 127.0.0.1\nallow_anonymous false\npassword_file "+pw+"\n"), 0o600)
 	if err != nil {
@@ -70,7 +71,7 @@ func passwordBroker(t *testing.T, user, password string) string {
 		c, err := net.DialTimeout("tcp", "127.0.0.1:"+port, time.Second)
 		if err == nil {
 			c.Close()
-			return "mqtt://127.0.0.1:" + port
+			return p
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("private mosquitto on %s did not start: %v", port, err)
@@ -106,15 +107,15 @@ func (r *reasons) has(reason string) bool {
 // CONNACK; while autopaho retries, the state says CredentialsRefused, and
 // Start, when its context ends, returns that reason.
 func TestWrongPasswordReported(t *testing.T) {
-	url := passwordBroker(t, "bridge", "right")
+	port := passwordBroker(t, "bridge", "right")
 	backoff := func(int) time.Duration { return 50 * time.Millisecond }
 	var srcReasons, sinkReasons reasons
-	src, err := NewSource(Config{URL: url, ClientID: "wrong-pw-in", Username: "bridge", Password: []byte("wrong"), Backoff: backoff}, srcReasons.report)
+	src, err := NewSource(Config{Host: loopback, Port: port, ClientID: "wrong-pw-in", Username: "bridge", Password: []byte("wrong"), Backoff: backoff}, srcReasons.report)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer src.Close(context.Background())
-	sink, err := NewSink(Config{URL: url, ClientID: "wrong-pw-out", Username: "bridge", Password: []byte("wrong"), Backoff: backoff}, sinkReasons.report)
+	sink, err := NewSink(Config{Host: loopback, Port: port, ClientID: "wrong-pw-out", Username: "bridge", Password: []byte("wrong"), Backoff: backoff}, sinkReasons.report)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,7 +135,7 @@ func TestWrongPasswordReported(t *testing.T) {
 	}
 
 	// The right password connects.
-	ok, err := NewSink(Config{URL: url, ClientID: "right-pw-out", Username: "bridge", Password: []byte("right")}, nil)
+	ok, err := NewSink(Config{Host: loopback, Port: port, ClientID: "right-pw-out", Username: "bridge", Password: []byte("right")}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -149,7 +150,7 @@ func TestWrongPasswordReported(t *testing.T) {
 // TestUnreachableReported: a refused TCP connection is BrokerUnreachable.
 func TestUnreachableReported(t *testing.T) {
 	var rs reasons
-	sink, err := NewSink(Config{URL: "mqtt://127.0.0.1:" + strconv.Itoa(freePort(t)), ClientID: "unreachable",
+	sink, err := NewSink(Config{Host: loopback, Port: freePort(t), ClientID: "unreachable",
 		Backoff: func(int) time.Duration { return 20 * time.Millisecond }}, rs.report)
 	if err != nil {
 		t.Fatal(err)

@@ -34,7 +34,7 @@ import (
 	"log/slog"
 	"net"
 	"net/url"
-	"strings"
+	"strconv"
 	"sync"
 	"time"
 
@@ -53,15 +53,20 @@ const LoopProperty = "x-weida-connector"
 // Config configures one MQTT connection. The zero value of each field is
 // the documented default.
 type Config struct {
-	// URL is mqtt://host:port (plain) or mqtts://host:port (TLS); tcp://,
-	// ssl:// and tls:// are accepted as aliases.
-	URL      string
+	// Host is the broker's host name or IP address (IPv6 without
+	// brackets); required. Host, Port and TLS are the broker address
+	// already parsed (package resources parses a resource's URL): the
+	// driver connects to them as they are and parses no URL.
+	Host string
+	// Port is the broker's TCP port; zero means 1883, or 8883 with TLS.
+	Port int
+	// TLS, when not nil, secures the connection (mqtts): an empty
+	// tls.Config means the system roots, and an empty ServerName means
+	// Host. Nil means plain TCP.
+	TLS      *tls.Config
 	ClientID string // required: a persistent session is keyed by it
 	Username string
 	Password []byte
-	// TLS is used for mqtts://; nil means the system roots and the URL's
-	// host as server name.
-	TLS *tls.Config
 	// QoS is the subscription (inbound) or publish (outbound) QoS: 0 or 1.
 	QoS byte
 	// CleanStart discards the broker's session on the first connection.
@@ -90,34 +95,20 @@ type Config struct {
 // told about every new network connection; fails, when not nil, keeps why
 // the last connection attempt failed.
 func (c *Config) clientConfig(report connectors.StateFunc, log *slog.Logger, onConn func(net.Conn), fails *lastFailure) (autopaho.ClientConfig, error) {
-	u, err := url.Parse(c.URL)
-	if err != nil {
-		return autopaho.ClientConfig{}, fmt.Errorf("mqtt: broker url: %w", err)
+	if c.Host == "" {
+		return autopaho.ClientConfig{}, errors.New("mqtt: a broker host is required")
 	}
-	useTLS := false
-	switch strings.ToLower(u.Scheme) {
-	case "mqtt", "tcp":
-	case "mqtts", "ssl", "tls":
-		useTLS = true
-	default:
-		return autopaho.ClientConfig{}, fmt.Errorf("mqtt: broker url %q: scheme must be mqtt or mqtts", c.URL)
+	if c.Port < 0 || c.Port > 65535 {
+		return autopaho.ClientConfig{}, fmt.Errorf("mqtt: broker port %d out of range 1–65535", c.Port)
 	}
-	if u.Port() == "" {
-		port := "1883"
-		if useTLS {
-			port = "8883"
-		}
-		u.Host = net.JoinHostPort(u.Hostname(), port)
-	}
+	// autopaho wants a URL per server; AttemptConnection below reads only
+	// its Host, so this one is built, never parsed.
+	u := c.serverURL()
 	if c.ClientID == "" {
 		return autopaho.ClientConfig{}, errors.New("mqtt: a client id is required")
 	}
 	if c.QoS > 1 {
 		return autopaho.ClientConfig{}, fmt.Errorf("mqtt: qos %d is not supported (0 or 1)", c.QoS)
-	}
-	tlsCfg := c.TLS
-	if useTLS && tlsCfg == nil {
-		tlsCfg = &tls.Config{ServerName: u.Hostname(), MinVersion: tls.VersionTLS12}
 	}
 	keepAlive := c.KeepAlive
 	if keepAlive == 0 {
@@ -153,7 +144,7 @@ func (c *Config) clientConfig(report connectors.StateFunc, log *slog.Logger, onC
 			return true
 		},
 		AttemptConnection: func(ctx context.Context, _ autopaho.ClientConfig, u *url.URL) (net.Conn, error) {
-			conn, err := dial(ctx, u.Host, useTLS, tlsCfg)
+			conn, err := dial(ctx, u.Host, c.TLS)
 			if err == nil && onConn != nil {
 				onConn(conn)
 			}
@@ -182,6 +173,22 @@ func (c *Config) clientConfig(report connectors.StateFunc, log *slog.Logger, onC
 		},
 	}
 	return cfg, nil
+}
+
+// serverURL returns the broker's address as a URL without credentials,
+// mqtt://host:port or mqtts://host:port (the schemes and default ports of
+// [Driver]'s URL rules): what autopaho is given, and how logs and errors
+// name the broker.
+func (c *Config) serverURL() *url.URL {
+	r := Driver.URL()
+	scheme, port := r.Scheme, r.Port
+	if c.TLS != nil {
+		scheme, port = r.TLSScheme, r.TLSPort
+	}
+	if c.Port != 0 {
+		port = c.Port
+	}
+	return &url.URL{Scheme: scheme, Host: net.JoinHostPort(c.Host, strconv.Itoa(port))}
 }
 
 // Reasons this driver reports, in the vocabulary of [connectors.Failure].
@@ -346,15 +353,15 @@ func reasonString(d *paho.Disconnect) string {
 	return ""
 }
 
-// dial opens the TCP (or TLS) connection and puts a read buffer in front of
+// dial opens the TCP connection (TLS when tlsCfg is not nil) and puts a read buffer in front of
 // it: paho reads packets a few bytes at a time, and without a buffer every
 // read is a system call (measured in ../shared/reference/broker-baselines.md:
 // about 15 % of QoS 1 throughput).
-func dial(ctx context.Context, addr string, useTLS bool, tlsCfg *tls.Config) (net.Conn, error) {
+func dial(ctx context.Context, addr string, tlsCfg *tls.Config) (net.Conn, error) {
 	var d net.Dialer
 	var conn net.Conn
 	var err error
-	if useTLS {
+	if tlsCfg != nil {
 		td := tls.Dialer{NetDialer: &d, Config: tlsCfg}
 		conn, err = td.DialContext(ctx, "tcp", addr)
 	} else {

@@ -15,8 +15,12 @@ import (
 	"weida.dev/connector/policy"
 )
 
-// brokerAddr is the loopback Mosquitto that scripts/brokers starts.
-const brokerAddr = "127.0.0.1:1883"
+// The loopback Mosquitto that scripts/brokers starts.
+const (
+	loopback   = "127.0.0.1"
+	brokerPort = 1883
+	brokerAddr = "127.0.0.1:1883"
+)
 
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m,
@@ -41,7 +45,8 @@ func (h harness) Policy() policy.Policy { return Driver.Policies()[0] }
 
 func (h harness) config(name, marker string) Config {
 	return Config{
-		URL:           "mqtt://" + brokerAddr,
+		Host:          loopback,
+		Port:          brokerPort,
 		ClientID:      name,
 		QoS:           1,
 		SessionExpiry: time.Minute,

@@ -90,7 +90,7 @@ func (s *Sink) Start(ctx context.Context) error {
 	s.cm, s.cancel = cm, cancel
 	s.mu.Unlock()
 	if err := cm.AwaitConnection(ctx); err != nil {
-		return fails.startError(s.cfg.URL, err)
+		return fails.startError(s.cfg.serverURL().String(), err)
 	}
 	return nil
 }

@@ -154,7 +154,7 @@ func (s *Source) Start(ctx context.Context, filters []string) error {
 	s.cm = cm
 	s.mu.Unlock()
 	if err := cm.AwaitConnection(ctx); err != nil {
-		return fails.startError(s.cfg.URL, err)
+		return fails.startError(s.cfg.serverURL().String(), err)
 	}
 	return nil
 }

@@ -3,6 +3,7 @@ package nats
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"log/slog"
 	"strings"
 	"testing"
@@ -13,6 +14,7 @@ import (
 	"pgregory.net/rapid"
 
 	"weida.dev/connector/connectors"
+	"weida.dev/connector/resources"
 )
 
 func userSeed(t *testing.T) string {
@@ -36,27 +38,26 @@ func TestConfigValidate(t *testing.T) {
 		inbound bool
 		wantErr string // substring; "" means valid
 	}{
-		{"plain", Config{URL: "nats://127.0.0.1:4222"}, true, ""},
-		{"tls", Config{URL: "tls://broker.example:4222"}, false, ""},
-		{"cluster", Config{URL: "nats://a:4222, nats://b:4222"}, true, ""},
-		{"no url", Config{}, true, "URL is required"},
-		{"bad scheme", Config{URL: "mqtt://a:1883"}, true, "scheme must be nats or tls"},
-		{"bad scheme in list", Config{URL: "nats://a:4222,http://b"}, true, "scheme must be nats or tls"},
-		{"user in url", Config{URL: "nats://u:p@a:4222"}, true, "credentials belong in the Config"},
-		{"user password", Config{URL: "nats://a", User: "u", Password: "p"}, true, ""},
-		{"token", Config{URL: "nats://a", Token: "t"}, true, ""},
-		{"nkey", Config{URL: "nats://a", NKeySeed: seed}, true, ""},
-		{"creds", Config{URL: "nats://a", Creds: []byte("jwt and seed")}, true, ""},
-		{"two methods", Config{URL: "nats://a", User: "u", Token: "t"}, true, "more than one authentication method"},
-		{"password and creds", Config{URL: "nats://a", Password: "p", Creds: []byte("x")}, true, "more than one authentication method"},
-		{"bad nkey", Config{URL: "nats://a", NKeySeed: "SUnotaseed"}, true, "nkey seed"},
-		{"js inbound", Config{URL: "nats://a", JetStream: &JetStream{Stream: "S", Durable: "d"}}, true, ""},
-		{"js outbound", Config{URL: "nats://a", JetStream: &JetStream{Stream: "S"}}, false, ""},
-		{"js no stream", Config{URL: "nats://a", JetStream: &JetStream{Durable: "d"}}, true, "stream name is required"},
-		{"js inbound no durable", Config{URL: "nats://a", JetStream: &JetStream{Stream: "S"}}, true, "durable consumer name"},
-		{"js dotted stream", Config{URL: "nats://a", JetStream: &JetStream{Stream: "a.b", Durable: "d"}}, true, "must not contain"},
-		{"js wildcard durable", Config{URL: "nats://a", JetStream: &JetStream{Stream: "S", Durable: "d*"}}, true, "must not contain"},
-		{"js space durable", Config{URL: "nats://a", JetStream: &JetStream{Stream: "S", Durable: "d d"}}, true, "must not contain"},
+		{"plain", Config{Host: "127.0.0.1", Port: 4222}, true, ""},
+		{"tls", Config{Host: "broker.example", Port: 4222, TLS: &tls.Config{}}, false, ""},
+		{"default port", Config{Host: "::1"}, true, ""},
+		{"no host", Config{}, true, "host is required"},
+		{"port too large", Config{Host: "a", Port: 65536}, true, "out of range"},
+		{"negative port", Config{Host: "a", Port: -1}, true, "out of range"},
+		{"user password", Config{Host: "a", User: "u", Password: "p"}, true, ""},
+		{"token", Config{Host: "a", Token: "t"}, true, ""},
+		{"nkey", Config{Host: "a", NKeySeed: seed}, true, ""},
+		{"creds", Config{Host: "a", Creds: []byte("jwt and seed")}, true, ""},
+		{"two methods", Config{Host: "a", User: "u", Token: "t"}, true, "more than one authentication method"},
+		{"password and creds", Config{Host: "a", Password: "p", Creds: []byte("x")}, true, "more than one authentication method"},
+		{"bad nkey", Config{Host: "a", NKeySeed: "SUnotaseed"}, true, "nkey seed"},
+		{"js inbound", Config{Host: "a", JetStream: &JetStream{Stream: "S", Durable: "d"}}, true, ""},
+		{"js outbound", Config{Host: "a", JetStream: &JetStream{Stream: "S"}}, false, ""},
+		{"js no stream", Config{Host: "a", JetStream: &JetStream{Durable: "d"}}, true, "stream name is required"},
+		{"js inbound no durable", Config{Host: "a", JetStream: &JetStream{Stream: "S"}}, true, "durable consumer name"},
+		{"js dotted stream", Config{Host: "a", JetStream: &JetStream{Stream: "a.b", Durable: "d"}}, true, "must not contain"},
+		{"js wildcard durable", Config{Host: "a", JetStream: &JetStream{Stream: "S", Durable: "d*"}}, true, "must not contain"},
+		{"js space durable", Config{Host: "a", JetStream: &JetStream{Stream: "S", Durable: "d d"}}, true, "must not contain"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -75,11 +76,11 @@ func TestConfigValidate(t *testing.T) {
 }
 
 func TestConstructorsValidate(t *testing.T) {
-	if _, err := NewSource(Config{URL: "nats://a", JetStream: &JetStream{Stream: "S"}}, func(connectors.ConnState) {}); err == nil {
+	if _, err := NewSource(Config{Host: "a", JetStream: &JetStream{Stream: "S"}}, func(connectors.ConnState) {}); err == nil {
 		t.Error("NewSource accepted JetStream without a durable")
 	}
-	if _, err := NewSink(Config{URL: "http://a"}, func(connectors.ConnState) {}); err == nil {
-		t.Error("NewSink accepted an http URL")
+	if _, err := NewSink(Config{}, func(connectors.ConnState) {}); err == nil {
+		t.Error("NewSink accepted a Config without a host")
 	}
 }
 
@@ -87,10 +88,10 @@ func TestConstructorsValidate(t *testing.T) {
 func TestConfigLogValueRedacts(t *testing.T) {
 	seed := userSeed(t)
 	for _, cfg := range []Config{
-		{URL: "nats://a", User: "alice", Password: "hunter2-secret"},
-		{URL: "nats://a", Token: "hunter2-secret"},
-		{URL: "nats://a", NKeySeed: seed},
-		{URL: "nats://a", Creds: []byte("hunter2-secret")},
+		{Host: "a", User: "alice", Password: "hunter2-secret"},
+		{Host: "a", Token: "hunter2-secret"},
+		{Host: "a", NKeySeed: seed},
+		{Host: "a", Creds: []byte("hunter2-secret")},
 	} {
 		var buf bytes.Buffer
 		slog.New(slog.NewTextHandler(&buf, nil)).Info("config", "nats", cfg)
@@ -113,12 +114,12 @@ func TestAuthOptions(t *testing.T) {
 		cfg   Config
 		check func(o *natsgo.Options) bool
 	}{
-		{"user", Config{URL: "nats://a", User: "u", Password: "p"}, func(o *natsgo.Options) bool { return o.User == "u" && o.Password == "p" }},
-		{"token", Config{URL: "nats://a", Token: "tok"}, func(o *natsgo.Options) bool { return o.Token == "tok" }},
-		{"nkey", Config{URL: "nats://a", NKeySeed: seed}, func(o *natsgo.Options) bool { return o.Nkey == pub && o.SignatureCB != nil }},
-		{"creds", Config{URL: "nats://a", Creds: []byte("x")}, func(o *natsgo.Options) bool { return o.UserJWT != nil }},
-		{"tls scheme", Config{URL: "tls://a"}, func(o *natsgo.Options) bool { return o.Secure }},
-		{"none", Config{URL: "nats://a"}, func(o *natsgo.Options) bool {
+		{"user", Config{Host: "a", User: "u", Password: "p"}, func(o *natsgo.Options) bool { return o.User == "u" && o.Password == "p" }},
+		{"token", Config{Host: "a", Token: "tok"}, func(o *natsgo.Options) bool { return o.Token == "tok" }},
+		{"nkey", Config{Host: "a", NKeySeed: seed}, func(o *natsgo.Options) bool { return o.Nkey == pub && o.SignatureCB != nil }},
+		{"creds", Config{Host: "a", Creds: []byte("x")}, func(o *natsgo.Options) bool { return o.UserJWT != nil }},
+		{"tls", Config{Host: "a", TLS: &tls.Config{}}, func(o *natsgo.Options) bool { return o.Secure && o.TLSConfig != nil }},
+		{"none", Config{Host: "a"}, func(o *natsgo.Options) bool {
 			return o.User == "" && o.Token == "" && o.Nkey == "" && o.UserJWT == nil && !o.Secure
 		}},
 	}
@@ -253,7 +254,7 @@ func TestSameFilters(t *testing.T) {
 // is unreachable, and Close still cleans up.
 func TestStartCanceled(t *testing.T) {
 	port := freePort(t)
-	src, err := NewSource(Config{URL: "nats://127.0.0.1:" + port}, func(connectors.ConnState) {})
+	src, err := NewSource(Config{Host: loopback, Port: portNumber(t, port)}, func(connectors.ConnState) {})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -265,7 +266,7 @@ func TestStartCanceled(t *testing.T) {
 	if err := src.Close(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	sink, err := NewSink(Config{URL: "nats://127.0.0.1:" + port}, func(connectors.ConnState) {})
+	sink, err := NewSink(Config{Host: loopback, Port: portNumber(t, port)}, func(connectors.ConnState) {})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -277,5 +278,52 @@ func TestStartCanceled(t *testing.T) {
 	}
 	if err := sink.Close(context.Background()); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestServerURL: the URL nats.go is given, and logs show, is built from
+// the parsed address, with the scheme and default port of the driver's
+// URL rules.
+func TestServerURL(t *testing.T) {
+	for _, tc := range []struct {
+		cfg  Config
+		want string
+	}{
+		{Config{Host: "127.0.0.1", Port: 4223}, "nats://127.0.0.1:4223"},
+		{Config{Host: "broker.example"}, "nats://broker.example:4222"},
+		{Config{Host: "::1", TLS: &tls.Config{}}, "tls://[::1]:4222"},
+	} {
+		if got := tc.cfg.serverURL(); got != tc.want {
+			t.Errorf("%s:%d TLS %v: %s, want %s", tc.cfg.Host, tc.cfg.Port, tc.cfg.TLS != nil, got, tc.want)
+		}
+	}
+}
+
+// TestConfigOfAddress: the driver takes the server's address from the
+// loaded resource's parsed fields.
+func TestConfigOfAddress(t *testing.T) {
+	built := &tls.Config{ServerName: "nats.example"}
+	for _, tc := range []struct {
+		name    string
+		broker  resources.Broker
+		tls     *tls.Config
+		wantTLS bool
+	}{
+		{"plain", resources.Broker{Host: "127.0.0.1", Port: 4222}, nil, false},
+		{"tls", resources.Broker{Host: "nats.example", Port: 4443, TLS: resources.TLS{Enabled: true}}, built, true},
+		{"tls without a built config", resources.Broker{Host: "fe80::1", Port: 4222, TLS: resources.TLS{Enabled: true}}, nil, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := configOf(resources.BrokerConfig{Resource: &resources.Connector{Broker: tc.broker}, TLS: tc.tls, Logger: slog.New(slog.DiscardHandler)})
+			if cfg.Host != tc.broker.Host || cfg.Port != tc.broker.Port {
+				t.Errorf("address %s:%d, want %s:%d", cfg.Host, cfg.Port, tc.broker.Host, tc.broker.Port)
+			}
+			if (cfg.TLS != nil) != tc.wantTLS {
+				t.Errorf("TLS %v, want TLS %v", cfg.TLS, tc.wantTLS)
+			}
+			if tc.tls != nil && cfg.TLS != tc.tls {
+				t.Error("the TLS configuration built for the resource is not the one used")
+			}
+		})
 	}
 }

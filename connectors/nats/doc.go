@@ -14,7 +14,7 @@
 // [connectors.StateFunc], which shows it in /status and in the
 // weida_connector_up metric, with the reason of the failed attempt:
 // CredentialsRefused, BrokerUnreachable, DNSFailure, TLSFailure or
-// ConnectionLost. TLS (tls:// URLs or [Config.TLS]) and the server's
+// ConnectionLost. TLS ([Config.TLS]) and the server's
 // authentication methods (user and password, token, NKey seed, or a .creds
 // file) are supported; secrets reach this package already resolved.
 //

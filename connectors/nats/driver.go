@@ -1,8 +1,8 @@
 package nats
 
 import (
+	"crypto/tls"
 	"fmt"
-	"net"
 	"reflect"
 	"strconv"
 	"strings"
@@ -235,18 +235,15 @@ func (driver) Sink(bc resources.BrokerConfig) connectors.SinkFactory {
 // configOf maps a loaded resource onto a Config.
 func configOf(bc resources.BrokerConfig) Config {
 	c, creds := bc.Resource, bc.Credentials
-	scheme := Driver.URL().Scheme
-	if c.Broker.TLS.Enabled {
-		scheme = Driver.URL().TLSScheme
-	}
 	cfg := Config{
-		URL:        scheme + "://" + net.JoinHostPort(c.Broker.Host, strconv.Itoa(c.Broker.Port)),
+		Host:       c.Broker.Host,
+		Port:       c.Broker.Port,
+		TLS:        brokerTLS(bc),
 		Name:       c.Broker.ClientID,
 		User:       creds.Username,
 		Password:   creds.Password.Reveal(),
 		Token:      creds.Token.Reveal(),
 		NKeySeed:   creds.NKeySeed.Reveal(),
-		TLS:        bc.TLS,
 		LoopMarker: bc.LoopMarker,
 		Logger:     bc.Logger,
 	}
@@ -265,4 +262,17 @@ func configOf(bc resources.BrokerConfig) Config {
 		cfg.MaxAckPending = c.Limits.InFlight
 	}
 	return cfg
+}
+
+// brokerTLS returns the TLS configuration of bc's server connection: the
+// one package service built, or, should a TLS resource come without one,
+// the system roots; nil for a plaintext server.
+func brokerTLS(bc resources.BrokerConfig) *tls.Config {
+	if !bc.Resource.Broker.TLS.Enabled {
+		return nil
+	}
+	if bc.TLS != nil {
+		return bc.TLS
+	}
+	return &tls.Config{ServerName: bc.Resource.Broker.TLS.ServerName}
 }

@@ -48,7 +48,7 @@ func TestStartCredentialsRefused(t *testing.T) {
 	srv := tokenServer(t, "x")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	cfg := Config{URL: srv.URL(), Token: "wrong-token", Backoff: func(int) time.Duration { return 20 * time.Millisecond }}
+	cfg := Config{Host: loopback, Port: srv.Port(), Token: "wrong-token", Backoff: func(int) time.Duration { return 20 * time.Millisecond }}
 	var st states
 	src, err := NewSource(cfg, st.report)
 	if err != nil {
@@ -75,7 +75,7 @@ func TestCredentialsRefusedOnReconnect(t *testing.T) {
 	srv := tokenServer(t, "x")
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	cfg := Config{URL: srv.URL(), Token: "x", Backoff: func(int) time.Duration { return 20 * time.Millisecond }}
+	cfg := Config{Host: loopback, Port: srv.Port(), Token: "x", Backoff: func(int) time.Duration { return 20 * time.Millisecond }}
 	src, err := NewSource(cfg, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -112,13 +112,13 @@ func TestStartStreamMissing(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	missing := "MISSING_" + conntest.Unique()
-	src, err := NewSource(Config{URL: "nats://" + serverAddr, JetStream: &JetStream{Stream: missing, Durable: "d"}}, nil)
+	src, err := NewSource(Config{Host: loopback, Port: serverPort, JetStream: &JetStream{Stream: missing, Durable: "d"}}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer src.Close(context.Background())
 	wantFailure(t, src.Start(ctx, []string{"a.>"}), "StreamMissing")
-	sink, err := NewSink(Config{URL: "nats://" + serverAddr, JetStream: &JetStream{Stream: missing}}, nil)
+	sink, err := NewSink(Config{Host: loopback, Port: serverPort, JetStream: &JetStream{Stream: missing}}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,7 +134,7 @@ func TestConsumerDeleted(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	stream, prefix := newStream(t)
-	cfg := Config{URL: "nats://" + serverAddr, JetStream: &JetStream{Stream: stream, Durable: "d-" + conntest.Unique()}}
+	cfg := Config{Host: loopback, Port: serverPort, JetStream: &JetStream{Stream: stream, Durable: "d-" + conntest.Unique()}}
 	filters := []string{prefix + ".>"}
 	src, err := NewSource(cfg, nil)
 	if err != nil {

@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -71,9 +73,18 @@ type JetStream struct {
 // resolved; a Config must not be logged as a whole (its [Config.LogValue]
 // redacts them, %v does not).
 type Config struct {
-	// URL is nats://host:port, or tls://host:port for TLS. Several URLs of
-	// one cluster may be given separated by commas.
-	URL string
+	// Host is the server's host name or IP address (IPv6 without
+	// brackets); required. Host, Port and TLS are the server address
+	// already parsed (package resources parses a resource's URL): the
+	// driver hands them to nats.go as they are. nats.go learns the other
+	// members of a cluster from the server it connects to.
+	Host string
+	// Port is the server's client port; zero means 4222.
+	Port int
+	// TLS, when not nil, secures the connection: an empty tls.Config
+	// means the system roots, and an empty ServerName means Host. Nil
+	// means plain TCP.
+	TLS *tls.Config
 	// Name is the connection name the server shows in its monitoring.
 	Name string
 
@@ -85,10 +96,6 @@ type Config struct {
 	Token    string
 	NKeySeed string
 	Creds    []byte
-
-	// TLS configures tls:// URLs; nil means the system roots and the URL's
-	// host as server name. A non-nil TLS also secures a nats:// URL.
-	TLS *tls.Config
 
 	// QueueGroup, when set, makes every core subscription a member of this
 	// queue group: replicas of one resource split the messages, each going
@@ -144,7 +151,7 @@ type Config struct {
 
 // LogValue describes c for a log without its secrets.
 func (c Config) LogValue() slog.Value {
-	attrs := []slog.Attr{slog.String("url", c.URL), slog.String("name", c.Name), slog.String("auth", c.authMethod())}
+	attrs := []slog.Attr{slog.String("url", c.serverURL()), slog.String("name", c.Name), slog.String("auth", c.authMethod())}
 	if c.QueueGroup != "" {
 		attrs = append(attrs, slog.String("queue_group", c.QueueGroup))
 	}
@@ -207,24 +214,30 @@ func (c *Config) pullMessages() int {
 	return DefaultPullMessages
 }
 
+// serverURL returns the server's address as a URL without credentials,
+// nats://host:port or, with TLS, tls://host:port (the schemes and default
+// port of [Driver]'s URL rules): what nats.go is given, and how logs and
+// errors name the server.
+func (c *Config) serverURL() string {
+	r := Driver.URL()
+	scheme, port := r.Scheme, r.Port
+	if c.TLS != nil {
+		scheme, port = r.TLSScheme, r.TLSPort
+	}
+	if c.Port != 0 {
+		port = c.Port
+	}
+	u := url.URL{Scheme: scheme, Host: net.JoinHostPort(c.Host, strconv.Itoa(port))}
+	return u.String()
+}
+
 // validate checks what does not need a connection.
 func (c *Config) validate(inbound bool) error {
-	if c.URL == "" {
-		return errors.New("nats: a server URL is required")
+	if c.Host == "" {
+		return errors.New("nats: a server host is required")
 	}
-	for _, s := range strings.Split(c.URL, ",") {
-		u, err := url.Parse(strings.TrimSpace(s))
-		if err != nil {
-			return fmt.Errorf("nats: server url: %w", err)
-		}
-		switch u.Scheme {
-		case "nats", "tls":
-		default:
-			return fmt.Errorf("nats: server url %q: scheme must be nats or tls", u.Redacted())
-		}
-		if u.User != nil {
-			return fmt.Errorf("nats: server url %q: credentials belong in the Config, not in the URL", u.Redacted())
-		}
+	if c.Port < 0 || c.Port > 65535 {
+		return fmt.Errorf("nats: server port %d out of range 1–65535", c.Port)
 	}
 	methods := 0
 	for _, set := range []bool{c.User != "" || c.Password != "", c.Token != "", c.NKeySeed != "", c.Creds != nil} {
@@ -345,8 +358,6 @@ func (c *Config) options(report connectors.StateFunc, log *slog.Logger, tr *trac
 	}
 	if c.TLS != nil {
 		opts = append(opts, natsgo.Secure(c.TLS))
-	} else if strings.HasPrefix(c.URL, "tls://") {
-		opts = append(opts, natsgo.Secure())
 	}
 	return opts, nil
 }
@@ -464,9 +475,12 @@ func (t *tracker) failure(what string) error {
 // the last real one (CredentialsRefused, BrokerUnreachable, DNSFailure,
 // TLSFailure) when one is known.
 func connect(ctx context.Context, c *Config, tr *tracker, opts []natsgo.Option) (*natsgo.Conn, error) {
-	nc, err := natsgo.Connect(c.URL, opts...)
+	// nats.go takes its servers only as URL strings; this one is built
+	// from the parsed address, and nats.go is the only one to parse it.
+	server := c.serverURL()
+	nc, err := natsgo.Connect(server, opts...)
 	if err != nil {
-		return nil, classify(fmt.Errorf("nats: connecting to %s: %w", c.URL, err))
+		return nil, classify(fmt.Errorf("nats: connecting to %s: %w", server, err))
 	}
 	if nc.IsConnected() {
 		return nc, nil
@@ -479,12 +493,12 @@ func connect(ctx context.Context, c *Config, tr *tracker, opts []natsgo.Option) 
 			return nc, nil
 		case natsgo.CLOSED:
 			<-tr.closed // the handler has recorded the last error
-			return nc, classify(fmt.Errorf("nats: connecting to %s: %w", c.URL, closedErr(nc, tr)))
+			return nc, classify(fmt.Errorf("nats: connecting to %s: %w", server, closedErr(nc, tr)))
 		}
 		select {
 		case <-ch:
 		case <-ctx.Done():
-			err := fmt.Errorf("nats: connecting to %s: %w", c.URL, context.Cause(ctx))
+			err := fmt.Errorf("nats: connecting to %s: %w", server, context.Cause(ctx))
 			if last := tr.lastErr(); last != nil {
 				return nc, connectors.Retryable(connectReason(last), fmt.Errorf("%w (last attempt: %w)", err, last))
 			}

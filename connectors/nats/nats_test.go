@@ -17,9 +17,12 @@ import (
 	"weida.dev/connector/policy"
 )
 
-// serverAddr is the loopback nats-server (with JetStream) that
-// scripts/brokers starts.
-const serverAddr = "127.0.0.1:4222"
+// The loopback nats-server (with JetStream) that scripts/brokers starts.
+const (
+	loopback   = "127.0.0.1"
+	serverPort = 4222
+	serverAddr = "127.0.0.1:4222"
+)
 
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m,
@@ -50,7 +53,8 @@ func (h harness) Policy() policy.Policy { return Driver.Policies()[0] }
 
 func (h harness) config(name, marker string, inbound bool) Config {
 	cfg := Config{
-		URL:        "nats://" + serverAddr,
+		Host:       loopback,
+		Port:       serverPort,
 		Name:       name,
 		LoopMarker: marker,
 		Backoff:    connectors.ExponentialBackoff(50*time.Millisecond, time.Second),

@@ -56,6 +56,19 @@ func startPrivateServer(t testing.TB, extraArgs ...string) *privateServer {
 
 func (s *privateServer) URL() string { return "nats://127.0.0.1:" + s.port }
 
+// Port returns the server's client port.
+func (s *privateServer) Port() int { return portNumber(s.t, s.port) }
+
+// portNumber returns port, a decimal port number, as an int.
+func portNumber(t testing.TB, port string) int {
+	t.Helper()
+	n, err := strconv.Atoi(port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
 func (s *privateServer) start() {
 	s.t.Helper()
 	s.cmd = exec.Command(natsServerBin, append([]string{"-a", "127.0.0.1", "-p", s.port, "-js", "-sd", s.dir}, s.args...)...)
@@ -142,7 +155,7 @@ func TestReconnect(t *testing.T) {
 	backoff := func(int) time.Duration { return 50 * time.Millisecond }
 
 	var srcStates, sinkStates states
-	src, err := NewSource(Config{URL: srv.URL(), Name: "src", Backoff: backoff}, srcStates.report)
+	src, err := NewSource(Config{Host: loopback, Port: srv.Port(), Name: "src", Backoff: backoff}, srcStates.report)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -150,7 +163,7 @@ func TestReconnect(t *testing.T) {
 	if err := src.Start(ctx, []string{"re.*"}); err != nil {
 		t.Fatal(err)
 	}
-	sink, err := NewSink(Config{URL: srv.URL(), Name: "sink", Backoff: backoff}, sinkStates.report)
+	sink, err := NewSink(Config{Host: loopback, Port: srv.Port(), Name: "sink", Backoff: backoff}, sinkStates.report)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -206,7 +219,7 @@ func TestSlowConsumerCounted(t *testing.T) {
 	var mu sync.Mutex
 	onDrop := map[string]int{}
 	src, err := NewSource(Config{
-		URL: "nats://" + serverAddr, PendingMessages: 10,
+		Host: loopback, Port: serverPort, PendingMessages: 10,
 		OnDrop: func(filter, reason string, n int) {
 			mu.Lock()
 			onDrop[filter+" "+reason] += n
@@ -357,7 +370,7 @@ func TestQueueGroupSplits(t *testing.T) {
 	subject := "qg." + conntest.Unique()
 	var srcs [2]*Source
 	for i := range srcs {
-		src, err := NewSource(Config{URL: "nats://" + serverAddr, QueueGroup: "g-" + subject}, func(connectors.ConnState) {})
+		src, err := NewSource(Config{Host: loopback, Port: serverPort, QueueGroup: "g-" + subject}, func(connectors.ConnState) {})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -440,7 +453,7 @@ func TestSinkRejectsOverMaxPayload(t *testing.T) {
 // ends.
 func startSink(t *testing.T, ctx context.Context) *Sink {
 	t.Helper()
-	sink, err := NewSink(Config{URL: "nats://" + serverAddr}, func(connectors.ConnState) {})
+	sink, err := NewSink(Config{Host: loopback, Port: serverPort}, func(connectors.ConnState) {})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -470,7 +483,7 @@ func TestSinkRejectsDeniedPublish(t *testing.T) {
 	srv := startPrivateServer(t, "-c", conf)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	sink, err := NewSink(Config{URL: srv.URL(), User: "bridge", Password: "pw"}, func(connectors.ConnState) {})
+	sink, err := NewSink(Config{Host: loopback, Port: srv.Port(), User: "bridge", Password: "pw"}, func(connectors.ConnState) {})
 	if err != nil {
 		t.Fatal(err)
 	}

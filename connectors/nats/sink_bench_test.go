@@ -38,7 +38,7 @@ func benchSinkWrite(b *testing.B, writers int) {
 	}
 	sub.SetPendingLimits(-1, -1)
 	nc.Flush()
-	sink, err := NewSink(Config{URL: "nats://" + serverAddr, LoopMarker: "bench"}, func(connectors.ConnState) {})
+	sink, err := NewSink(Config{Host: loopback, Port: serverPort, LoopMarker: "bench"}, func(connectors.ConnState) {})
 	if err != nil {
 		b.Fatal(err)
 	}
