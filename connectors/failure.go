@@ -58,10 +58,8 @@ func Permanent(reason string, err error) error {
 }
 
 // Classify returns the reason and permanence of err. A [*Failure] in err's
-// chain decides. Otherwise the error is classified generically, always as
-// retryable: a [*net.DNSError] is [FailDNS]; a refused connection, an
-// unreachable host or network and a timeout are [FailBrokerUnreachable];
-// TLS and certificate errors are [FailTLS]; anything else is fallback.
+// chain decides. Otherwise the error is classified by [NetworkReason],
+// always as retryable, and anything it does not know is fallback.
 func Classify(err error, fallback string) (reason string, permanent bool) {
 	var f *Failure
 	if errors.As(err, &f) {
@@ -70,25 +68,61 @@ func Classify(err error, fallback string) (reason string, permanent bool) {
 		}
 		return f.Reason, f.Permanent
 	}
-	var (
-		dns     *net.DNSError
-		netErr  net.Error
-		rec     tls.RecordHeaderError
-		alert   tls.AlertError
-		verify  *tls.CertificateVerificationError
-		unknown x509.UnknownAuthorityError
-		host    x509.HostnameError
-		invalid x509.CertificateInvalidError
-	)
-	switch {
-	case errors.As(err, &dns):
-		return FailDNS, false
-	case errors.As(err, &rec), errors.As(err, &alert), errors.As(err, &verify),
-		errors.As(err, &unknown), errors.As(err, &host), errors.As(err, &invalid):
-		return FailTLS, false
-	case errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.EHOSTUNREACH),
-		errors.Is(err, syscall.ENETUNREACH), errors.As(err, &netErr) && netErr.Timeout():
-		return FailBrokerUnreachable, false
+	if r := NetworkReason(err); r != "" {
+		return r, false
 	}
 	return fallback, false
+}
+
+// NetworkReason names why a connection could not be made, for the failures
+// every driver meets the same way: [FailDNS] for a name that does not
+// resolve, [FailTLS] for a failed handshake or an untrusted certificate,
+// [FailBrokerUnreachable] for a refused or unroutable dial and for a
+// timeout. It returns "" for anything else; what a broker refuses in its
+// own protocol (credentials, declarations) each driver names itself.
+func NetworkReason(err error) string {
+	if err == nil {
+		return ""
+	}
+	var (
+		dnsErr   *net.DNSError
+		recErr   tls.RecordHeaderError
+		verErr   *tls.CertificateVerificationError
+		alert    tls.AlertError
+		unknown  x509.UnknownAuthorityError
+		hostErr  x509.HostnameError
+		invalid  x509.CertificateInvalidError
+		echErr   *tls.ECHRejectionError
+		opErr    *net.OpError
+		netError net.Error
+	)
+	switch {
+	case errors.As(err, &dnsErr):
+		return FailDNS
+	case errors.As(err, &recErr), errors.As(err, &verErr), errors.As(err, &alert),
+		errors.As(err, &unknown), errors.As(err, &hostErr), errors.As(err, &invalid), errors.As(err, &echErr):
+		return FailTLS
+	case errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.EHOSTUNREACH), errors.Is(err, syscall.ENETUNREACH):
+		return FailBrokerUnreachable
+	case errors.As(err, &opErr) && opErr.Op == "dial":
+		return FailBrokerUnreachable
+	case errors.As(err, &netError) && netError.Timeout():
+		return FailBrokerUnreachable
+	}
+	return ""
+}
+
+// ClassifyNetwork returns err as a retryable [*Failure] when
+// [NetworkReason] knows it, and err unchanged otherwise (the runtime
+// classifies it then, with its own fallback). An error that already holds
+// a Failure is returned unchanged.
+func ClassifyNetwork(err error) error {
+	var f *Failure
+	if err == nil || errors.As(err, &f) {
+		return err
+	}
+	if r := NetworkReason(err); r != "" {
+		return Retryable(r, err)
+	}
+	return err
 }

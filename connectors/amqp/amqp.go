@@ -17,7 +17,6 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"weida.dev/connector/connectors"
-	"weida.dev/connector/connectors/internal/netfail"
 )
 
 // LoopHeader is the message header that marks a message an outbound bridge
@@ -243,7 +242,7 @@ func dialFailure(err error) error {
 	case errors.As(err, &ae) && ae.Code == amqp.NotAllowed:
 		return connectors.Retryable(reasonPermission, err)
 	}
-	return netfail.Classify(err)
+	return connectors.ClassifyNetwork(err)
 }
 
 // declareFailure classifies an error of a declaration, binding, basic.qos,

@@ -42,7 +42,6 @@ import (
 	"github.com/eclipse/paho.golang/paho"
 
 	"weida.dev/connector/connectors"
-	"weida.dev/connector/connectors/internal/netfail"
 )
 
 // LoopProperty is the MQTT user property that marks a message an outbound
@@ -224,7 +223,7 @@ func connectFailure(err error) *connectors.Failure {
 		}
 		return &connectors.Failure{Reason: reasonLost, Err: err}
 	}
-	if r := netfail.Reason(err); r != "" {
+	if r := connectors.NetworkReason(err); r != "" {
 		return &connectors.Failure{Reason: r, Err: err}
 	}
 	return &connectors.Failure{Reason: reasonLost, Err: err}

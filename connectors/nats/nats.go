@@ -18,7 +18,6 @@ import (
 	"github.com/nats-io/nkeys"
 
 	"weida.dev/connector/connectors"
-	"weida.dev/connector/connectors/internal/netfail"
 )
 
 // Header names this driver reads and writes. NATS headers are
@@ -392,7 +391,7 @@ func connectReason(err error) string {
 	if isAuthErr(err) {
 		return reasonCredentials
 	}
-	if r := netfail.Reason(err); r != "" {
+	if r := connectors.NetworkReason(err); r != "" {
 		return r
 	}
 	return reasonLost
@@ -512,7 +511,7 @@ func classify(err error) error {
 	if isAuthErr(err) {
 		return connectors.Retryable(reasonCredentials, err)
 	}
-	return netfail.Classify(err)
+	return connectors.ClassifyNetwork(err)
 }
 
 func closedErr(nc *natsgo.Conn, tr *tracker) error {

@@ -1,4 +1,4 @@
-package netfail
+package connectors_test
 
 import (
 	"context"
@@ -15,7 +15,7 @@ import (
 
 // TestReason dials for real: a closed loopback port, a name that cannot
 // resolve, and a TLS server whose certificate the client does not trust.
-func TestReason(t *testing.T) {
+func TestNetworkReason(t *testing.T) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -38,23 +38,23 @@ func TestReason(t *testing.T) {
 		err  error
 		want string
 	}{
-		{"refused", refused, BrokerUnreachable},
-		{"dns", noName, DNSFailure},
-		{"tls", untrusted, TLSFailure},
-		{"wrapped", fmt.Errorf("connecting: %w", refused), BrokerUnreachable},
+		{"refused", refused, connectors.FailBrokerUnreachable},
+		{"dns", noName, connectors.FailDNS},
+		{"tls", untrusted, connectors.FailTLS},
+		{"wrapped", fmt.Errorf("connecting: %w", refused), connectors.FailBrokerUnreachable},
 		{"other", errors.New("something else"), ""},
 		{"nil", nil, ""},
 	} {
-		if got := Reason(c.err); got != c.want {
-			t.Errorf("%s: Reason(%v) = %q, want %q", c.name, c.err, got, c.want)
+		if got := connectors.NetworkReason(c.err); got != c.want {
+			t.Errorf("%s: connectors.NetworkReason(%v) = %q, want %q", c.name, c.err, got, c.want)
 		}
 	}
 	var f *connectors.Failure
-	if err := Classify(refused); !errors.As(err, &f) || f.Reason != BrokerUnreachable || f.Permanent {
-		t.Errorf("Classify(refused) = %#v", err)
+	if err := connectors.ClassifyNetwork(refused); !errors.As(err, &f) || f.Reason != connectors.FailBrokerUnreachable || f.Permanent {
+		t.Errorf("connectors.ClassifyNetwork(refused) = %#v", err)
 	}
 	already := connectors.Retryable("CredentialsRefused", refused)
-	if err := Classify(already); err != already {
+	if err := connectors.ClassifyNetwork(already); err != already {
 		t.Errorf("Classify changed a Failure: %v", err)
 	}
 }
