@@ -1,5 +1,6 @@
 # Builds the connector as a static binary and ships it on a small base that
-# has wget for the compose health check.
+# has wget for the compose health check. Only ./cmd/connector is built: the
+# demo (./cmd/connector-demo) embeds brokers and has no place in the image.
 FROM golang:1.26-bookworm AS build
 WORKDIR /src
 COPY go.mod go.sum ./

@@ -8,13 +8,18 @@ BENCHCOUNT ?= 1
 # (no git) leaves the build information to speak.
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null)
 
-.PHONY: test brokers fuzz bench build compile
+.PHONY: test brokers demo fuzz bench build compile
 
 test:
 	./scripts/test
 
 brokers:
 	./scripts/brokers
+
+# The README's first command: the bridge on embedded brokers, needing none.
+# It is its own command so that ./connector links no broker.
+demo:
+	go run ./cmd/connector-demo
 
 # Compiles every package, then links ./connector.
 build: compile

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 
+	"weida.dev/connector/internal/drivers"
 	"weida.dev/connector/policy"
 	"weida.dev/connector/service"
 )
@@ -111,7 +112,7 @@ type explainResult struct {
 }
 
 func cmdExplain(_ context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) int {
-	ds := drivers()
+	ds := drivers.All()
 	fs := newFlagSet("explain", explainSynopsis(ds), stderr)
 	var inputs []explainInput
 	protoNames, defaults := make([]string, len(ds)), make([]string, len(ds))

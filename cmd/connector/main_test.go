@@ -35,7 +35,7 @@ func TestVersionAndUsage(t *testing.T) {
 // TestHelpOnce: --help prints the usage once, to stdout, and nothing to
 // stderr; a bad flag prints the error and the usage to stderr.
 func TestHelpOnce(t *testing.T) {
-	for _, cmd := range []string{"run", "check", "explain", "demo", "weida", "version"} {
+	for _, cmd := range []string{"run", "check", "explain", "weida", "version"} {
 		code, out, errOut := runCLI(t, "", cmd, "--help")
 		if code != 0 || strings.Count(out, "usage:") != 1 || errOut != "" {
 			t.Errorf("%s --help: code %d, %d usages on stdout, stderr %q", cmd, code, strings.Count(out, "usage:"), errOut)
@@ -44,5 +44,18 @@ func TestHelpOnce(t *testing.T) {
 		if code != exitUsage || !strings.Contains(errOut, "no-such-flag") || strings.Count(errOut, "usage:") != 1 {
 			t.Errorf("%s --no-such-flag: code %d, stderr %q", cmd, code, errOut)
 		}
+	}
+}
+
+// TestDemoMoved: the demo is its own command now; the old invocation says
+// where it went, in one line, and fails as a usage error so that no script
+// mistakes it for a demo that ran. The help does not offer it.
+func TestDemoMoved(t *testing.T) {
+	code, out, errOut := runCLI(t, "", "demo")
+	if code != exitUsage || out != "" || strings.Count(errOut, "\n") != 1 || !strings.Contains(errOut, "go run ./cmd/connector-demo") {
+		t.Errorf("demo: exit %d, stdout %q, stderr %q; want exit %d and one line naming go run ./cmd/connector-demo", code, out, errOut, exitUsage)
+	}
+	if _, out, _ := runCLI(t, "", "help"); strings.Contains(out, "demo") {
+		t.Errorf("help still lists the demo:\n%s", out)
 	}
 }

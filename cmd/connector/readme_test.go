@@ -7,6 +7,40 @@ import (
 	"testing"
 )
 
+// TestReadmeCommands keeps the README's set-up block to its two commands,
+// the demo and the test script, and keeps both runnable as written: the
+// demo's package is a command and the script is executable.
+func TestReadmeCommands(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := string(readme)
+	start := strings.Index(text, "## Two commands\n\n```sh\n")
+	if start < 0 {
+		t.Fatal("README has no \"Two commands\" sh block")
+	}
+	block := text[start+len("## Two commands\n\n```sh\n"):]
+	block = block[:strings.Index(block, "```")]
+	var cmds []string
+	for _, line := range strings.Split(strings.TrimSpace(block), "\n") {
+		cmd, _, _ := strings.Cut(line, "#")
+		cmds = append(cmds, strings.TrimSpace(cmd))
+	}
+	want := []string{"go run ./cmd/connector-demo", "./scripts/test"}
+	if strings.Join(cmds, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("README's set-up commands are %q, want %q", cmds, want)
+	}
+	if names := goList(t, "-f", "{{.Name}}", "weida.dev/connector/cmd/connector-demo"); len(names) != 1 || names[0] != "main" {
+		t.Errorf("cmd/connector-demo is package %q, want main", names)
+	}
+	if fi, err := os.Stat("../../scripts/test"); err != nil {
+		t.Error(err)
+	} else if fi.Mode().Perm()&0o100 == 0 {
+		t.Errorf("scripts/test has mode %v, want it executable", fi.Mode())
+	}
+}
+
 // TestReadmeTour keeps the README's five-minute tour true: its resource is
 // refused for the dotted route it shows, and valid once that route is gone.
 func TestReadmeTour(t *testing.T) {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"weida.dev/connector/connectors"
+	"weida.dev/connector/internal/drivers"
 	"weida.dev/connector/resources"
 	"weida.dev/connector/service"
 )
@@ -89,7 +90,7 @@ func runService(ctx context.Context, opts runOptions, stdout, stderr io.Writer) 
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
 	err := service.Run(ctx, service.Config{
-		Env:   service.Env{Drivers: drivers(), LoopMarker: opts.instance, Logger: log},
+		Env:   service.Env{Drivers: drivers.All(), LoopMarker: opts.instance, Logger: log},
 		Paths: opts.paths,
 		Admin: opts.admin,
 		Drain: opts.drain,

@@ -1,4 +1,9 @@
-package main
+// Package demo runs the whole bridge in one process, on embedded brokers,
+// to show what the connector does without installing anything. It links an
+// MQTT 5 broker (mochi-mqtt) and a NATS server into whatever imports it, so
+// only the connector-demo command does: the production binary must not
+// carry them (a test in cmd/connector checks its dependencies).
+package demo
 
 import (
 	"context"
@@ -29,42 +34,54 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"weida.dev/connector/connectors"
+	"weida.dev/connector/internal/drivers"
 	"weida.dev/connector/policy"
 	"weida.dev/connector/resources"
 	"weida.dev/connector/service"
 	"weida.dev/connector/weida"
 )
 
-// cmdDemo runs the whole bridge in one process: an embedded MQTT 5 broker
-// (mochi-mqtt), an embedded NATS server, the connector runtime with demo
-// resources loaded through the same path as `run`, weida subscribers and a
-// weida publisher. It prints what crosses, how each topic converts and what
-// is refused, then a summary. It needs no broker and listens on loopback
-// only.
-func cmdDemo(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) int {
-	fs := newFlagSet("demo", "connector demo [--verbose]", stderr)
-	verbose := fs.Bool("verbose", false, "also print the connector's own log lines")
-	if code, done := parseFlags(fs, args, stdout); done {
-		return code
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "connector demo: unexpected argument %q\n", fs.Arg(0))
-		return exitUsage
-	}
-	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+// Options configures [Run]. The zero value is valid: it discards the
+// narrative and the log.
+type Options struct {
+	// Out receives what the demo shows: the brokers it started, the
+	// resources it accepted and refused, each message and how it converted
+	// or why it was dropped, and the counters. Nil discards it.
+	Out io.Writer
+	// Logger receives the connector runtime's own log lines. Nil discards
+	// them.
+	Logger *slog.Logger
+}
+
+// timeout bounds a whole run: every step waits seconds at most, so a demo
+// still going after this is stuck, not slow.
+const timeout = 60 * time.Second
+
+// Run starts an embedded MQTT 5 broker and an embedded NATS server on
+// loopback ports chosen at random, loads demo resources through
+// resources.Load as `connector run` loads files, runs them with the
+// runtime and the drivers of the connector ([drivers.All]), and drives
+// traffic through them from weida subscribers, a weida publisher and
+// broker clients, writing what happens to opts.Out. It needs no broker and
+// listens on 127.0.0.1 only.
+//
+// Run returns nil when every message crossed, was dropped or was refused
+// as the resources state; otherwise an error counting the expectations
+// that failed (each one is also written to opts.Out), or the error that
+// stopped it. It returns after a minute at most, and only once everything
+// it started has stopped and its temporary files are removed.
+func Run(ctx context.Context, opts Options) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	d := &demo{out: stdout}
-	logOut := io.Discard
-	if *verbose {
-		logOut = stderr
+	d := &demo{out: opts.Out, log: opts.Logger}
+	if d.out == nil {
+		d.out = io.Discard
 	}
-	d.log = slog.New(slog.NewTextHandler(logOut, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	if d.log == nil {
+		d.log = slog.New(slog.DiscardHandler)
+	}
 	defer d.cleanup()
-	if err := d.run(ctx); err != nil {
-		fmt.Fprintf(stderr, "connector demo: %v\n", err)
-		return exitFailure
-	}
-	return exitOK
+	return d.run(ctx)
 }
 
 type demo struct {
@@ -214,14 +231,14 @@ func (d *demo) run(ctx context.Context) error {
 
 	// 1. Configuration time: the refused resource never runs.
 	d.printf("1. Checking resources, as `connector check` and `connector run` do\n\n")
-	if _, err := resources.Load(service.Protocols(drivers()), refusedFile); err == nil {
+	if _, err := resources.Load(service.Protocols(drivers.All()), refusedFile); err == nil {
 		d.fail("the resource with route orders.> was accepted")
 	} else {
 		for _, fe := range resources.Errors(err) {
 			d.printf("  REFUSED  %s: %s = %q\n           %s [%s]\n           hint: %s\n", fe.Resource, fe.Field, fe.Value, fe.Message, fe.Rule, fe.Hint)
 		}
 	}
-	set, err := resources.Load(service.Protocols(drivers()), resFile)
+	set, err := resources.Load(service.Protocols(drivers.All()), resFile)
 	if err != nil {
 		return fmt.Errorf("demo resources: %w", err)
 	}
@@ -235,7 +252,7 @@ func (d *demo) run(ctx context.Context) error {
 	d.printf("\n")
 
 	// 2. Run them.
-	units, err := service.Units(set.Connectors(), service.Env{Drivers: drivers(), LoopMarker: "demo", Logger: d.log})
+	units, err := service.Units(set.Connectors(), service.Env{Drivers: drivers.All(), LoopMarker: "demo", Logger: d.log})
 	if err != nil {
 		return err
 	}
@@ -556,7 +573,7 @@ func writeDemoCert(dir string) (certFile, keyFile, fingerprint string, err error
 // policy incurs with the demo's options (MQTT QoS 1, core NATS): the demo
 // states exactly what its conversions lose, as every resource must.
 func lossesFor(protocol, direction string) string {
-	p := service.Lookup(drivers(), protocol).Policies()[0]
+	p := service.Lookup(drivers.All(), protocol).Policies()[0]
 	ls := p.Losses(policy.Direction(direction), policy.Options{QoS: 1})
 	s := make([]string, len(ls))
 	for i, l := range ls {

@@ -1,6 +1,8 @@
-package main
+package demo
 
 import (
+	"bytes"
+	"context"
 	"strings"
 	"testing"
 )
@@ -8,9 +10,9 @@ import (
 // TestDemo runs the embedded demo end to end: it must succeed with no
 // broker running and show the conversions, the drop and the refusal.
 func TestDemo(t *testing.T) {
-	code, out, errOut := runCLI(t, "", "demo")
-	if code != exitOK {
-		t.Fatalf("demo exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	var out bytes.Buffer
+	if err := Run(context.Background(), Options{Out: &out}); err != nil {
+		t.Fatalf("demo: %v\noutput:\n%s", err, out.String())
 	}
 	for _, want := range []string{
 		"REFUSED  demo-nats-all-orders",
@@ -23,8 +25,8 @@ func TestDemo(t *testing.T) {
 		"-> MQTT  alerts/fire/hall-2",
 		"Everything behaved as the resources state.",
 	} {
-		if !strings.Contains(out, want) {
-			t.Errorf("demo output lacks %q:\n%s", want, out)
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("demo output lacks %q:\n%s", want, out.String())
 		}
 	}
 }
