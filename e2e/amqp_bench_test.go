@@ -3,9 +3,6 @@ package e2e
 import (
 	"context"
 	"os"
-	"path/filepath"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -14,6 +11,7 @@ import (
 
 	"weida.dev/connector/connectors"
 	amqpconn "weida.dev/connector/connectors/amqp"
+	"weida.dev/connector/internal/brokertest"
 	"weida.dev/connector/policy"
 	"weida.dev/connector/weida"
 )
@@ -143,19 +141,6 @@ func amqpOutboundRig(t *testing.T, addr string) *benchRig {
 	return rig
 }
 
-// beamPid returns the private node's Erlang VM process id.
-func (r *privateRabbit) beamPid(t *testing.T) int {
-	b, err := os.ReadFile(filepath.Join(r.dir, "pid"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pid
-}
-
 // TestAMQPThroughput measures, in one run, 256-byte messages per second
 // through RabbitMQ alone (publisher confirms, manual acks, prefetch 256),
 // through weida alone, and through the bridge in each direction, and prints
@@ -169,8 +154,8 @@ func TestAMQPThroughput(t *testing.T) {
 	if os.Getenv("WEIDA_BENCH") != "1" {
 		t.Skip("set WEIDA_BENCH=1 to run the throughput benchmark")
 	}
-	rb := startPrivateRabbit(t)
-	throughput{broker: "RabbitMQ", pid: rb.beamPid(t), rigs: []namedRig{
+	rb := brokertest.StartRabbit(t)
+	throughput{broker: "RabbitMQ", pid: rb.VMPid(), rigs: []namedRig{
 		{short: "rabbitmq", build: func() *benchRig { return rabbitDirectRig(t, rb.Addr()) }},
 		{short: "weida", build: func() *benchRig { return weidaDirectRig(t) }},
 		{short: "in", build: func() *benchRig { return amqpInboundRig(t, rb.Addr()) }},

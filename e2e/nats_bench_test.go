@@ -12,6 +12,7 @@ import (
 
 	"weida.dev/connector/connectors"
 	natsconn "weida.dev/connector/connectors/nats"
+	"weida.dev/connector/internal/brokertest"
 	"weida.dev/connector/policy"
 	"weida.dev/connector/weida"
 )
@@ -152,7 +153,7 @@ func TestNATSThroughput(t *testing.T) {
 	}
 	// A private server: other tests' traffic on the shared one would
 	// skew the numbers.
-	srv := startPrivateNATS(t)
+	srv := brokertest.StartNATS(t)
 	throughput{broker: "nats-server", pid: srv.Pid(), rigs: []namedRig{
 		{short: "nats", build: func() *benchRig { return natsDirectRig(t, srv.Addr()) }},
 		{short: "weida", build: func() *benchRig { return weidaDirectRig(t) }},
