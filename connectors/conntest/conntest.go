@@ -80,6 +80,10 @@ type Capabilities struct {
 	// attempt with a Failure. The unit then shows the reason in its
 	// BrokerConnected condition rather than in Status.Failure.
 	RetriesInStart bool
+	// RedeliverAfter is how long the broker waits before it delivers
+	// again a message a closed Source left unacknowledged (a JetStream
+	// consumer's AckWait); zero means at once, on the next Source.
+	RedeliverAfter time.Duration
 }
 
 // Run runs the suite. newHarness is called once per subtest.

@@ -275,7 +275,7 @@ func testAckAfterHandoff(t *testing.T, h Harness) {
 	u2 := startUnits(t, h, filter, unitOptions{name: name, noOutbound: true, wrap: rec.wrap})
 	close(rec.start)
 	u2.waitReady(20 * time.Second)
-	m, ok := receiveWeida(t, u2.sub, 15*time.Second)
+	m, ok := receiveWeida(t, u2.sub, h.Capabilities().RedeliverAfter+15*time.Second)
 	if !ok || string(m.Payload) != "held" {
 		t.Fatalf("the withheld message was not delivered again (got %q, %v): the driver acknowledged it before the hand-off", m.Payload, ok)
 	}
