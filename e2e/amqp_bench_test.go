@@ -3,9 +3,6 @@ package e2e
 import (
 	"context"
 	"os"
-	"path/filepath"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -14,6 +11,7 @@ import (
 
 	"weida.dev/connector/connectors"
 	amqpconn "weida.dev/connector/connectors/amqp"
+	"weida.dev/connector/internal/brokertest"
 	"weida.dev/connector/policy"
 	"weida.dev/connector/weida"
 )
@@ -103,7 +101,7 @@ func amqpInboundRig(t *testing.T, addr string) *benchRig {
 	p, routes := amqpBenchRoute(t)
 	l, wpub, url := benchEndpoint(t)
 	spec := connectors.Spec{Name: "bench-in", Protocol: policy.AMQP, Direction: policy.Inbound, Policy: p, Routes: routes, Endpoint: url}
-	host, port := splitAddr(t, addr)
+	host, port := brokertest.SplitAddr(t, addr)
 	cfg := amqpconn.Config{Host: host, Port: port, Exchange: "bench-in", Prefetch: benchPrefetch, ConnectionName: "bench-in"}
 	b := connectors.NewInbound(spec, func(report connectors.StateFunc) (connectors.Source, error) {
 		return amqpconn.NewSource(cfg, report)
@@ -131,7 +129,7 @@ func amqpOutboundRig(t *testing.T, addr string) *benchRig {
 	rabbitConsumer(t, addr, "bench-out", rig.delivered)
 	spec := connectors.Spec{Name: "bench-out", Protocol: policy.AMQP, Direction: policy.Outbound, Policy: p, Routes: routes,
 		Endpoint: url, InFlight: resourcesDefaultInFlight}
-	host, port := splitAddr(t, addr)
+	host, port := brokertest.SplitAddr(t, addr)
 	cfg := amqpconn.Config{Host: host, Port: port, Exchange: "bench-out", ConnectionName: "bench-out"}
 	b := connectors.NewOutbound(spec,
 		func(ctx context.Context) (*weida.Subscriber, error) { return weida.Dial(ctx, url, weida.DialConfig{}) },
@@ -143,19 +141,6 @@ func amqpOutboundRig(t *testing.T, addr string) *benchRig {
 	rig.publish = func() error { return publishWeida(wpub) }
 	rig.close = func() { closeBridgeRig(t, rig, b, stopBridge, l) }
 	return rig
-}
-
-// beamPid returns the private node's Erlang VM process id.
-func (r *privateRabbit) beamPid(t *testing.T) int {
-	b, err := os.ReadFile(filepath.Join(r.dir, "pid"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pid
 }
 
 // TestAMQPThroughput measures, in one run, 256-byte messages per second
@@ -171,8 +156,8 @@ func TestAMQPThroughput(t *testing.T) {
 	if os.Getenv("WEIDA_BENCH") != "1" {
 		t.Skip("set WEIDA_BENCH=1 to run the throughput benchmark")
 	}
-	rb := startPrivateRabbit(t)
-	throughput{broker: "RabbitMQ", pid: rb.beamPid(t), rigs: []namedRig{
+	rb := brokertest.StartRabbit(t)
+	throughput{broker: "RabbitMQ", pid: rb.VMPid(), rigs: []namedRig{
 		{short: "rabbitmq", build: func() *benchRig { return rabbitDirectRig(t, rb.Addr()) }},
 		{short: "weida", build: func() *benchRig { return weidaDirectRig(t) }},
 		{short: "in", build: func() *benchRig { return amqpInboundRig(t, rb.Addr()) }},

@@ -2,24 +2,13 @@ package e2e
 
 import (
 	"fmt"
-	"os"
-	"os/exec"
 	"testing"
 	"time"
 
+	"weida.dev/connector/internal/brokertest"
 	"weida.dev/connector/policy"
 	"weida.dev/connector/weida"
 )
-
-// rabbitmqctl runs rabbitmqctl against the private node.
-func (r *privateRabbit) rabbitmqctl(args ...string) {
-	r.t.Helper()
-	cmd := exec.Command(r.ctl, append([]string{"-n", r.node}, args...)...)
-	cmd.Env = append(os.Environ(), r.env...)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		r.t.Fatalf("rabbitmqctl %v: %v\n%s", args, err, out)
-	}
-}
 
 // TestAMQPBlockedPublishingHeld: when RabbitMQ blocks publishers (a memory
 // alarm, raised here by setting the watermark to zero on a private node),
@@ -27,14 +16,14 @@ func (r *privateRabbit) rabbitmqctl(args ...string) {
 // dropping it, and publishes all of it once the broker unblocks. The
 // resource uses a virtual host whose name needs escaping.
 func TestAMQPBlockedPublishingHeld(t *testing.T) {
-	rb := startPrivateRabbit(t)
+	rb := brokertest.StartRabbit(t)
 	u := unique()
 	// A virtual host whose name needs escaping in the URL, to check that
 	// the resource's vhost reaches the broker intact. (Not a '/': package
 	// resources refuses %2F in the path although its hint suggests it.)
 	const vhost, vhostPath = "e2e vh:1", "e2e%20vh:1"
-	rb.rabbitmqctl("add_vhost", vhost)
-	rb.rabbitmqctl("set_permissions", "-p", vhost, "guest", ".*", ".*", ".*")
+	rb.RabbitCtl("add_vhost", vhost)
+	rb.RabbitCtl("set_permissions", "-p", vhost, "guest", ".*", ".*", ".*")
 	addr := rb.Addr() + "/" + vhostPath
 	client := amqpConnect(t, addr)
 	exchange := "e2e-" + u
@@ -61,8 +50,8 @@ func TestAMQPBlockedPublishingHeld(t *testing.T) {
 		return got.Len() > 0
 	})
 
-	rb.rabbitmqctl("set_vm_memory_high_watermark", "0")
-	t.Cleanup(func() { rb.rabbitmqctl("set_vm_memory_high_watermark", "0.4") })
+	rb.RabbitCtl("set_vm_memory_high_watermark", "0")
+	t.Cleanup(func() { rb.RabbitCtl("set_vm_memory_high_watermark", "0.4") })
 	// RabbitMQ blocks a connection (and says so) when it next publishes.
 	triggers := 0
 	Eventually(t, 30*time.Second, "the connector to report the broker blocking it", func() bool {
@@ -91,7 +80,7 @@ func TestAMQPBlockedPublishingHeld(t *testing.T) {
 		t.Fatalf("the consumer received %d messages while publishing was blocked", got.Len()-before)
 	}
 
-	rb.rabbitmqctl("set_vm_memory_high_watermark", "0.4")
+	rb.RabbitCtl("set_vm_memory_high_watermark", "0.4")
 	Eventually(t, 60*time.Second, "every held message at the AMQP consumer", func() bool {
 		have := map[string]bool{}
 		for _, d := range got.Messages() {

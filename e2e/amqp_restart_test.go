@@ -1,198 +1,19 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"math/rand/v2"
-	"net"
-	"os"
-	"os/exec"
-	"os/user"
-	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"weida.dev/connector/internal/brokertest"
 	"weida.dev/connector/policy"
 	"weida.dev/connector/weida"
 )
-
-// privateRabbit is a RabbitMQ node of the test's own: its own node name,
-// AMQP and distribution ports on loopback, and its data in a temporary
-// directory, so that a test can stop and restart it without disturbing the
-// shared broker. (`rabbitmqctl stop_app`/`start_app` would be faster, but on
-// RabbitMQ 3.10.8 here start_app fails to re-open the listener with
-// eaddrinuse, which on the shared broker would break every other test.)
-// Every restart is a full one: a new Erlang VM that recovers durable
-// queues and persistent messages from disk. The node is stopped when the
-// test ends.
-type privateRabbit struct {
-	t    testing.TB
-	node string
-	port int
-	dir  string
-	env  []string
-	ctl  string
-	bin  string
-
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{}
-	out  bytes.Buffer
-}
-
-func sbin(name string) string {
-	if p, err := exec.LookPath(name); err == nil {
-		return p
-	}
-	return "/usr/sbin/" + name
-}
-
-// startPrivateRabbit configures a node in a fresh directory and starts it.
-func startPrivateRabbit(t testing.TB, extraConf ...string) *privateRabbit {
-	t.Helper()
-	r := &privateRabbit{t: t, bin: sbin("rabbitmq-server"), ctl: sbin("rabbitmqctl")}
-	if _, err := os.Stat(r.bin); err != nil {
-		t.Fatalf("rabbitmq-server is not installed (run scripts/brokers): %v", err)
-	}
-	dir, err := os.MkdirTemp("", "e2e-rabbitmq-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	r.dir = dir
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	// Run as root, the server script switches to the rabbitmq user, which
-	// must own the node's directory.
-	if os.Getuid() == 0 {
-		if u, err := user.Lookup("rabbitmq"); err == nil {
-			uid, _ := strconv.Atoi(u.Uid)
-			gid, _ := strconv.Atoi(u.Gid)
-			if err := os.Chown(dir, uid, gid); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	r.port = freePort(t, "tcp")
-	r.node = fmt.Sprintf("e2e-%08x@localhost", rand.Uint32())
-	conf := fmt.Sprintf("listeners.tcp.local = 127.0.0.1:%d\nloopback_users.guest = true\n", r.port)
-	for _, l := range extraConf {
-		conf += l + "\n"
-	}
-	writeFile(t, dir, "rabbitmq.conf", conf)
-	writeFile(t, dir, "enabled_plugins", "[].\n")
-	r.env = []string{
-		"RABBITMQ_NODENAME=" + r.node,
-		"RABBITMQ_DIST_PORT=" + strconv.Itoa(freePort(t, "tcp")),
-		"RABBITMQ_CONFIG_FILE=" + filepath.Join(dir, "rabbitmq"),
-		"RABBITMQ_MNESIA_BASE=" + filepath.Join(dir, "mnesia"),
-		"RABBITMQ_LOG_BASE=" + filepath.Join(dir, "log"),
-		"RABBITMQ_ENABLED_PLUGINS_FILE=" + filepath.Join(dir, "enabled_plugins"),
-		"RABBITMQ_PID_FILE=" + filepath.Join(dir, "pid"),
-	}
-	t.Cleanup(func() {
-		r.Stop()
-		if t.Failed() {
-			t.Logf("private RabbitMQ output:\n%s", r.output())
-		}
-	})
-	r.Start()
-	return r
-}
-
-// Addr returns the node's AMQP address.
-func (r *privateRabbit) Addr() string { return fmt.Sprintf("127.0.0.1:%d", r.port) }
-
-func (r *privateRabbit) output() string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.out.String()
-}
-
-type rabbitOut struct{ r *privateRabbit }
-
-func (w rabbitOut) Write(p []byte) (int, error) {
-	w.r.mu.Lock()
-	defer w.r.mu.Unlock()
-	return w.r.out.Write(p)
-}
-
-// Start starts the node and waits until it accepts AMQP connections.
-func (r *privateRabbit) Start() {
-	r.t.Helper()
-	cmd := exec.Command(r.bin)
-	cmd.Env = append(os.Environ(), r.env...)
-	cmd.Stdout, cmd.Stderr = rabbitOut{r}, rabbitOut{r}
-	// Its own process group, so that a failed test can end the node's
-	// whole tree (the script, su, and the Erlang VM) and nothing else.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		r.t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() { cmd.Wait(); close(done) }()
-	r.mu.Lock()
-	r.cmd, r.done = cmd, done
-	r.mu.Unlock()
-	deadline := time.Now().Add(90 * time.Second)
-	for {
-		c, err := net.DialTimeout("tcp", r.Addr(), time.Second)
-		if err == nil {
-			c.Close()
-			return
-		}
-		select {
-		case <-done:
-			r.t.Fatalf("private RabbitMQ exited while starting:\n%s", r.output())
-		default:
-		}
-		if time.Now().After(deadline) {
-			r.t.Fatalf("private RabbitMQ not listening on %s after 90 s:\n%s", r.Addr(), r.output())
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
-// Stop stops the node gracefully and waits for its VM to exit; if it will
-// not, it kills the node's process group. It does nothing when the node is
-// not running.
-func (r *privateRabbit) Stop() {
-	r.mu.Lock()
-	cmd, done := r.cmd, r.done
-	r.cmd = nil
-	r.mu.Unlock()
-	if cmd == nil {
-		return
-	}
-	select {
-	case <-done:
-		return // it exited by itself (it may never have started)
-	default:
-	}
-	// rabbitmqctl stop waits for the node's pid file: bound it, and end
-	// its whole tree (the script and su) if it overruns.
-	sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	stop := exec.CommandContext(sctx, r.ctl, "-n", r.node, "stop", filepath.Join(r.dir, "pid"))
-	stop.Env = append(os.Environ(), r.env...)
-	stop.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	stop.Cancel = func() error { return syscall.Kill(-stop.Process.Pid, syscall.SIGKILL) }
-	if out, err := stop.CombinedOutput(); err != nil {
-		r.t.Logf("rabbitmqctl stop: %v\n%s", err, out)
-	}
-	select {
-	case <-done:
-	case <-time.After(30 * time.Second):
-		r.t.Errorf("private RabbitMQ did not stop within 30 s; killing it")
-		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-		<-done
-	}
-}
 
 // reliablePublisher publishes persistent messages with confirms, redialling
 // and publishing again whatever was not confirmed, so that every message is
@@ -262,7 +83,7 @@ func missing(col *weidaCollector, want []string) []string {
 //     while the broker is still down connects once it is back and delivers
 //     all of it.
 func TestAMQPBrokerRestartLosesNothing(t *testing.T) {
-	rb := startPrivateRabbit(t)
+	rb := brokertest.StartRabbit(t)
 	u := unique()
 	queue := "e2e-restart-" + u
 	endpoint := fmt.Sprintf("weida://127.0.0.1:%d/restart", freePort(t, "udp"))

@@ -21,6 +21,7 @@ import (
 	natsgo "github.com/nats-io/nats.go"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"weida.dev/connector/internal/brokertest"
 	"weida.dev/connector/policy"
 	"weida.dev/connector/weida"
 )
@@ -119,7 +120,7 @@ func (p *brokerPKI) yaml() string {
 // first) and its status says so instead of becoming ready.
 func TestNATSTLS(t *testing.T) {
 	pki := newBrokerPKI(t)
-	srv := startPrivateNATS(t, "--tls", "--tlscert", pki.ServerCert, "--tlskey", pki.ServerKey,
+	srv := brokertest.StartNATS(t, "--tls", "--tlscert", pki.ServerCert, "--tlskey", pki.ServerKey,
 		"--tlscacert", pki.CA, "--tlsverify")
 	endpoint := fmt.Sprintf("weida://127.0.0.1:%d/tls", freePort(t, "udp"))
 	res := natsResource{Name: "nats-tls", Direction: policy.Inbound, Broker: srv.Addr(), Endpoint: endpoint,
@@ -148,7 +149,7 @@ func TestNATSTLS(t *testing.T) {
 // its certificate reports the refusal instead of becoming ready.
 func TestMQTTTLS(t *testing.T) {
 	pki := newBrokerPKI(t)
-	broker := startPrivateMosquitto(t, "cafile "+pki.CA, "certfile "+pki.ServerCert, "keyfile "+pki.ServerKey,
+	broker := brokertest.StartMosquitto(t, "cafile "+pki.CA, "certfile "+pki.ServerCert, "keyfile "+pki.ServerKey,
 		"require_certificate true")
 	endpoint := fmt.Sprintf("weida://127.0.0.1:%d/tls", freePort(t, "udp"))
 	res := mqttResource{Name: "mqtt-tls", Direction: policy.Inbound, Broker: broker.Addr(), QoS: 1, Endpoint: endpoint,
@@ -206,7 +207,7 @@ func TestAMQPTLS(t *testing.T) {
 		t.Fatal(err)
 	}
 	tlsPort := freePort(t, "tcp")
-	startPrivateRabbit(t,
+	brokertest.StartRabbit(t,
 		fmt.Sprintf("listeners.ssl.default = 127.0.0.1:%d", tlsPort),
 		"ssl_options.cacertfile = "+pki.CA,
 		"ssl_options.certfile = "+pki.ServerCert,

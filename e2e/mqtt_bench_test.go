@@ -22,6 +22,7 @@ import (
 
 	"weida.dev/connector/connectors"
 	"weida.dev/connector/connectors/mqtt"
+	"weida.dev/connector/internal/brokertest"
 	"weida.dev/connector/policy"
 	"weida.dev/connector/weida"
 	"weida.dev/connector/weida/bench"
@@ -71,7 +72,7 @@ func TestMQTTBench(t *testing.T) {
 	if os.Getenv("WEIDA_BENCH_NODELAY") != "0" {
 		conf = append(conf, "set_tcp_nodelay true")
 	}
-	broker := startPrivateMosquitto(t, conf...)
+	broker := brokertest.StartMosquitto(t, conf...)
 	addr := broker.Addr()
 
 	wrig, err := bench.NewWeida(ctx(t, 20*time.Second), 1, bench.Options{Size: mqttBenchSize})
@@ -137,9 +138,9 @@ func TestMQTTBench(t *testing.T) {
 
 	measure := func(r rig, n, pace int) mqttBenchResult {
 		runtime.GC()
-		c0, b0 := mqttProcessCPU(t), mqttPidCPU(t, broker.pid())
+		c0, b0 := mqttProcessCPU(t), mqttPidCPU(t, broker.Pid())
 		res := r.run(n, pace)
-		res.cpu, res.broker = mqttProcessCPU(t)-c0, mqttPidCPU(t, broker.pid())-b0
+		res.cpu, res.broker = mqttProcessCPU(t)-c0, mqttPidCPU(t, broker.Pid())-b0
 		return res
 	}
 	// Throughput: every rig once per round; the order turns every round,
@@ -476,7 +477,7 @@ func newMQTTInboundBridge(t testing.TB, addr, root string, qos byte) *mqttInboun
 		Routes:   []connectors.Route{{Name: "r", Foreign: filter, Weida: wf}},
 		Endpoint: "weida://" + l.Addr().String() + "/bench",
 	}
-	host, port := splitAddr(t, addr)
+	host, port := brokertest.SplitAddr(t, addr)
 	cfg := mqtt.Config{Host: host, Port: port, ClientID: "bench-" + root, QoS: qos, CleanStart: true}
 	b := connectors.NewInbound(spec, func(report connectors.StateFunc) (connectors.Source, error) {
 		return mqtt.NewSource(cfg, report)
@@ -538,7 +539,7 @@ func newMQTTOutboundBridge(t testing.TB, addr, root string, qos byte) *mqttOutbo
 		// What `connector run` gives a resource that sets no limits.inFlight.
 		InFlight: int(envUint(t, "WEIDA_BENCH_INFLIGHT", 256)),
 	}
-	host, port := splitAddr(t, addr)
+	host, port := brokertest.SplitAddr(t, addr)
 	cfg := mqtt.Config{Host: host, Port: port, ClientID: "bench-" + root, QoS: qos}
 	b := connectors.NewOutbound(spec,
 		func(ctx context.Context) (*weida.Subscriber, error) { return weida.Dial(ctx, url, weida.DialConfig{}) },

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"weida.dev/connector/connectors/mqtt"
+	"weida.dev/connector/internal/brokertest"
 	"weida.dev/connector/policy"
 	"weida.dev/connector/weida/topic"
 )
@@ -145,7 +146,7 @@ func mqttLongTopics() []string {
 // WEIDA_MQTT_SEED picks another seed than the fixed default;
 // WEIDA_MQTT_TOPICS and WEIDA_MQTT_FILTERS change the generated counts.
 func TestMQTTConformance(t *testing.T) {
-	broker := startPrivateMosquitto(t)
+	broker := brokertest.StartMosquitto(t)
 	seed := envUint(t, "WEIDA_MQTT_SEED", 20261129)
 	nTopics := int(envUint(t, "WEIDA_MQTT_TOPICS", 200))
 	nFilters := int(envUint(t, "WEIDA_MQTT_FILTERS", 160))

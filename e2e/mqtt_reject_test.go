@@ -10,6 +10,7 @@ import (
 
 	"weida.dev/connector/connectors"
 	"weida.dev/connector/connectors/mqtt"
+	"weida.dev/connector/internal/brokertest"
 )
 
 // TestMQTTSinkRejections: a Mosquitto that refuses a QoS 1 publish for good
@@ -21,10 +22,10 @@ func TestMQTTSinkRejections(t *testing.T) {
 	if err := os.WriteFile(acl, []byte("topic readwrite open/#\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	broker := startPrivateMosquitto(t, "acl_file "+acl, "message_size_limit 1000")
+	broker := brokertest.StartMosquitto(t, "acl_file "+acl, "message_size_limit 1000")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	host, port := splitAddr(t, broker.Addr())
+	host, port := brokertest.SplitAddr(t, broker.Addr())
 	sink, err := mqtt.NewSink(mqtt.Config{Host: host, Port: port, ClientID: "reject-" + t.Name(), QoS: 1, CleanStart: true},
 		func(connectors.ConnState) {})
 	if err != nil {

@@ -1,166 +1,17 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"net"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/eclipse/paho.golang/paho"
 
+	"weida.dev/connector/internal/brokertest"
 	"weida.dev/connector/policy"
 	"weida.dev/connector/weida"
 )
-
-// privateMosquitto is a Mosquitto process of the test's own, on a free
-// loopback port, with its configuration and persistence in a temporary
-// directory, so that a test may kill and restart it without disturbing
-// the shared broker. It is stopped when the test ends.
-type privateMosquitto struct {
-	t    testing.TB
-	port int
-	conf string
-
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{}
-	out  bytes.Buffer
-}
-
-// startPrivateMosquitto writes a configuration (listener on 127.0.0.1,
-// anonymous clients, persistence in a temporary directory, plus extra
-// lines) and starts the broker.
-func startPrivateMosquitto(t testing.TB, extra ...string) *privateMosquitto {
-	t.Helper()
-	bin, err := exec.LookPath("mosquitto")
-	if err != nil {
-		bin = "/usr/sbin/mosquitto"
-	}
-	if _, err := os.Stat(bin); err != nil {
-		t.Fatalf("mosquitto is not installed (run scripts/brokers): %v", err)
-	}
-	dir := t.TempDir()
-	m := &privateMosquitto{t: t, port: freePort(t, "tcp"), conf: filepath.Join(dir, "mosquitto.conf")}
-	var b bytes.Buffer
-	fmt.Fprintf(&b, "listener %d 127.0.0.1\nallow_anonymous true\n", m.port)
-	fmt.Fprintf(&b, "persistence true\npersistence_location %s/\n", dir)
-	// Run as root, Mosquitto would switch to its own user, which cannot
-	// write the test's directory.
-	if os.Getuid() == 0 {
-		b.WriteString("user root\n")
-	}
-	b.WriteString("max_queued_messages 100000\nlog_dest stderr\nlog_type error\nlog_type warning\nlog_type notice\n")
-	for _, l := range extra {
-		b.WriteString(l + "\n")
-	}
-	if err := os.WriteFile(m.conf, b.Bytes(), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	m.start(bin)
-	t.Cleanup(func() {
-		m.stop(syscall.SIGKILL)
-		if t.Failed() {
-			t.Logf("private mosquitto output:\n%s", m.output())
-		}
-	})
-	return m
-}
-
-// pid returns the broker's process id.
-func (m *privateMosquitto) pid() int {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.cmd.Process.Pid
-}
-
-// Addr is the broker's host:port.
-func (m *privateMosquitto) Addr() string { return fmt.Sprintf("127.0.0.1:%d", m.port) }
-
-func (m *privateMosquitto) output() string {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.out.String()
-}
-
-type mosqWriter struct{ m *privateMosquitto }
-
-func (w mosqWriter) Write(p []byte) (int, error) {
-	w.m.mu.Lock()
-	defer w.m.mu.Unlock()
-	return w.m.out.Write(p)
-}
-
-// start runs the broker and waits until it accepts connections.
-func (m *privateMosquitto) start(bin string) {
-	m.t.Helper()
-	cmd := exec.Command(bin, "-c", m.conf)
-	cmd.Stdout, cmd.Stderr = mosqWriter{m}, mosqWriter{m}
-	if err := cmd.Start(); err != nil {
-		m.t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(done) }()
-	m.mu.Lock()
-	m.cmd, m.done = cmd, done
-	m.mu.Unlock()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		c, err := net.DialTimeout("tcp", m.Addr(), time.Second)
-		if err == nil {
-			c.Close()
-			return
-		}
-		select {
-		case <-done:
-			m.t.Fatalf("private mosquitto exited at start:\n%s", m.output())
-		default:
-		}
-		if time.Now().After(deadline) {
-			m.t.Fatalf("private mosquitto not listening on %s: %v", m.Addr(), err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-// stop signals the broker and waits for it to exit (SIGTERM saves the
-// persistence database; SIGKILL does not).
-func (m *privateMosquitto) stop(sig syscall.Signal) {
-	m.mu.Lock()
-	cmd, done := m.cmd, m.done
-	m.mu.Unlock()
-	if cmd == nil {
-		return
-	}
-	select {
-	case <-done:
-		return
-	default:
-	}
-	_ = cmd.Process.Signal(sig)
-	select {
-	case <-done:
-	case <-time.After(10 * time.Second):
-		_ = cmd.Process.Kill()
-		<-done
-	}
-}
-
-// restart stops the broker with sig and starts it again on the same port.
-func (m *privateMosquitto) restart(sig syscall.Signal) {
-	m.t.Helper()
-	m.stop(sig)
-	m.mu.Lock()
-	bin := m.cmd.Path
-	m.mu.Unlock()
-	m.start(bin)
-}
 
 // TestMQTTBrokerRestartLosesNothing publishes at QoS 1 while the broker is
 // stopped (SIGTERM, twice mid-stream) and killed (SIGKILL, once) and
@@ -168,7 +19,7 @@ func (m *privateMosquitto) restart(sig syscall.Signal) {
 // persistent session, and a weida subscriber receives every message (at
 // least once: duplicates are QoS 1's right).
 func TestMQTTBrokerRestartLosesNothing(t *testing.T) {
-	broker := startPrivateMosquitto(t)
+	broker := brokertest.StartMosquitto(t)
 	u := unique()
 	endpoint := fmt.Sprintf("weida://127.0.0.1:%d/restart", freePort(t, "udp"))
 	res := mqttResource{
@@ -195,14 +46,15 @@ func TestMQTTBrokerRestartLosesNothing(t *testing.T) {
 		case n / 4, 3 * n / 4:
 			// Mid-stream: messages may be in flight to the connector,
 			// unacknowledged; the broker saves them with the session.
-			broker.restart(syscall.SIGTERM)
+			broker.Stop()
+			broker.Start()
 		case n / 2:
 			// A crash loses what Mosquitto had not saved, which is the
 			// broker's durability, not the connector's: kill it once
 			// what it acknowledged so far has crossed, and check that
 			// the connector comes back and loses nothing after.
 			Eventually(t, 30*time.Second, "the first half at the weida subscriber", func() bool { return len(distinct()) >= i })
-			broker.restart(syscall.SIGKILL)
+			broker.Restart()
 		}
 		pub.publish(fmt.Sprintf("%s/m/%d", u, i%7), fmt.Sprintf("m-%03d", i))
 		// A short pause keeps the stream going across the restarts

@@ -12,6 +12,7 @@ import (
 
 	"weida.dev/connector/connectors"
 	natsconn "weida.dev/connector/connectors/nats"
+	"weida.dev/connector/internal/brokertest"
 	"weida.dev/connector/policy"
 	"weida.dev/connector/weida"
 )
@@ -61,7 +62,7 @@ func inboundRig(t *testing.T, addr string) *benchRig {
 	p, routes := natsBenchRoute(t, natsBenchFilter("in"))
 	l, wpub, url := benchEndpoint(t)
 	spec := connectors.Spec{Name: "bench-in", Protocol: policy.NATS, Direction: policy.Inbound, Policy: p, Routes: routes, Endpoint: url}
-	host, port := splitAddr(t, addr)
+	host, port := brokertest.SplitAddr(t, addr)
 	b := connectors.NewInbound(spec, func(report connectors.StateFunc) (connectors.Source, error) {
 		return natsconn.NewSource(natsconn.Config{Host: host, Port: port, Name: "bench-in", LoopMarker: "bench"}, report)
 	}, wpub, connectors.Deps{Metrics: connectors.NewMetrics(prometheus.NewRegistry())})
@@ -107,7 +108,7 @@ func outboundRig(t *testing.T, addr string, blockingWrites bool) *benchRig {
 	// As `connector run` does, the Sink marks every message with the
 	// loop marker header.
 	var sink *natsconn.Sink
-	host, port := splitAddr(t, addr)
+	host, port := brokertest.SplitAddr(t, addr)
 	b := connectors.NewOutbound(spec,
 		func(ctx context.Context) (*weida.Subscriber, error) { return weida.Dial(ctx, url, weida.DialConfig{}) },
 		func(report connectors.StateFunc) (connectors.Sink, error) {
@@ -154,7 +155,7 @@ func TestNATSThroughput(t *testing.T) {
 	}
 	// A private server: other tests' traffic on the shared one would
 	// skew the numbers.
-	srv := startPrivateNATS(t)
+	srv := brokertest.StartNATS(t)
 	throughput{broker: "nats-server", pid: srv.Pid(), rigs: []namedRig{
 		{short: "nats", build: func() *benchRig { return natsDirectRig(t, srv.Addr()) }},
 		{short: "weida", build: func() *benchRig { return weidaDirectRig(t) }},

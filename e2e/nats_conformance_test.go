@@ -13,6 +13,7 @@ import (
 
 	natsgo "github.com/nats-io/nats.go"
 
+	"weida.dev/connector/internal/brokertest"
 	"weida.dev/connector/policy"
 	"weida.dev/connector/weida/topic"
 )
@@ -114,7 +115,7 @@ func genNATSSubject(r *rand.Rand, filters []string) string {
 //
 // WEIDA_NATS_SEED picks another seed than the fixed default.
 func TestNATSConformance(t *testing.T) {
-	srv := startPrivateNATS(t)
+	srv := brokertest.StartNATS(t)
 	seed := uint64(20261129)
 	if s := os.Getenv("WEIDA_NATS_SEED"); s != "" {
 		v, err := strconv.ParseUint(s, 10, 64)

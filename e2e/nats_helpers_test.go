@@ -3,12 +3,8 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"net"
-	"os"
-	"os/exec"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -135,95 +131,6 @@ func (c *natsCollector) Len() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return len(c.msgs)
-}
-
-// privateNATS is a nats-server process of one test, with JetStream and a
-// store in a temporary directory, which the test may kill and start again
-// on the same port.
-type privateNATS struct {
-	t    testing.TB
-	port int
-	dir  string
-	args []string // after the address, port and store
-
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{}
-}
-
-const natsServerBin = "/usr/sbin/nats-server"
-
-func startPrivateNATS(t testing.TB, extraArgs ...string) *privateNATS {
-	t.Helper()
-	if _, err := os.Stat(natsServerBin); err != nil {
-		t.Fatalf("nats-server is not installed at %s (run scripts/brokers): %v", natsServerBin, err)
-	}
-	s := &privateNATS{t: t, port: freePort(t, "tcp"), dir: t.TempDir(), args: extraArgs}
-	s.start()
-	t.Cleanup(s.kill)
-	return s
-}
-
-func (s *privateNATS) Addr() string { return fmt.Sprintf("127.0.0.1:%d", s.port) }
-
-// Pid returns the running server's process id.
-func (s *privateNATS) Pid() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.cmd.Process.Pid
-}
-
-func (s *privateNATS) start() {
-	s.t.Helper()
-	cmd := exec.Command(natsServerBin, append([]string{"-a", "127.0.0.1", "-p", fmt.Sprint(s.port), "-js", "-sd", s.dir}, s.args...)...)
-	if err := cmd.Start(); err != nil {
-		s.t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() { cmd.Wait(); close(done) }()
-	s.mu.Lock()
-	s.cmd, s.done = cmd, done
-	s.mu.Unlock()
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		c, err := net.DialTimeout("tcp", s.Addr(), time.Second)
-		if err == nil {
-			c.Close()
-			return
-		}
-		if time.Now().After(deadline) {
-			s.t.Fatalf("private nats-server did not listen on %s: %v", s.Addr(), err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-// reload makes the server read its configuration file again (SIGHUP, as
-// `nats-server --signal reload` sends).
-func (s *privateNATS) reload() {
-	s.t.Helper()
-	s.mu.Lock()
-	cmd := s.cmd
-	s.mu.Unlock()
-	if cmd == nil {
-		s.t.Fatal("reloading a nats-server that is not running")
-	}
-	if err := cmd.Process.Signal(syscall.SIGHUP); err != nil {
-		s.t.Fatalf("reloading the private nats-server: %v", err)
-	}
-}
-
-// kill stops the server with SIGKILL, as a crash would.
-func (s *privateNATS) kill() {
-	s.mu.Lock()
-	cmd, done := s.cmd, s.done
-	s.cmd = nil
-	s.mu.Unlock()
-	if cmd == nil {
-		return
-	}
-	cmd.Process.Kill()
-	<-done
 }
 
 // createStream makes a file-backed stream capturing subjects on nc's

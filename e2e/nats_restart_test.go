@@ -11,6 +11,7 @@ import (
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"weida.dev/connector/internal/brokertest"
 	"weida.dev/connector/policy"
 	"weida.dev/connector/weida"
 )
@@ -48,7 +49,7 @@ func waitBrokerBack(t *testing.T, c *Connector, name string) ResourceStatus {
 // test counts that loss, and checks that nothing arrives twice and nothing
 // arrives that was not sent.
 func TestNATSCoreServerRestart(t *testing.T) {
-	srv := startPrivateNATS(t)
+	srv := brokertest.StartNATS(t)
 	u := unique()
 	endpoint := fmt.Sprintf("weida://127.0.0.1:%d/core", freePort(t, "udp"))
 	res := natsResource{Name: "nats-core-restart", Direction: policy.Inbound, Broker: srv.Addr(), Endpoint: endpoint,
@@ -78,9 +79,9 @@ func TestNATSCoreServerRestart(t *testing.T) {
 	for ; n < half || after() < 100; n++ {
 		if n == half {
 			Eventually(t, 20*time.Second, "the first half across", func() bool { return len(seqPayloads(sub)) >= half/2 })
-			srv.kill()
+			srv.Kill()
 			time.Sleep(300 * time.Millisecond)
-			srv.start()
+			srv.Start()
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("bridging did not resume within 60 s of the restart; %d sent", n)
@@ -126,7 +127,7 @@ func TestNATSCoreServerRestart(t *testing.T) {
 // itself, and every message the stream acknowledged reaches the weida
 // subscriber (at least once).
 func TestNATSJetStreamServerRestart(t *testing.T) {
-	srv := startPrivateNATS(t)
+	srv := brokertest.StartNATS(t)
 	u := unique()
 	stream, durable := "RESTART_"+u, "bridge-"+u
 	admin := natsConn(t, srv.Addr(), natsgo.MaxReconnects(-1), natsgo.ReconnectWait(50*time.Millisecond))
@@ -172,9 +173,9 @@ func TestNATSJetStreamServerRestart(t *testing.T) {
 	for i := range n {
 		if i == n/2 {
 			Eventually(t, 20*time.Second, "the first half across", func() bool { return len(seqPayloads(sub)) >= n/4 })
-			srv.kill()
+			srv.Kill()
 			time.Sleep(300 * time.Millisecond)
-			srv.start()
+			srv.Start()
 		}
 		publish(u+".js."+strconv.Itoa(i%5), seqName(i), seqName(i))
 	}

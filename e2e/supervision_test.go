@@ -14,6 +14,7 @@ import (
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"weida.dev/connector/internal/brokertest"
 	"weida.dev/connector/policy"
 	"weida.dev/connector/weida"
 )
@@ -267,7 +268,7 @@ func TestSupervisionListenPortFreed(t *testing.T) {
 func TestSupervisionCredentialsAccepted(t *testing.T) {
 	dir := t.TempDir()
 	conf := writeFile(t, dir, "auth.conf", "authorization { token: \"A\" }\n")
-	srv := startPrivateNATS(t, "-c", conf)
+	srv := brokertest.StartNATS(t, "-c", conf)
 	u := unique()
 	endpoint := fmt.Sprintf("weida://127.0.0.1:%d/cred", freePort(t, "udp"))
 	res := natsResource{Name: "sup-cred", Direction: policy.Inbound, Broker: srv.Addr(), Endpoint: endpoint,
@@ -276,7 +277,7 @@ func TestSupervisionCredentialsAccepted(t *testing.T) {
 	c.WaitFailure(res.Name, "CredentialsRefused", 2, 20*time.Second)
 
 	writeFile(t, dir, "auth.conf", "authorization { token: \"B\" }\n")
-	srv.reload()
+	srv.Signal(syscall.SIGHUP)
 	// The reload is asynchronous: the test's own client with token B
 	// tells when the server applied it.
 	var pub *natsgo.Conn

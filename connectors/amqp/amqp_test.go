@@ -3,6 +3,7 @@ package amqp
 import (
 	"context"
 	"net"
+	"sync"
 	"testing"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 
 	"weida.dev/connector/connectors"
 	"weida.dev/connector/connectors/conntest"
+	"weida.dev/connector/internal/brokertest"
 	"weida.dev/connector/policy"
 )
 
@@ -85,28 +87,79 @@ func deleteQueue(t testing.TB, name string) {
 	}
 }
 
+// harness runs the suite on the shared broker, or on addr with the
+// password pass when set.
 type harness struct {
-	t  *testing.T
-	ch *amqp.Channel
+	t    *testing.T
+	ch   *amqp.Channel // on the shared broker; nil elsewhere
+	addr string
+	pass string
+
+	private *brokertest.Broker // shared by the subtests of one test
+
+	// queues the Sources made on the shared broker, deleted when the
+	// test ends: by a clean-up registered before any bridge's, so that it
+	// runs after every bridge has stopped consuming.
+	mu     sync.Mutex
+	queues []string
 }
 
-func newHarness(t *testing.T) conntest.Harness {
-	requireBroker(t)
-	_, ch := directChannel(t)
-	return &harness{t: t, ch: ch}
+func (h *harness) deleteQueues() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, q := range h.queues {
+		deleteQueue(h.t, q)
+	}
+}
+
+func (h *harness) broker() string {
+	if h.addr != "" {
+		return h.addr
+	}
+	return brokerAddr
+}
+
+// PrivateBroker returns one node for every subtest of the test: a
+// RabbitMQ node takes seconds to start.
+func (h *harness) PrivateBroker(t *testing.T) *brokertest.Broker { return h.private }
+
+func (h *harness) At(t *testing.T, addr string) conntest.Harness {
+	return &harness{t: t, addr: addr, pass: h.pass, private: h.private}
+}
+
+// Refusing presents a wrong password to the shared broker.
+func (h *harness) Refusing(t *testing.T) conntest.Harness {
+	rh := &harness{t: t, pass: "wrong", private: h.private}
+	t.Cleanup(rh.deleteQueues)
+	return rh
 }
 
 func (h *harness) Policy() policy.Policy { return Driver.Policies()[0] }
 
-func (h *harness) NewSource(name, marker string, report connectors.StateFunc) (connectors.Source, error) {
+func (h *harness) config(name, marker string) Config {
 	cfg := testConfig(name, marker)
+	cfg.Host, cfg.Port = brokertest.SplitAddr(h.t, h.broker())
+	if h.pass != "" {
+		cfg.Password = h.pass
+	}
+	// Start's ctx does not cut a handshake short: keep one brief.
+	cfg.ConnectTimeout = time.Second
+	return cfg
+}
+
+func (h *harness) NewSource(name, marker string, report connectors.StateFunc) (connectors.Source, error) {
+	cfg := h.config(name, marker)
 	cfg.Queue = Queue{Name: "conntest-" + name, Durable: true}
-	h.t.Cleanup(func() { deleteQueue(h.t, cfg.Queue.Name) })
+	if h.addr == "" {
+		h.mu.Lock()
+		h.queues = append(h.queues, cfg.Queue.Name)
+		h.mu.Unlock()
+	}
 	return NewSource(cfg, report)
 }
 
 func (h *harness) NewSink(name, marker string, report connectors.StateFunc) (connectors.Sink, error) {
-	return NewSink(testConfig(name+"-out", marker), report)
+	return NewSink(h.config(name+"-out", marker), report)
 }
 
 // Topics: a non-UTF-8 word is a routing key RabbitMQ routes and weida
@@ -117,7 +170,7 @@ func (h *harness) Topics() (filter, selected, other, unconvertible string) {
 }
 
 func (h *harness) Capabilities() conntest.Capabilities {
-	return conntest.Capabilities{Metadata: true, Redelivery: true}
+	return conntest.Capabilities{Metadata: true, Redelivery: true, CredentialsRefused: true}
 }
 
 func (h *harness) Publish(ctx context.Context, m *connectors.Message) error {
@@ -128,11 +181,23 @@ func (h *harness) Publish(ctx context.Context, m *connectors.Message) error {
 	if m.Tracestate != "" {
 		pub.Headers[headerTracestate] = m.Tracestate
 	}
-	return h.ch.PublishWithContext(ctx, DefaultExchange, m.Topic, false, false, pub)
+	if h.ch != nil {
+		return h.ch.PublishWithContext(ctx, DefaultExchange, m.Topic, false, false, pub)
+	}
+	conn, err := amqp.Dial("amqp://guest:guest@" + h.broker() + "/")
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return err
+	}
+	return ch.PublishWithContext(ctx, DefaultExchange, m.Topic, false, false, pub)
 }
 
 func (h *harness) Subscribe(ctx context.Context, filter string) (<-chan *connectors.Message, func(), error) {
-	conn, err := amqp.Dial("amqp://guest:guest@" + brokerAddr + "/")
+	conn, err := amqp.Dial("amqp://guest:guest@" + h.broker() + "/")
 	if err != nil {
 		return nil, nil, err
 	}
@@ -173,5 +238,12 @@ func (h *harness) Subscribe(ctx context.Context, filter string) (<-chan *connect
 
 func TestConformance(t *testing.T) {
 	requireBroker(t)
-	conntest.Run(t, newHarness)
+	// Not started: StartWhileUnreachable starts it.
+	private := brokertest.NewRabbit(t)
+	conntest.Run(t, func(t *testing.T) conntest.Harness {
+		_, ch := directChannel(t)
+		h := &harness{t: t, ch: ch, private: private}
+		t.Cleanup(h.deleteQueues)
+		return h
+	})
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"weida.dev/connector/connectors"
+	"weida.dev/connector/internal/brokertest"
 	"weida.dev/connector/policy"
 	"weida.dev/connector/weida"
 )
@@ -42,6 +43,25 @@ type Harness interface {
 	Topics() (filter, selected, other, unconvertible string)
 	// Capabilities tells which optional behaviours the driver has.
 	Capabilities() Capabilities
+
+	// PrivateBroker returns a broker of the driver's kind of the test's
+	// own (see package brokertest), running or not, or nil when the
+	// harness cannot point its driver at one (the subtests that kill or
+	// start a broker are then skipped). The suite starts, kills and
+	// restarts it and leaves it in any state: a harness may return the
+	// same broker to every subtest of one test, as a RabbitMQ node takes
+	// seconds to start.
+	PrivateBroker(t *testing.T) *brokertest.Broker
+	// At returns a harness like this one whose Sources, Sinks, Publish
+	// and Subscribe use the broker at addr (host:port) instead. The
+	// broker there may not be running (yet), or may not be a broker at
+	// all: building a Source or Sink must not need it.
+	At(t *testing.T, addr string) Harness
+	// Refusing returns a harness whose Sources and Sinks present
+	// credentials their broker refuses (a wrong password, or none where
+	// the broker wants one), or nil when the harness cannot produce one
+	// cheaply; Capabilities.CredentialsRefused says which.
+	Refusing(t *testing.T) Harness
 }
 
 // Capabilities are a driver's optional behaviours.
@@ -51,6 +71,19 @@ type Capabilities struct {
 	// Redelivery: a message read but not acknowledged before the Source
 	// closes is delivered again to the next Source of the same resource.
 	Redelivery bool
+	// CredentialsRefused: Refusing returns a harness, and the driver
+	// names the broker's refusal of its credentials CredentialsRefused.
+	CredentialsRefused bool
+	// RetriesInStart: while the broker is unreachable, Start keeps
+	// trying within one attempt (until its ctx ends), reporting each
+	// failed try's reason through the StateFunc, instead of ending the
+	// attempt with a Failure. The unit then shows the reason in its
+	// BrokerConnected condition rather than in Status.Failure.
+	RetriesInStart bool
+	// RedeliverAfter is how long the broker waits before it delivers
+	// again a message a closed Source left unacknowledged (a JetStream
+	// consumer's AckWait); zero means at once, on the next Source.
+	RedeliverAfter time.Duration
 }
 
 // Run runs the suite. newHarness is called once per subtest.
@@ -66,6 +99,12 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		{"LoopMarker", testLoopMarker},
 		{"Redelivery", testRedelivery},
 		{"CloseTwice", testCloseTwice},
+		{"StartWhileUnreachable", testStartWhileUnreachable},
+		{"BrokerKilledAndRestarted", testBrokerKilledAndRestarted},
+		{"Classification", testClassification},
+		{"Cancellation", testCancellation},
+		{"NoGoroutineLeak", testNoGoroutineLeak},
+		{"AckAfterHandoff", testAckAfterHandoff},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, newHarness(t)) })

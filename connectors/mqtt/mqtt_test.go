@@ -12,6 +12,7 @@ import (
 
 	"weida.dev/connector/connectors"
 	"weida.dev/connector/connectors/conntest"
+	"weida.dev/connector/internal/brokertest"
 	"weida.dev/connector/policy"
 )
 
@@ -39,14 +40,38 @@ func requireBroker(t *testing.T) {
 	c.Close()
 }
 
-type harness struct{ t *testing.T }
+// harness runs the suite on the shared broker, or on addr when set.
+type harness struct {
+	t    *testing.T
+	addr string
+}
+
+func (h harness) broker() string {
+	if h.addr != "" {
+		return h.addr
+	}
+	return brokerAddr
+}
+
+// PrivateBroker: Mosquitto starts in milliseconds, so every subtest gets
+// its own.
+func (h harness) PrivateBroker(t *testing.T) *brokertest.Broker { return brokertest.NewMosquitto(t) }
+
+func (h harness) At(t *testing.T, addr string) conntest.Harness { return harness{t: t, addr: addr} }
+
+// Refusing points at a private broker that admits no anonymous client.
+func (h harness) Refusing(t *testing.T) conntest.Harness {
+	b := brokertest.StartMosquitto(t, "allow_anonymous false")
+	return harness{t: t, addr: b.Addr()}
+}
 
 func (h harness) Policy() policy.Policy { return Driver.Policies()[0] }
 
 func (h harness) config(name, marker string) Config {
+	host, port := brokertest.SplitAddr(h.t, h.broker())
 	return Config{
-		Host:          loopback,
-		Port:          brokerPort,
+		Host:          host,
+		Port:          port,
 		ClientID:      name,
 		QoS:           1,
 		SessionExpiry: time.Minute,
@@ -69,12 +94,12 @@ func (h harness) Topics() (filter, selected, other, unconvertible string) {
 }
 
 func (h harness) Capabilities() conntest.Capabilities {
-	return conntest.Capabilities{Metadata: true, Redelivery: true}
+	return conntest.Capabilities{Metadata: true, Redelivery: true, CredentialsRefused: true, RetriesInStart: true}
 }
 
 // direct connects a plain paho client, bypassing the connector.
-func direct(ctx context.Context, id string, onPublish func(paho.PublishReceived) (bool, error)) (*paho.Client, error) {
-	conn, err := (&net.Dialer{}).DialContext(ctx, "tcp", brokerAddr)
+func direct(ctx context.Context, addr, id string, onPublish func(paho.PublishReceived) (bool, error)) (*paho.Client, error) {
+	conn, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return nil, err
 	}
@@ -91,7 +116,7 @@ func direct(ctx context.Context, id string, onPublish func(paho.PublishReceived)
 }
 
 func (h harness) Publish(ctx context.Context, m *connectors.Message) error {
-	c, err := direct(ctx, "pub-"+conntest.Unique(), nil)
+	c, err := direct(ctx, h.broker(), "pub-"+conntest.Unique(), nil)
 	if err != nil {
 		return err
 	}
@@ -109,7 +134,7 @@ func (h harness) Publish(ctx context.Context, m *connectors.Message) error {
 
 func (h harness) Subscribe(ctx context.Context, filter string) (<-chan *connectors.Message, func(), error) {
 	ch := make(chan *connectors.Message, 64)
-	c, err := direct(ctx, "sub-"+conntest.Unique(), func(pr paho.PublishReceived) (bool, error) {
+	c, err := direct(ctx, h.broker(), "sub-"+conntest.Unique(), func(pr paho.PublishReceived) (bool, error) {
 		p := pr.Packet
 		m := &connectors.Message{Topic: p.Topic, Payload: p.Payload}
 		if p.Properties != nil {
@@ -135,5 +160,5 @@ func (h harness) Subscribe(ctx context.Context, filter string) (<-chan *connecto
 
 func TestConformance(t *testing.T) {
 	requireBroker(t)
-	conntest.Run(t, func(t *testing.T) conntest.Harness { return harness{t} })
+	conntest.Run(t, func(t *testing.T) conntest.Harness { return harness{t: t} })
 }

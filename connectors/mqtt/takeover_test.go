@@ -36,7 +36,7 @@ func TestSessionTakeoverSlowsDown(t *testing.T) {
 		}
 	}
 	for range 2 {
-		src, err := NewSource(harness{t}.config(id, ""), report)
+		src, err := NewSource(harness{t: t}.config(id, ""), report)
 		if err != nil {
 			t.Fatal(err)
 		}

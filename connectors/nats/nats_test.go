@@ -14,6 +14,7 @@ import (
 
 	"weida.dev/connector/connectors"
 	"weida.dev/connector/connectors/conntest"
+	"weida.dev/connector/internal/brokertest"
 	"weida.dev/connector/policy"
 )
 
@@ -47,17 +48,56 @@ type harness struct {
 	t      *testing.T
 	stream string // JetStream stream capturing prefix.>, or ""
 	prefix string // first token of every subject
+	addr   string // the server; "" means serverAddr
+	user   string // credentials presented, if any
+}
+
+func (h harness) server() string {
+	if h.addr != "" {
+		return h.addr
+	}
+	return serverAddr
+}
+
+// PrivateBroker: nats-server starts in milliseconds, so every subtest gets
+// its own. The JetStream harness has none: its stream lives on the shared
+// server, and the core harness covers the driver's connection handling.
+func (h harness) PrivateBroker(t *testing.T) *brokertest.Broker {
+	if h.stream != "" {
+		return nil
+	}
+	return brokertest.NewNATS(t)
+}
+
+func (h harness) At(t *testing.T, addr string) conntest.Harness {
+	h.t, h.addr = t, addr
+	return h
+}
+
+// Refusing points at a private server that wants a password and presents
+// the wrong one.
+func (h harness) Refusing(t *testing.T) conntest.Harness {
+	b := brokertest.StartNATS(t, "--user", "conntest", "--pass", "right")
+	h.t, h.addr, h.user = t, b.Addr(), "conntest"
+	return h
 }
 
 func (h harness) Policy() policy.Policy { return Driver.Policies()[0] }
 
 func (h harness) config(name, marker string, inbound bool) Config {
+	host, port := brokertest.SplitAddr(h.t, h.server())
 	cfg := Config{
-		Host:       loopback,
-		Port:       serverPort,
+		Host:       host,
+		Port:       port,
 		Name:       name,
 		LoopMarker: marker,
 		Backoff:    connectors.ExponentialBackoff(50*time.Millisecond, time.Second),
+		// One connection attempt is not cut short by Start's ctx: keep it
+		// short so that the suite's cancellations stay prompt.
+		ConnectTimeout: time.Second,
+	}
+	if h.user != "" {
+		cfg.User, cfg.Password = h.user, "wrong"
 	}
 	if h.stream != "" {
 		cfg.JetStream = &JetStream{Stream: h.stream}
@@ -85,12 +125,20 @@ func (h harness) Topics() (filter, selected, other, unconvertible string) {
 }
 
 func (h harness) Capabilities() conntest.Capabilities {
-	return conntest.Capabilities{Metadata: true, Redelivery: h.stream != ""}
+	caps := conntest.Capabilities{Metadata: true, Redelivery: h.stream != "", CredentialsRefused: true, RetriesInStart: true}
+	if h.stream != "" {
+		// A message left unacknowledged at Close comes back after the
+		// durable consumer's AckWait, the server's default of 30 s.
+		caps.RedeliverAfter = 30 * time.Second
+	}
+	return caps
 }
 
-func dial(t testing.TB) *natsgo.Conn {
+func dial(t testing.TB) *natsgo.Conn { return dialAt(t, serverAddr) }
+
+func dialAt(t testing.TB, addr string) *natsgo.Conn {
 	t.Helper()
-	nc, err := natsgo.Connect("nats://"+serverAddr, natsgo.Name("conntest-direct"))
+	nc, err := natsgo.Connect("nats://"+addr, natsgo.Name("conntest-direct"))
 	if err != nil {
 		t.Fatalf("connecting to nats-server: %v", err)
 	}
@@ -98,7 +146,10 @@ func dial(t testing.TB) *natsgo.Conn {
 }
 
 func (h harness) Publish(ctx context.Context, m *connectors.Message) error {
-	nc := dial(h.t)
+	nc, err := natsgo.Connect("nats://"+h.server(), natsgo.Name("conntest-direct"))
+	if err != nil {
+		return err
+	}
 	defer nc.Close()
 	msg := fromMessage(m, "")
 	if h.stream != "" {
@@ -116,7 +167,7 @@ func (h harness) Publish(ctx context.Context, m *connectors.Message) error {
 }
 
 func (h harness) Subscribe(ctx context.Context, filter string) (<-chan *connectors.Message, func(), error) {
-	nc := dial(h.t)
+	nc := dialAt(h.t, h.server())
 	ch := make(chan *connectors.Message, 64)
 	_, err := nc.Subscribe(filter, func(m *natsgo.Msg) {
 		select {
