@@ -67,6 +67,33 @@ type Deps struct {
 	// Drain bounds how long a stopping bridge keeps finishing the work it
 	// already took; zero means 5 s.
 	Drain time.Duration
+	// StartTimeout bounds a Source's or Sink's Start: a driver whose
+	// client library keeps retrying a broker it cannot reach would
+	// otherwise hold the attempt open, and the failure would never show
+	// in /status with its attempts. Zero means 10 s.
+	StartTimeout time.Duration
+}
+
+func (d *Deps) startTimeout() time.Duration {
+	if d.StartTimeout > 0 {
+		return d.StartTimeout
+	}
+	return 10 * time.Second
+}
+
+// start runs a Source's or Sink's Start under the start timeout. It
+// returns nil when ctx ended (a stop, not a failure), and the Start error
+// as a *Failure otherwise.
+func (b *Bridge) start(ctx context.Context, start func(context.Context) error) (stopped bool, err error) {
+	sctx, cancel := context.WithTimeout(ctx, b.deps.startTimeout())
+	defer cancel()
+	if err := start(sctx); err != nil {
+		if ctx.Err() != nil {
+			return true, nil
+		}
+		return false, failure(err, FailStart)
+	}
+	return false, nil
 }
 
 func (d *Deps) drain() time.Duration {

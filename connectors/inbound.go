@@ -81,11 +81,8 @@ func (b *Bridge) runInbound(ctx context.Context) error {
 	for _, r := range b.spec.Routes {
 		filters = append(filters, r.Foreign)
 	}
-	if err := src.Start(ctx, filters); err != nil {
-		if ctx.Err() != nil {
-			return nil
-		}
-		return failure(err, FailStart)
+	if stopped, err := b.start(ctx, func(ctx context.Context) error { return src.Start(ctx, filters) }); stopped || err != nil {
+		return err
 	}
 	b.in.supersedes = nil
 	b.attemptStarted()

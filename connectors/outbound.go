@@ -69,11 +69,8 @@ func (b *Bridge) runOutbound(ctx context.Context) error {
 		}
 	}
 	defer closeSink()
-	if err := sink.Start(ctx); err != nil {
-		if ctx.Err() != nil {
-			return nil
-		}
-		return failure(err, FailStart)
+	if stopped, err := b.start(ctx, sink.Start); stopped || err != nil {
+		return err
 	}
 	b.attemptStarted()
 

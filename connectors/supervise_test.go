@@ -31,7 +31,14 @@ type fakeSource struct {
 	once     sync.Once
 }
 
-func (s *fakeSource) Start(context.Context, []string) error {
+func (s *fakeSource) Start(ctx context.Context, _ []string) error {
+	if s.startErr == errBlockUntilCancelled {
+		// A client library that keeps retrying an unreachable broker
+		// inside Start, as autopaho and nats.go do, and says why when
+		// its ctx ends.
+		<-ctx.Done()
+		return connectors.Retryable("CredentialsRefused", fmt.Errorf("not authorized: %w", ctx.Err()))
+	}
 	if s.startErr != nil {
 		return s.startErr
 	}
@@ -54,6 +61,9 @@ func (s *fakeSource) Close(context.Context) error {
 	s.once.Do(func() { close(s.closed) })
 	return nil
 }
+
+// errBlockUntilCancelled makes a fakeSource's Start block until its ctx ends.
+var errBlockUntilCancelled = errors.New("block until cancelled")
 
 // sources builds fakeSources; startErr decides the Start error of the
 // n-th one (from 1).
@@ -181,6 +191,29 @@ func TestSupervisorRetriesStart(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(m.AttemptsFailed.WithLabelValues("retry", connectors.FailStart)); got != 1 {
 		t.Errorf("attempts_failed_total{reason=StartFailed} = %v, want 1", got)
+	}
+}
+
+// TestSupervisorStartTimeout: a Start that would wait for ever for its
+// broker is cut short, so its failure shows with its reason and attempts,
+// and the next attempt follows.
+func TestSupervisorStartTimeout(t *testing.T) {
+	f := &sources{startErr: func(n int) error {
+		if n <= 2 {
+			return errBlockUntilCancelled
+		}
+		return nil
+	}}
+	m := connectors.NewMetrics(prometheus.NewRegistry())
+	rt := connectors.NewRuntime(connectors.Deps{Metrics: m, Backoff: func(int) time.Duration { return time.Millisecond },
+		StartTimeout: 50 * time.Millisecond})
+	t.Cleanup(rt.Stop)
+	if err := rt.Apply(context.Background(), []connectors.Unit{inboundUnit(t, "slow", "127.0.0.1:0", f)}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the unit to be ready", rt.Ready)
+	if got := testutil.ToFloat64(m.AttemptsFailed.WithLabelValues("slow", "CredentialsRefused")); got != 2 {
+		t.Errorf("attempts_failed_total{reason=CredentialsRefused} = %v, want 2", got)
 	}
 }
 
