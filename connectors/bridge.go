@@ -253,12 +253,18 @@ func (b *Bridge) failed(f FailureStatus, side int) {
 func (b *Bridge) attemptStarted() { b.conds.setFailure(nil, -1) }
 
 // newAttempt starts counting a new attempt and returns the StateFunc its
-// Source or Sink reports to, and a func that retires it.
-func (b *Bridge) newAttempt() (StateFunc, func()) {
+// Source or Sink reports to, and a func that retires it. A reported
+// ConnState.Lost is handed to onLost (nil: the attempt learns of the loss
+// through Read instead).
+func (b *Bridge) newAttempt(onLost func(error)) (StateFunc, func()) {
 	gen := b.gen.Add(1)
 	report := func(s ConnState) {
-		if b.gen.Load() == gen {
-			b.reportBroker(s)
+		if b.gen.Load() != gen {
+			return
+		}
+		b.reportBroker(s)
+		if s.Lost != nil && onLost != nil {
+			onLost(s.Lost)
 		}
 	}
 	return report, func() { b.gen.CompareAndSwap(gen, gen+1) }

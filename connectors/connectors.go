@@ -199,6 +199,13 @@ type ConnState struct {
 	Up     bool
 	Reason string // CamelCase, Kubernetes style: Connected, Connecting, Refused...
 	Detail string // a sentence for an operator; never a secret
+	// Lost is set when the connection is gone for good and the driver
+	// will not restore it (its client library does not reconnect, or gave
+	// up). The runtime then ends the attempt with it at once, even when no
+	// Read or Write would have noticed: an idle outbound Sink would
+	// otherwise wait for the next message to find out. A [*Failure] keeps
+	// its reason; other errors are classified.
+	Lost error
 }
 
 // StateFunc receives a driver's connection state changes. It must not block.

@@ -46,7 +46,7 @@ func (b *Bridge) runInbound(ctx context.Context) error {
 	if pub == nil {
 		return &Failure{Reason: FailListen, Err: errors.New("connectors: no weida publisher path to publish on")}
 	}
-	report, retire := b.newAttempt()
+	report, retire := b.newAttempt(nil) // a Source's Read reports its loss
 	defer retire()
 	src, err := b.in.newSource(report)
 	if err != nil {

@@ -50,15 +50,16 @@ func (a *outAttempt) lostReason() string {
 
 // runOutbound is one attempt of an outbound bridge.
 func (b *Bridge) runOutbound(ctx context.Context) error {
-	report, retire := b.newAttempt()
+	actx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	a := &outAttempt{b: b, cancel: cancel}
+	report, retire := b.newAttempt(a.fail)
 	defer retire()
 	sink, err := b.out.newSink(report)
 	if err != nil {
 		return failure(err, FailSinkInvalid)
 	}
-	actx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	a := &outAttempt{b: b, sink: sink, cancel: cancel}
+	a.sink = sink
 	closeSink := func() {
 		retire()
 		a.closing.Store(true)

@@ -495,7 +495,7 @@ func (c *Config) connect(ctx context.Context, report connectors.StateFunc, log *
 		return nil, "", dialFailure(err)
 	}
 	l.onLost = func(reason string, err error) {
-		report(connectors.ConnState{Reason: reason, Detail: err.Error()})
+		report(connectors.ConnState{Reason: reason, Detail: err.Error(), Lost: connectors.Retryable(reason, err)})
 		log.Warn("amqp: connection lost; the runtime starts a new one", "reason", reason, "err", err)
 	}
 	detail, err := setup(l)

@@ -323,7 +323,7 @@ func (c *Config) options(report connectors.StateFunc, log *slog.Logger, tr *trac
 			tr.note(nc.LastError())
 			if !tr.closing.Load() {
 				f := tr.failure("the connection closed")
-				report(connectors.ConnState{Reason: reasonOf(f), Detail: f.Error()})
+				report(connectors.ConnState{Reason: reasonOf(f), Detail: f.Error(), Lost: f})
 			}
 			close(tr.closed)
 		}),
