@@ -108,6 +108,7 @@ func unit(c *resources.Connector, env Env) (connectors.Unit, error) {
 			Endpoint:        c.Weida.Endpoint.String(),
 			MaxMessageBytes: int(c.Limits.MaxMessageBytes),
 			InFlight:        c.Limits.InFlight,
+			Hold:            c.Delivery.Hold(),
 		},
 		Revision: expanded.Revision(),
 	}
