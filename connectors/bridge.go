@@ -43,6 +43,13 @@ type Spec struct {
 	// InFlight bounds messages read and not yet settled (outbound: broker
 	// writes under way). Zero means 64.
 	InFlight int
+	// Hold (inbound) keeps each message unacknowledged until a live weida
+	// subscriber's copy of it is queued: while nobody subscribes to its
+	// topic the bridge waits and reads nothing more, and the broker keeps
+	// the rest. False drops and counts such a message (no-subscriber) and
+	// acknowledges it. Only sources whose broker keeps unacknowledged
+	// messages should hold; package resources decides which.
+	Hold bool
 }
 
 func (s Spec) inFlight() int {
@@ -116,10 +123,19 @@ func (d *Deps) fill() {
 }
 
 // Publisher is the weida side of an inbound bridge: a publisher path the
-// connector hosts. *weida.Publisher implements it.
+// connector hosts. *weida.Publisher implements it; its documentation is
+// the contract of each method.
 type Publisher interface {
 	Publish(ctx context.Context, m weida.Message) (weida.Result, error)
 	Subscribers() int
+	// Matches reports whether a live subscriber would get a copy of topic.
+	Matches(topic string) bool
+	// SubscriptionsChanged returns a channel closed at the next
+	// subscription on the path.
+	SubscriptionsChanged() <-chan struct{}
+	// OnCopiesLost has fn called with the number of copies dropped after
+	// Publish queued them (their connection closed first).
+	OnCopiesLost(fn func(n int))
 }
 
 // SourceFactory builds an inbound bridge's Source, which reports its
@@ -202,7 +218,7 @@ func (b *Bridge) Spec() Spec { return b.spec }
 // Status returns a snapshot of the bridge's conditions and counters, and of
 // its failure while it is down.
 func (b *Bridge) Status() Status {
-	c := b.stats.count.snapshot()
+	c := b.stats.count.snapshot(b.deps.Now())
 	if pub := b.publisher(); pub != nil {
 		c.Subscribers = pub.Subscribers()
 		b.deps.Metrics.Subscribers.WithLabelValues(b.spec.Name).Set(float64(c.Subscribers))

@@ -30,6 +30,10 @@ func (b *Bridge) setPublisher(p Publisher) {
 	b.in.pubMu.Lock()
 	b.in.pub = p
 	b.in.pubMu.Unlock()
+	if p != nil {
+		st := b.stats
+		p.OnCopiesLost(st.copiesLost)
+	}
 }
 
 func (b *Bridge) publisher() Publisher {
@@ -146,30 +150,89 @@ func (b *Bridge) handleInbound(ctx context.Context, pub Publisher, m *Message, a
 		settle(nil)
 		return
 	}
-	res, err := pub.Publish(ctx, weida.Message{
+	wm := weida.Message{
 		Topic:       wt,
 		ContentType: m.ContentType,
 		Traceparent: m.Traceparent,
 		Tracestate:  m.Tracestate,
 		Payload:     m.Payload,
-	})
-	if err != nil {
-		if ctx.Err() != nil {
-			// Shutting down: leave it to the broker to deliver again.
-			settle(err)
+	}
+	for {
+		if b.spec.Hold && !b.awaitSubscriber(ctx, pub, wt) {
+			// Stopping: the message stays with the broker, which
+			// delivers it again.
+			settle(ctx.Err())
 			return
 		}
-		reason := ReasonWeidaRefused
-		if errors.Is(err, weida.ErrPayloadTooLarge) {
-			reason = ReasonTooLarge
+		res, err := pub.Publish(ctx, wm)
+		if err != nil {
+			if ctx.Err() != nil {
+				// Shutting down: leave it to the broker to deliver again.
+				settle(err)
+				return
+			}
+			reason := ReasonWeidaRefused
+			if errors.Is(err, weida.ErrPayloadTooLarge) {
+				reason = ReasonTooLarge
+			}
+			b.drop(route.Name, reason, slog.LevelWarn, "weida refused the message; dropped", slog.String("topic", m.Topic), slog.Any("err", err))
+			settle(nil)
+			return
 		}
-		b.drop(route.Name, reason, slog.LevelWarn, "weida refused the message; dropped", slog.String("topic", m.Topic), slog.Any("err", err))
-		settle(nil)
-		return
+		b.stats.copies(route.Name, res.Queued, res.Dropped, res.Closing)
+		switch {
+		case res.Queued > 0:
+			b.stats.bridged(route.Name, m.ReceivedUnixNano, b.deps.Now())
+			settle(nil)
+			return
+		case res.Dropped > res.Closing:
+			// Live subscribers were there but could not take it: their
+			// drops are counted (subscriber-buffer-full), as under
+			// either choice; hold waits for a subscriber, not for a
+			// slow one.
+			settle(nil)
+			return
+		case !b.spec.Hold:
+			b.drop(route.Name, ReasonNoSubscriber, slog.LevelInfo, "no weida subscriber wants this topic; dropped (whenNoSubscriber: drop)",
+				slog.String("topic", m.Topic), slog.String("weida_topic", wt))
+			settle(nil)
+			return
+		}
+		// Holding, and the subscriber left between the wait and the
+		// publish: wait again.
 	}
-	b.stats.copies(route.Name, res.Queued, res.Dropped)
-	b.stats.bridged(route.Name, m.ReceivedUnixNano, b.deps.Now())
-	settle(nil)
+}
+
+// awaitSubscriber waits until a live weida subscriber would get a copy of
+// topic. It reports false when ctx ended first. The wait blocks the read
+// loop, so the Source takes nothing more from the broker meanwhile and the
+// broker's own flow control (prefetch, max ack pending, receive maximum)
+// holds the rest.
+func (b *Bridge) awaitSubscriber(ctx context.Context, pub Publisher, topic string) bool {
+	// The channel is taken before the test, so a subscription between
+	// the two still wakes the wait.
+	changed := pub.SubscriptionsChanged()
+	if pub.Matches(topic) {
+		return true
+	}
+	since := b.deps.Now()
+	b.stats.holdStarted(since)
+	defer b.stats.holdEnded()
+	b.stats.rlog.Log(slog.LevelInfo, "hold", "no weida subscriber wants this topic; holding it with the broker until one subscribes",
+		slog.String("weida_topic", topic))
+	for {
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return false
+		}
+		changed = pub.SubscriptionsChanged()
+		if pub.Matches(topic) {
+			b.log.Info("a weida subscriber arrived; bridging again", "weida_topic", topic,
+				"held_for", b.deps.Now().Sub(since).Round(time.Millisecond).String())
+			return true
+		}
+	}
 }
 
 // inboundRoute finds the first route whose foreign filter selects t.

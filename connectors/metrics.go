@@ -20,6 +20,13 @@ const (
 	ReasonShutdown       = "shutdown"        // dropped because the bridge stopped mid-way
 	ReasonBrokerDropped  = "broker-overflow" // the driver's client library discarded it (slow consumer, reconnect buffer)
 	ReasonConnectionLost = "connection-lost" // the broker connection failed while the write was under way
+	// ReasonNoSubscriber: an inbound message no live weida subscriber's
+	// filter selected, under spec.delivery.whenNoSubscriber: drop.
+	ReasonNoSubscriber = "no-subscriber"
+	// ReasonConnectionClosed counts weida copies (not messages) whose
+	// subscriber connection closed before they were written, while other
+	// subscribers got theirs.
+	ReasonConnectionClosed = "connection-closed"
 )
 
 // Metrics holds the Prometheus collectors shared by every bridge of a
@@ -39,6 +46,16 @@ type Metrics struct {
 	Latency      *prometheus.HistogramVec
 	// AttemptsFailed counts failed attempts of a unit by reason.
 	AttemptsFailed *prometheus.CounterVec
+	// Holding is 1 while an inbound bridge under whenNoSubscriber: hold
+	// waits, its message unacknowledged, for a weida subscriber.
+	Holding *prometheus.GaugeVec
+	// Held counts the inbound messages that had to wait for a subscriber.
+	Held *prometheus.CounterVec
+	// WeidaGaps and WeidaGapSeconds count the outbound losses of the
+	// weida subscription that were followed by a new one, and their
+	// length: what the remote side published meanwhile is lost unseen.
+	WeidaGaps       *prometheus.CounterVec
+	WeidaGapSeconds *prometheus.CounterVec
 }
 
 // NewMetrics creates the collectors and registers them on reg.
@@ -68,9 +85,17 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Buckets: []float64{.00005, .0001, .00025, .0005, .001, .002, .005, .01, .025, .05, .1, .25, 1}}, []string{"resource"}),
 		AttemptsFailed: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "attempts_failed_total",
 			Help: "Failed attempts to run a resource, by reason; the runtime retries each after a backoff unless it is permanent."}, []string{"resource", "reason"}),
+		Holding: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "holding",
+			Help: "1 while an inbound resource with whenNoSubscriber: hold waits for a weida subscriber, leaving its messages with the broker."}, []string{"resource"}),
+		Held: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "messages_held_total",
+			Help: "Inbound messages that waited, unacknowledged, for a weida subscriber (whenNoSubscriber: hold)."}, []string{"resource"}),
+		WeidaGaps: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "weida_gaps_total",
+			Help: "Outbound: times the subscription at the dialled weida endpoint was lost and then held again; what was published in between is lost."}, []string{"resource"}),
+		WeidaGapSeconds: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "weida_gap_seconds_total",
+			Help: "Outbound: total length of the gaps counted by weida_gaps_total."}, []string{"resource"}),
 	}
 	reg.MustRegister(m.Received, m.Bridged, m.Dropped, m.Acknowledged, m.InFlight, m.Reconnects, m.Up,
-		m.Subscribers, m.CopiesQueued, m.Latency, m.AttemptsFailed)
+		m.Subscribers, m.CopiesQueued, m.Latency, m.AttemptsFailed, m.Holding, m.Held, m.WeidaGaps, m.WeidaGapSeconds)
 	return m
 }
 
@@ -89,4 +114,8 @@ func (m *Metrics) forget(resource string) {
 	m.CopiesQueued.DeletePartialMatch(l)
 	m.Latency.DeletePartialMatch(l)
 	m.AttemptsFailed.DeletePartialMatch(l)
+	m.Holding.DeletePartialMatch(l)
+	m.Held.DeletePartialMatch(l)
+	m.WeidaGaps.DeletePartialMatch(l)
+	m.WeidaGapSeconds.DeletePartialMatch(l)
 }

@@ -158,9 +158,14 @@ func (b *Bridge) dialLoop(ctx context.Context, out outboundWriter, a *outAttempt
 			b.stats.reconnected("weida")
 		}
 		attempt = 0
+		b.stats.weidaSubscribed(b.deps.Now())
 		b.reportWeida(true, "Subscribed", fmt.Sprintf("%d filters on %s", len(b.out.weidaFilters), b.spec.Endpoint))
 		err = b.receiveLoop(ctx, sub, out, a)
 		sub.Close()
+		// weida keeps nothing for a subscriber that is away: from now
+		// until the next subscription, what the endpoint publishes is
+		// lost. A stop opens a gap too; a reload's successor closes it.
+		b.stats.weidaLost(b.deps.Now())
 		if ctx.Err() != nil {
 			return
 		}

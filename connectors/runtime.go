@@ -92,8 +92,8 @@ func NewRuntime(deps Deps) *Runtime {
 // Apply makes the running set equal to units: it stops the resources that
 // are gone or changed, and those down after a failed attempt (a reload is
 // the operator's "try again now"), then starts the new and stopped ones. A
-// unit retried so with an unchanged Revision keeps its counters and metric
-// series; a changed or removed one loses them.
+// unit that keeps its name keeps its counters and metric series, whether
+// its Revision changed or not; a removed one loses them.
 // The first weida listen of an inbound unit is tried before Apply returns:
 // the error joins every such failure, and each of those units stays
 // visible in Statuses and is retried in the background like any failed
@@ -118,8 +118,8 @@ func (r *Runtime) Apply(ctx context.Context, units []Unit) error {
 	// The broker filters of inbound resources being replaced, for their
 	// successors to withdraw what they no longer subscribe.
 	previous := make(map[string][]string)
-	// Units retried by the reload with their configuration unchanged keep
-	// their counters and series: only the attempt is new.
+	// Units the reload restarts keep their counters and series under
+	// their name, changed or not: only a removed unit loses them.
 	carry := make(map[string]*stats)
 	for name, ru := range r.running {
 		u, ok := want[name]
@@ -127,7 +127,7 @@ func (r *Runtime) Apply(ctx context.Context, units []Unit) error {
 		if same && !ru.bridge.down() {
 			continue
 		}
-		if same {
+		if ok {
 			carry[name] = ru.bridge.stats
 		}
 		stop = append(stop, ru)
@@ -189,6 +189,7 @@ func (r *Runtime) startUnit(ctx context.Context, u Unit, previous []string, st *
 		b.in.supersedes = previous
 	}
 	if st != nil {
+		st.addRoutes(u.Spec.Routes)
 		b.stats = st
 	}
 	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
@@ -342,6 +343,10 @@ func (r *Runtime) stopUnit(ru *runningUnit, keep map[string]weida.ListenConfig, 
 	ru.cancel()
 	<-ru.done
 	if forget {
+		if ru.pub != nil {
+			// Copies still queued must not bring back its series.
+			ru.pub.OnCopiesLost(nil)
+		}
 		r.deps.Metrics.forget(ru.unit.Spec.Name)
 	}
 	if ru.pub == nil {
@@ -457,7 +462,7 @@ var (
 	descListenerDropped = prometheus.NewDesc("weida_connector_weida_listener_copies_dropped_total",
 		"Weida copies a hosted listener dropped, by reason (including after Publish returned).", []string{"listen", "reason"}, nil)
 	descListenerEvents = prometheus.NewDesc("weida_connector_weida_listener_events_total",
-		"Connection-level events on a hosted listener: refused connections, refused streams, protocol violations, failed negotiations.", []string{"listen", "event"}, nil)
+		"Connection-level events on a hosted listener: refused connections, clients refused by the allowlist, refused streams, protocol violations, failed negotiations.", []string{"listen", "event"}, nil)
 )
 
 func (c listenerCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -486,6 +491,7 @@ func (c listenerCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		for event, n := range map[string]uint64{
 			"connection-refused":  st.ConnectionsRefused,
+			"client-refused":      st.ClientsRefused,
 			"stream-refused":      st.StreamsRefused,
 			"protocol-violation":  st.ProtocolViolations,
 			"negotiation-failure": st.NegotiationFailures,

@@ -20,11 +20,23 @@ type stats struct {
 	rlog     *RateLogger
 }
 
+// addRoutes resolves the series of routes not yet known: a reload that
+// changes a resource's routes carries its accounting on. The old routes'
+// series stay, with what they counted. Call it only while no bridge uses s.
+func (s *stats) addRoutes(routes []Route) {
+	for _, r := range routes {
+		if s.m.bridged[r.Name] == nil {
+			s.m.bridged[r.Name] = s.metrics.Bridged.WithLabelValues(s.resource, r.Name)
+		}
+	}
+}
+
 // series are the bridge's metric children, resolved once: a label lookup
 // per message costs more than the count itself.
 type series struct {
 	received, acked, copiesQueued, copiesDropped prometheus.Counter
-	inFlight                                     prometheus.Gauge
+	held, gaps, gapSeconds                       prometheus.Counter
+	inFlight, holding                            prometheus.Gauge
 	latency                                      prometheus.Observer
 	bridged                                      map[string]prometheus.Counter // by route name
 }
@@ -40,6 +52,10 @@ func newStats(m *Metrics, resource string, routes []Route, rlog *RateLogger) *st
 			copiesQueued:  m.CopiesQueued.WithLabelValues(resource, "queued"),
 			copiesDropped: m.CopiesQueued.WithLabelValues(resource, "dropped"),
 			inFlight:      m.InFlight.WithLabelValues(resource),
+			holding:       m.Holding.WithLabelValues(resource),
+			held:          m.Held.WithLabelValues(resource),
+			gaps:          m.WeidaGaps.WithLabelValues(resource),
+			gapSeconds:    m.WeidaGapSeconds.WithLabelValues(resource),
 			latency:       m.Latency.WithLabelValues(resource),
 			bridged:       make(map[string]prometheus.Counter, len(routes)),
 		},
@@ -63,15 +79,73 @@ func (s *stats) drop(route, reason string, n int, level slog.Level, msg string, 
 }
 
 // copies counts the weida copies of one inbound message: queued ones, and
-// dropped ones (a slow subscriber), which also count as drops.
-func (s *stats) copies(route string, queued, dropped int) {
-	if dropped > 0 {
-		s.m.copiesDropped.Add(float64(dropped))
-		s.drop(route, ReasonSubscriberBuf, dropped, slog.LevelWarn, "a weida subscriber is too slow; its copies are dropped")
+// dropped ones, which also count as drops: those of a slow subscriber, and
+// those of a subscriber whose connection was closing when others took
+// theirs. Closing copies of a message nobody took are left to the caller,
+// which counts the message itself (no-subscriber) or publishes it again
+// (hold).
+func (s *stats) copies(route string, queued, dropped, closing int) {
+	if full := dropped - closing; full > 0 {
+		s.m.copiesDropped.Add(float64(full))
+		s.drop(route, ReasonSubscriberBuf, full, slog.LevelWarn, "a weida subscriber is too slow; its copies are dropped")
+	}
+	if queued > 0 && closing > 0 {
+		s.m.copiesDropped.Add(float64(closing))
+		s.drop(route, ReasonConnectionClosed, closing, slog.LevelWarn, "a weida subscriber's connection was closing; its copies are dropped")
 	}
 	if queued > 0 {
 		s.m.copiesQueued.Add(float64(queued))
 	}
+}
+
+// copiesLost counts n copies a subscriber connection dropped after they
+// were queued, when it closed before writing them.
+func (s *stats) copiesLost(n int) {
+	s.m.copiesDropped.Add(float64(n))
+	s.drop("", ReasonConnectionClosed, n, slog.LevelWarn, "a weida subscriber's connection closed before its copies were written")
+}
+
+// holdStarted and holdEnded bracket a wait for a weida subscriber.
+func (s *stats) holdStarted(now time.Time) {
+	s.count.gapMu.Lock()
+	s.count.holdingSince = now
+	s.count.gapMu.Unlock()
+	s.count.held.Add(1)
+	s.m.held.Inc()
+	s.m.holding.Set(1)
+}
+
+func (s *stats) holdEnded() {
+	s.count.gapMu.Lock()
+	s.count.holdingSince = time.Time{}
+	s.count.gapMu.Unlock()
+	s.m.holding.Set(0)
+}
+
+// weidaLost opens a gap in the outbound subscription at now, unless one
+// is open.
+func (s *stats) weidaLost(now time.Time) {
+	s.count.gapMu.Lock()
+	defer s.count.gapMu.Unlock()
+	if !s.count.gap.Open {
+		s.count.gap = Gap{Start: now, Open: true}
+	}
+}
+
+// weidaSubscribed closes the open gap, if any, at now and counts it.
+func (s *stats) weidaSubscribed(now time.Time) {
+	s.count.gapMu.Lock()
+	defer s.count.gapMu.Unlock()
+	g := &s.count.gap
+	if !g.Open {
+		return
+	}
+	d := now.Sub(g.Start)
+	g.Open, g.Seconds = false, d.Seconds()
+	s.count.gaps++
+	s.count.gapSeconds += d.Seconds()
+	s.m.gaps.Inc()
+	s.m.gapSeconds.Add(d.Seconds())
 }
 
 func (s *stats) received() {

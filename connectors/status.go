@@ -32,6 +32,26 @@ type Counters struct {
 	Dropped      map[string]uint64 `json:"dropped,omitempty"` // by reason
 	Reconnects   uint64            `json:"reconnects"`
 	Subscribers  int               `json:"weidaSubscribers,omitempty"`
+	// Held counts the inbound messages that waited, unacknowledged, for a
+	// weida subscriber (whenNoSubscriber: hold); HoldingSince is when the
+	// current wait began, absent while none is under way.
+	Held         uint64    `json:"held,omitempty"`
+	HoldingSince time.Time `json:"holdingSince,omitzero"`
+	// WeidaGaps (outbound) counts the losses of the weida subscription
+	// followed by a new one, WeidaGapSeconds their total length, and
+	// LastWeidaGap is the last one, or the one still open.
+	WeidaGaps       uint64  `json:"weidaGaps,omitempty"`
+	WeidaGapSeconds float64 `json:"weidaGapSeconds,omitempty"`
+	LastWeidaGap    *Gap    `json:"lastWeidaGap,omitempty"`
+}
+
+// Gap is a time the outbound subscription at the dialled weida endpoint was
+// lost: whatever the endpoint published meanwhile did not reach the bridge.
+type Gap struct {
+	Start time.Time `json:"start"`
+	// Seconds is the gap's length; while it is Open, its length so far.
+	Seconds float64 `json:"seconds"`
+	Open    bool    `json:"open,omitempty"`
 }
 
 // RouteStatus is one route of a resource as /status shows it: the filter
@@ -179,10 +199,16 @@ func (c *conditions) snapshot() ([]Condition, *FailureStatus) {
 
 // counters are the atomic running totals behind Counters.
 type counters struct {
-	received, bridged, acked, reconnects atomic.Uint64
-	inFlight                             atomic.Int64
-	mu                                   sync.Mutex
-	dropped                              map[string]uint64
+	received, bridged, acked, reconnects, held atomic.Uint64
+	inFlight                                   atomic.Int64
+	mu                                         sync.Mutex
+	dropped                                    map[string]uint64
+
+	gapMu        sync.Mutex // guards the fields below
+	holdingSince time.Time
+	gap          Gap // the last or open gap; zero before the first
+	gaps         uint64
+	gapSeconds   float64
 }
 
 func (c *counters) drop(reason string, n uint64) {
@@ -194,14 +220,26 @@ func (c *counters) drop(reason string, n uint64) {
 	c.mu.Unlock()
 }
 
-func (c *counters) snapshot() Counters {
+func (c *counters) snapshot(now time.Time) Counters {
 	s := Counters{
 		Received:     c.received.Load(),
 		Bridged:      c.bridged.Load(),
 		Acknowledged: c.acked.Load(),
 		InFlight:     c.inFlight.Load(),
 		Reconnects:   c.reconnects.Load(),
+		Held:         c.held.Load(),
 	}
+	c.gapMu.Lock()
+	s.HoldingSince = c.holdingSince
+	s.WeidaGaps, s.WeidaGapSeconds = c.gaps, c.gapSeconds
+	if !c.gap.Start.IsZero() {
+		g := c.gap
+		if g.Open {
+			g.Seconds = now.Sub(g.Start).Seconds()
+		}
+		s.LastWeidaGap = &g
+	}
+	c.gapMu.Unlock()
 	c.mu.Lock()
 	if len(c.dropped) > 0 {
 		s.Dropped = make(map[string]uint64, len(c.dropped))

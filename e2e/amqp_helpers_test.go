@@ -40,6 +40,7 @@ type amqpResource struct {
 	Routes   []amqpRoute
 	InFlight int        // zero: the default
 	TLS      *brokerPKI // set: amqps:// with the PKI's CA and client certificate
+	Hold     bool       // spec.delivery.whenNoSubscriber: hold
 }
 
 type amqpRoute struct{ Name, Filter string }
@@ -88,6 +89,9 @@ func (r amqpResource) YAML(t testing.TB) string {
 	fmt.Fprintf(&b, "  conversion:\n    policy: %s\n    losses:\n", p.Name())
 	for _, l := range p.Losses(r.Direction, policy.Options{}) {
 		fmt.Fprintf(&b, "      - %s\n", l)
+	}
+	if r.Hold {
+		b.WriteString("  delivery:\n    whenNoSubscriber: hold\n")
 	}
 	b.WriteString("  routes:\n")
 	for _, rt := range r.Routes {

@@ -218,6 +218,8 @@ type ResourceStatus struct {
 		Dropped      map[string]uint64 `json:"dropped"`
 		Reconnects   uint64            `json:"reconnects"`
 		Subscribers  int               `json:"weidaSubscribers"`
+		Held         uint64            `json:"held"`
+		HoldingSince time.Time         `json:"holdingSince"`
 	} `json:"counters"`
 	// Failure is present only while the resource is down after a failed
 	// attempt to start it.

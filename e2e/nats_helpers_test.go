@@ -33,6 +33,7 @@ type natsResource struct {
 	InFlight   int
 	TLS        *brokerPKI // set: tls:// with the PKI's CA and client certificate
 	TokenFile  string     // set: credentials.token read from this file
+	Hold       bool       // spec.delivery.whenNoSubscriber: hold
 }
 
 // YAML renders the resource, declaring exactly the losses its conversion
@@ -76,6 +77,9 @@ func (r natsResource) YAML(t testing.TB) string {
 	p := policy.NATSTokensV1()
 	for _, l := range p.Losses(r.Direction, policy.Options{JetStream: r.Stream != ""}) {
 		fmt.Fprintf(&b, "      - %s\n", l)
+	}
+	if r.Hold {
+		b.WriteString("  delivery:\n    whenNoSubscriber: hold\n")
 	}
 	b.WriteString("  routes:\n")
 	for _, f := range r.Routes {

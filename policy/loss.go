@@ -12,7 +12,9 @@ const (
 	LossOrdering Loss = "ordering"
 	// LossDeliveryBestEffort: weida keeps no session and no retained copy;
 	// a copy that does not fit a slow subscriber's buffer, or that is
-	// published while the bridge is reconnecting, is dropped.
+	// published while the bridge is reconnecting, is dropped, and so is an
+	// inbound message no subscriber wants unless the resource holds it
+	// (spec.delivery.whenNoSubscriber: hold), which avoids that part only.
 	LossDeliveryBestEffort Loss = "delivery-best-effort"
 	// LossAtMostOnce: the broker side does not acknowledge or redeliver
 	// (MQTT QoS 0, core NATS without JetStream), so a message in flight
@@ -85,7 +87,7 @@ type LossInfo struct {
 func lossTable() []LossInfo {
 	return []LossInfo{
 		{LossOrdering, "messages may reach a subscriber in another order than they were published: weida sends each on its own stream"},
-		{LossDeliveryBestEffort, "weida keeps no session or retained copy: a copy that does not fit a slow subscriber's buffer, or is published while the bridge reconnects, is dropped"},
+		{LossDeliveryBestEffort, "weida keeps no session or retained copy: a copy that does not fit a slow subscriber's buffer, or is published while the bridge reconnects or nobody subscribes (whenNoSubscriber: drop), is dropped"},
 		{LossAtMostOnce, "the broker side neither acknowledges nor redelivers (MQTT QoS 0, core NATS): a message in flight when a connection breaks is lost"},
 		{LossRetain, "MQTT retained messages cross as ordinary messages: the retain flag is dropped and later weida subscribers get nothing"},
 		{LossProperties, "broker metadata other than the content type and W3C trace context (MQTT 5 user properties, payload format, correlation data; NATS headers; AMQP headers and properties) is not carried"},

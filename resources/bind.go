@@ -29,6 +29,7 @@ type binder struct {
 	protoOK bool
 	dirOK   bool
 	optsOK  bool // PolicyOptions reflect valid broker options
+	hold    Hold // whether the source can hold, from the protocol
 }
 
 func (b *binder) ok(path string) bool {
@@ -73,6 +74,37 @@ func (b *binder) bind() {
 	if b.protoOK {
 		b.bindPolicy(s)
 	}
+	b.bindDelivery(s.Delivery)
+}
+
+// bindDelivery applies spec.delivery: hold is for inbound sources whose
+// broker keeps what the connector leaves unacknowledged.
+func (b *binder) bindDelivery(rd *rawDelivery) {
+	const path = "spec.delivery.whenNoSubscriber"
+	d := Delivery{WhenNoSubscriber: WhenNoSubscriberDrop}
+	if rd == nil || rd.WhenNoSubscriber == "" || !b.ok(path) {
+		b.c.Delivery = d
+		return
+	}
+	b.directionOnly("spec.delivery", true, "inbound", "it says what to do with a broker message no weida subscriber wants; an outbound resource reads from weida")
+	if !b.dirOK || b.raw.Spec.Direction != "inbound" {
+		b.c.Delivery = d
+		return
+	}
+	if rd.WhenNoSubscriber == WhenNoSubscriberHold {
+		if b.protoOK && b.ok("spec.broker") && !b.hold.OK {
+			why := b.hold.Why
+			if why == "" {
+				why = fmt.Sprintf("%s does not keep them", b.c.Protocol)
+			}
+			b.fail(path, b.at(path), rd.WhenNoSubscriber, "delivery-hold",
+				"hold needs a source that keeps unacknowledged messages: "+why, b.hold.Hint)
+			b.c.Delivery = d
+			return
+		}
+	}
+	d.WhenNoSubscriber = rd.WhenNoSubscriber
+	b.c.Delivery = d
 }
 
 func (b *binder) bindBroker(rb *rawBroker) {
@@ -149,6 +181,7 @@ func (b *binder) setOptions(o BrokerOptions) {
 	b.c.Broker.Options = o.Options
 	b.c.PolicyOptions = o.Policy
 	b.optsOK = o.PolicyOK
+	b.hold = o.Hold
 }
 
 // bindCredentials applies the rules every protocol shares; the protocol

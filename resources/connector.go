@@ -46,7 +46,34 @@ type Connector struct {
 	// [MaxRoutes].
 	Routes []Route
 	Limits Limits
+	// Delivery says what an inbound resource does with a message no weida
+	// subscriber wants.
+	Delivery Delivery
 }
+
+// The choices of spec.delivery.whenNoSubscriber.
+const (
+	// WhenNoSubscriberDrop acknowledges to the broker, drops and counts
+	// (no-subscriber) a message no live weida subscriber wants. The
+	// default.
+	WhenNoSubscriberDrop = "drop"
+	// WhenNoSubscriberHold leaves such a message unacknowledged and stops
+	// reading until a subscriber wants it: the broker keeps it and the
+	// ones after it. Only sources whose broker keeps unacknowledged
+	// messages across the connector's absence accept it ([Hold]).
+	WhenNoSubscriberHold = "hold"
+)
+
+// Delivery is spec.delivery, defaults applied.
+type Delivery struct {
+	// WhenNoSubscriber is WhenNoSubscriberDrop or WhenNoSubscriberHold;
+	// always WhenNoSubscriberDrop for an outbound resource.
+	WhenNoSubscriber string
+}
+
+// Hold reports whether the resource holds messages while no weida
+// subscriber wants them.
+func (d Delivery) Hold() bool { return d.WhenNoSubscriber == WhenNoSubscriberHold }
 
 // MaxRoutes is the most routes a resource may have: each outbound route is
 // one weida subscription, and weida allows 256 per connection.

@@ -70,6 +70,22 @@ type BrokerOptions struct {
 	// PolicyOK is false when a setting Policy depends on is invalid: the
 	// losses are then not checked, since the error is elsewhere.
 	PolicyOK bool
+	// Hold says whether an inbound source so configured can hold messages
+	// (spec.delivery.whenNoSubscriber: hold). The zero value says it
+	// cannot.
+	Hold Hold
+}
+
+// Hold is whether a source's broker keeps the messages the connector leaves
+// unacknowledged, and keeps them while the connector is away (restarted,
+// disconnected), so that holding them until a weida subscriber comes loses
+// nothing.
+type Hold struct {
+	OK bool
+	// Why says, when OK is false, what the source lacks: the loader
+	// reports "hold needs a source that keeps unacknowledged messages:"
+	// followed by it. Hint says what to change.
+	Why, Hint string
 }
 
 // protocolList is the loader's protocols, in the program's order.

@@ -198,6 +198,19 @@ func TestRules(t *testing.T) {
 		{"outbound client certificate", mqttOut, []string{"7002/orders", "7002/orders\n    certFile: c.pem\n    keyFile: k.pem"}, nil},
 		{"dial bad fingerprint", mqttOut, []string{fp, "sha256:00"}, []diag{{"spec.weida.dial", "weida-url"}}},
 
+		// Delivery.
+		{"hold mqtt persistent session", mqttIn, []string{"  routes:\n", "  delivery: {whenNoSubscriber: hold}\n  routes:\n"}, nil},
+		{"drop mqtt", mqttIn, []string{"  routes:\n", "  delivery: {whenNoSubscriber: drop}\n  routes:\n"}, nil},
+		{"hold mqtt qos 0", mqttIn, []string{"qos: 1", "qos: 0", "delivery-best-effort,", "at-most-once, delivery-best-effort,", "  routes:\n", "  delivery: {whenNoSubscriber: hold}\n  routes:\n"}, []diag{{"spec.delivery.whenNoSubscriber", "delivery-hold"}}},
+		{"hold mqtt clean start", mqttIn, []string{"qos: 1", "qos: 1\n      cleanStart: true", "  routes:\n", "  delivery: {whenNoSubscriber: hold}\n  routes:\n"}, []diag{{"spec.delivery.whenNoSubscriber", "delivery-hold"}}},
+		{"hold mqtt no session expiry", mqttIn, []string{"qos: 1", "qos: 1\n      sessionExpiry: 0s", "  routes:\n", "  delivery: {whenNoSubscriber: hold}\n  routes:\n"}, []diag{{"spec.delivery.whenNoSubscriber", "delivery-hold"}}},
+		{"hold core nats", natsIn, []string{"  routes:\n", "  delivery: {whenNoSubscriber: hold}\n  routes:\n"}, []diag{{"spec.delivery.whenNoSubscriber", "delivery-hold"}}},
+		{"hold jetstream", natsIn, []string{"    url: nats://127.0.0.1:4222\n", "    url: nats://127.0.0.1:4222\n    nats: {jetstream: {stream: S, durable: d}}\n", "at-most-once, ", "", "  routes:\n", "  delivery: {whenNoSubscriber: hold}\n  routes:\n"}, nil},
+		{"hold amqp exclusive queue", amqpIn, []string{"  routes:\n", "  delivery: {whenNoSubscriber: hold}\n  routes:\n"}, []diag{{"spec.delivery.whenNoSubscriber", "delivery-hold"}}},
+		{"hold amqp durable queue", amqpIn, []string{"  weida:\n", "    amqp: {queue: {name: q, durable: true, exclusive: false}}\n  weida:\n", "  routes:\n", "  delivery: {whenNoSubscriber: hold}\n  routes:\n"}, nil},
+		{"hold outbound", natsOut, []string{"  routes:\n", "  delivery: {whenNoSubscriber: hold}\n  routes:\n"}, []diag{{"spec.delivery", "direction-field"}}},
+		{"delivery choice unknown", mqttIn, []string{"  routes:\n", "  delivery: {whenNoSubscriber: queue}\n  routes:\n"}, []diag{{"spec.delivery.whenNoSubscriber", "oneof"}}},
+
 		// Limits.
 		{"limits", mqttIn, []string{"  routes:\n", "  limits: {maxMessageBytes: 64KiB, bufferBytes: 1048576, inFlight: 10}\n  routes:\n"}, nil},
 		{"buffer smaller than a message", mqttIn, []string{"  routes:\n", "  limits: {maxMessageBytes: 2MiB, bufferBytes: 1MiB}\n  routes:\n"}, []diag{{"spec.limits.bufferBytes", "limits-buffer"}}},

@@ -37,6 +37,11 @@ type rawSpec struct {
 	Conversion *rawConversion `yaml:"conversion"`
 	Routes     []rawRoute     `yaml:"routes" validate:"required,min=1,max=256,dive"`
 	Limits     *rawLimits     `yaml:"limits"`
+	Delivery   *rawDelivery   `yaml:"delivery"`
+}
+
+type rawDelivery struct {
+	WhenNoSubscriber string `yaml:"whenNoSubscriber" validate:"omitempty,oneof=drop hold"`
 }
 
 type rawBroker struct {

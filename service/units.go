@@ -114,6 +114,7 @@ func unit(c *resources.Connector, env Env) (connectors.Unit, error) {
 			Losses:          losses,
 			MaxMessageBytes: int(c.Limits.MaxMessageBytes),
 			InFlight:        c.Limits.InFlight,
+			Hold:            c.Delivery.Hold(),
 		},
 		Revision: expanded.Revision(),
 	}

@@ -56,6 +56,18 @@ type pathState struct {
 	idx  *topic.Index[*connPath] // (filter, subscriber connection) entries; internally locked
 	pub  *Publisher              // nil while no publisher holds the path; Listener.mu
 	refs int                     // connections with >= 1 filter here; Listener.mu
+	// changed is closed and forgotten when a subscription is added here;
+	// nil until a Publisher asks for it. Listener.mu.
+	changed chan struct{}
+}
+
+// subscribedLocked wakes whoever waits for a subscription on ps. l.mu
+// must be held.
+func (ps *pathState) subscribedLocked() {
+	if ps.changed != nil {
+		close(ps.changed)
+		ps.changed = nil
+	}
 }
 
 // Listen starts a weida listener on addr ("host:port"; port 0 picks a free
@@ -460,6 +472,9 @@ func (sc *serverConn) subscribe(path, filter string) bool {
 	cp.filters++
 	sc.subs[k] = struct{}{}
 	sc.l.stats.subscriptions.Add(1)
+	sc.l.mu.Lock()
+	cp.ps.subscribedLocked()
+	sc.l.mu.Unlock()
 	return true
 }
 
@@ -484,27 +499,27 @@ func (sc *serverConn) unsubscribe(path, filter string) {
 	}
 }
 
-// enqueue offers one copy to the connection's writer; false means dropped
-// (and counted).
-func (sc *serverConn) enqueue(f *frame) bool {
+// enqueue offers one copy to the connection's writer; anything but pushOK
+// means dropped (and counted): pushClosed when nobody is left to take it,
+// pushFull when the subscriber cannot (its buffer, its header limit).
+func (sc *serverConn) enqueue(f *frame) pushResult {
 	st := &sc.l.stats
 	if !sc.c.negotiated() { // unreachable: a subscription exists only after HELLO
 		st.dropped.connectionClosed.Add(1)
-		return false
+		return pushClosed
 	}
 	if uint64(f.hdrLen) > sc.c.agreed.sendMaxHeaderBytes {
 		st.dropped.headerTooLarge.Add(1)
-		return false
+		return pushFull
 	}
-	switch sc.q.push(f, sc.l.limits.SubscriberBufferBytes) {
-	case pushOK:
-		return true
+	r := sc.q.push(f, sc.l.limits.SubscriberBufferBytes)
+	switch r {
 	case pushFull:
 		st.dropped.bufferFull.Add(1)
-	default:
+	case pushClosed:
 		st.dropped.connectionClosed.Add(1)
 	}
-	return false
+	return r
 }
 
 // writer opens one uni stream per queued copy and writes it, in queue
@@ -521,6 +536,7 @@ func (sc *serverConn) writer() {
 		if err != nil {
 			sc.q.done(f)
 			st.dropped.connectionClosed.Add(1)
+			f.pub.copiesLost(1)
 			f.release()
 			return
 		}
@@ -534,6 +550,7 @@ func (sc *serverConn) writer() {
 			} else {
 				s.CancelWrite(quic.StreamErrorCode(Canceled))
 				st.dropped.connectionClosed.Add(1)
+				f.pub.copiesLost(1)
 			}
 		} else {
 			st.copiesWritten.Add(1)

@@ -32,6 +32,10 @@ type Result struct {
 	Matched int // subscriber connections with at least one matching filter
 	Queued  int // copies accepted into a subscriber's send queue
 	Dropped int // copies dropped: the subscriber's buffer was full, or the header exceeded its max_header_bytes, or it was closing
+	// Closing counts the copies of Dropped whose subscriber connection was
+	// already closing: nobody was there to take them, as opposed to a
+	// subscriber too slow or too small for them.
+	Closing int
 }
 
 // Publisher is one publisher path registered on a [Listener]. Its methods
@@ -41,6 +45,7 @@ type Publisher struct {
 	path   string
 	ps     *pathState
 	closed atomic.Bool
+	lost   atomic.Pointer[func(n int)] // see OnCopiesLost
 }
 
 // Path returns the publisher's path.
@@ -52,6 +57,60 @@ func (p *Publisher) Subscribers() int {
 	p.l.mu.Lock()
 	defer p.l.mu.Unlock()
 	return p.ps.refs
+}
+
+// Matches reports whether a live subscriber connection (one not closing)
+// holds a filter on this path that matches topic: whether a Publish of
+// topic now would queue a copy for somebody, buffers permitting. The answer
+// may be stale by the time the caller acts on it; see
+// [Publisher.SubscriptionsChanged] to wait for a change.
+func (p *Publisher) Matches(topic string) bool {
+	found := false
+	p.ps.idx.Match(topic, func(cp *connPath) bool {
+		if cp.sc.c.ctx.Err() == nil {
+			found = true
+			return false
+		}
+		return true
+	})
+	return found
+}
+
+// SubscriptionsChanged returns a channel that is closed the next time a
+// subscription is added on this path. To wait for a subscriber without
+// missing one, take the channel first, then test [Publisher.Matches], then
+// wait on the channel.
+func (p *Publisher) SubscriptionsChanged() <-chan struct{} {
+	p.l.mu.Lock()
+	defer p.l.mu.Unlock()
+	if p.ps.changed == nil {
+		p.ps.changed = make(chan struct{})
+	}
+	return p.ps.changed
+}
+
+// OnCopiesLost sets fn to be called with n whenever n copies this
+// Publisher queued are dropped before they were written, because their
+// subscriber connection closed: losses that happen after Publish returned
+// and so are absent from its [Result]. fn is called from the listener's
+// goroutines, must be safe for concurrent use and must not block; nil
+// stops the calls. The calls go on after Close for copies still queued.
+func (p *Publisher) OnCopiesLost(fn func(n int)) {
+	if fn == nil {
+		p.lost.Store(nil)
+		return
+	}
+	p.lost.Store(&fn)
+}
+
+// copiesLost reports n copies of p lost after they were queued.
+func (p *Publisher) copiesLost(n int) {
+	if p == nil {
+		return
+	}
+	if fn := p.lost.Load(); fn != nil && n > 0 {
+		(*fn)(n)
+	}
 }
 
 // Close unregisters the path: later Publish calls return [ErrClosed], and
@@ -96,6 +155,7 @@ func (p *Publisher) Publish(ctx context.Context, m Message) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
+	f.pub = p
 	if f.charge() > p.l.limits.SubscriberBufferBytes {
 		f.release()
 		return Result{}, fmt.Errorf("weida: publish on %s: %d bytes of payload and header: %w",
@@ -131,9 +191,13 @@ var fanoutPool = sync.Pool{New: func() any {
 
 func (fo *fanout) visit(cp *connPath) bool {
 	fo.r.Matched++
-	if cp.sc.enqueue(fo.f) {
+	switch cp.sc.enqueue(fo.f) {
+	case pushOK:
 		fo.r.Queued++
-	} else {
+	case pushClosed:
+		fo.r.Dropped++
+		fo.r.Closing++
+	default:
 		fo.r.Dropped++
 	}
 	return true
@@ -147,6 +211,7 @@ type frame struct {
 	hdrLen int    // header bytes, checked against each peer's max_header_bytes
 	refs   atomic.Int32
 	pool   *framePool
+	pub    *Publisher // who published it, told of its copies lost after queueing
 }
 
 // charge is what the frame costs a subscriber's budget.
@@ -200,6 +265,7 @@ func (fp *framePool) get(path string, m *Message) (*frame, error) {
 }
 
 func (fp *framePool) put(f *frame) {
+	f.pub = nil
 	if cap(f.buf) > maxPooledFrame {
 		f.buf = nil
 	}

@@ -106,6 +106,7 @@ func (q *sendQueue) close(st *listenerCounters) {
 	waiting := q.items[q.head:]
 	for _, f := range waiting {
 		q.bytes -= f.charge()
+		f.pub.copiesLost(1)
 		f.release()
 	}
 	st.dropped.connectionClosed.Add(uint64(len(waiting)))

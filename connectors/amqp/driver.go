@@ -138,7 +138,25 @@ func (driver) Broker(b *resources.BrokerBlock) resources.BrokerOptions {
 		a.Queue = bindQueue(b, ra.Queue)
 	}
 	out.Options = a
+	out.Hold = hold(a.Queue)
 	return out
+}
+
+// hold says whether the queue keeps what the connector does not
+// acknowledge while the connector is away. An exclusive queue holds
+// unacknowledged messages only while the connection lasts: a restart or a
+// broken connection deletes it with everything it held, so hold is refused
+// there rather than promising what it cannot keep. A named queue outlives
+// the connection (and, durable, a broker restart); a passive one is taken
+// as declared.
+func hold(q Queue) resources.Hold {
+	if q.Exclusive {
+		return resources.Hold{
+			Why:  "an exclusive queue (the default, and every unnamed queue) is deleted with the connector's connection, and what it held with it",
+			Hint: "name a queue that outlives the connection: queue: {name: NAME, durable: true}",
+		}
+	}
+	return resources.Hold{OK: true}
 }
 
 func bindQueue(b *resources.BrokerBlock, q *rawQueue) Queue {

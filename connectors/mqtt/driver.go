@@ -139,7 +139,25 @@ func (driver) Broker(b *resources.BrokerBlock) resources.BrokerOptions {
 	m.SharedGroup = raw.SharedGroup
 	b.DirectionOnly(base+".sharedGroup", raw.SharedGroup != "", policy.Inbound,
 		"a shared subscription splits what the broker delivers among subscribers; an outbound resource only publishes")
-	return resources.BrokerOptions{Options: m, Policy: policy.Options{QoS: int(m.QoS)}, PolicyOK: optsOK}
+	return resources.BrokerOptions{Options: m, Policy: policy.Options{QoS: int(m.QoS)}, PolicyOK: optsOK, Hold: hold(m)}
+}
+
+// hold says whether the broker keeps what the connector does not
+// acknowledge, also while it is away: QoS 1 or 2 messages of a session
+// that outlives the connection.
+func hold(m Options) resources.Hold {
+	switch {
+	case m.QoS == 0:
+		return resources.Hold{Why: "at QoS 0 the broker neither waits for an acknowledgement nor sends a message again",
+			Hint: "set spec.broker.mqtt.qos: 1"}
+	case m.CleanStart:
+		return resources.Hold{Why: "cleanStart: true discards the session, and what it held, at every connection",
+			Hint: "set spec.broker.mqtt.cleanStart: false"}
+	case m.SessionExpiry <= 0:
+		return resources.Hold{Why: "a session expiry of 0 ends the session, and what it held, with the connection",
+			Hint: "set spec.broker.mqtt.sessionExpiry to how long the broker should keep messages for the connector, e.g. 1h"}
+	}
+	return resources.Hold{OK: true}
 }
 
 // refuseNATSCredentials reports the credential methods MQTT does not have.

@@ -114,7 +114,10 @@ func (driver) Broker(b *resources.BrokerBlock) resources.BrokerOptions {
 		checkCredentials(b, cr)
 	}
 	n := Options{}
-	out := resources.BrokerOptions{PolicyOK: true}
+	out := resources.BrokerOptions{PolicyOK: true, Hold: resources.Hold{
+		Why:  "core NATS delivers each message once, to whoever is subscribed, and keeps nothing",
+		Hint: "read from a JetStream stream: jetstream: {stream: NAME, durable: weida-connector}",
+	}}
 	const base = "spec.broker.nats"
 	n.QueueGroup = raw.QueueGroup
 	b.DirectionOnly(base+".queueGroup", raw.QueueGroup != "", policy.Inbound,
@@ -122,6 +125,9 @@ func (driver) Broker(b *resources.BrokerBlock) resources.BrokerOptions {
 	if rj := raw.JetStream; rj != nil {
 		n.JetStream = &JetStream{Stream: rj.Stream, Durable: rj.Durable}
 		out.Policy.JetStream = true
+		// The durable consumer keeps what is not acknowledged, across
+		// the connector's restarts.
+		out.Hold = resources.Hold{OK: true}
 		js := base + ".jetstream"
 		if raw.QueueGroup != "" {
 			b.Fail(base+".queueGroup", b.KeyAt(base+".queueGroup"), raw.QueueGroup, "jetstream-queue-group",
