@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path"
@@ -20,6 +19,7 @@ import (
 	"github.com/goccy/go-yaml/parser"
 	"github.com/goccy/go-yaml/token"
 
+	"weida.dev/connector/internal/safefile"
 	"weida.dev/connector/policy"
 )
 
@@ -262,24 +262,51 @@ func (ld *load) file(name string) int {
 		return 1 // already loaded through another path; not "empty"
 	}
 	ld.seen[key] = true
-	f, err := ld.fsys().Open(name)
-	if err != nil {
-		ld.pathError(name, "path", "cannot be read: "+osReason(err), "")
+	data, err := ld.read(name)
+	var nr *safefile.NotRegularError
+	var tl *safefile.TooLargeError
+	switch {
+	case errors.As(err, &nr):
+		ld.pathError(name, "file-not-regular", "is "+safefile.Kind(nr.Mode)+", not a regular file",
+			"name a regular file: reading a pipe or a device may never end, and would stop the connector from starting or reloading")
 		return 1
-	}
-	data, err := io.ReadAll(io.LimitReader(f, MaxFileBytes+1))
-	_ = f.Close()
-	if err != nil {
-		ld.pathError(name, "path", "cannot be read: "+osReason(err), "")
-		return 1
-	}
-	if len(data) > MaxFileBytes {
+	case errors.As(err, &tl):
 		ld.pathError(name, "file-too-large", fmt.Sprintf("is larger than %d bytes", MaxFileBytes), "split it into several files")
+		return 1
+	case err != nil:
+		ld.pathError(name, "path", "cannot be read: "+osReason(err), "")
 		return 1
 	}
 	docs := ld.parse(name, data)
 	ld.set.Documents = append(ld.set.Documents, docs...)
 	return len(docs)
+}
+
+// read returns the contents of the resource file name. Only a regular
+// file is read: its type is checked before it is opened (the operating
+// system's files are opened so that a pipe swapped in meanwhile cannot
+// block either) and again once it is open.
+func (ld *load) read(name string) ([]byte, error) {
+	fsys := ld.fsys()
+	info, err := fs.Stat(fsys, name)
+	if err != nil {
+		return nil, err
+	}
+	if !info.Mode().IsRegular() {
+		return nil, &safefile.NotRegularError{Path: name, Mode: info.Mode().Type()}
+	}
+	f, err := fsys.Open(name)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	if info, err = f.Stat(); err != nil {
+		return nil, err
+	}
+	if !info.Mode().IsRegular() {
+		return nil, &safefile.NotRegularError{Path: name, Mode: info.Mode().Type()}
+	}
+	return safefile.Read(f, name, MaxFileBytes)
 }
 
 // chunk is one document's text and the number of lines before it.
@@ -494,6 +521,12 @@ func warnings(c *Connector, d *decoder) []*FieldError {
 // this package, where paths come from the command line.
 type osFS struct{}
 
-func (osFS) Open(name string) (fs.File, error)          { return os.Open(name) }
+func (osFS) Open(name string) (fs.File, error) {
+	f, err := safefile.Open(name) // refuses, without blocking, what is not a regular file
+	if err != nil {
+		return nil, err
+	}
+	return f, nil
+}
 func (osFS) Stat(name string) (fs.FileInfo, error)      { return os.Stat(name) }
 func (osFS) ReadDir(name string) ([]fs.DirEntry, error) { return os.ReadDir(name) }

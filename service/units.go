@@ -7,10 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"strings"
 
 	"weida.dev/connector/connectors"
+	"weida.dev/connector/internal/safefile"
 	"weida.dev/connector/policy"
 	"weida.dev/connector/resources"
 	"weida.dev/connector/weida"
@@ -154,6 +154,25 @@ func unit(c *resources.Connector, env Env) (connectors.Unit, error) {
 	return u, nil
 }
 
+// maxTLSFileBytes bounds a CA, certificate or key file: a PEM bundle of
+// every public CA is about 200 KiB.
+const maxTLSFileBytes = 1 << 20
+
+// readTLSFile reads a CA, certificate or key file: only a regular file, at
+// most maxTLSFileBytes of it, so that a pipe or a device named by mistake
+// fails at once instead of blocking or filling memory. A Resolver's
+// ReadFile, when set (tests), reads instead, under the same size cap.
+func readTLSFile(r resources.Resolver, path string) ([]byte, error) {
+	if r.ReadFile == nil {
+		return safefile.ReadFile(path, maxTLSFileBytes)
+	}
+	b, err := r.ReadFile(path)
+	if err == nil && len(b) > maxTLSFileBytes {
+		return nil, &safefile.TooLargeError{Path: path, Limit: maxTLSFileBytes}
+	}
+	return b, err
+}
+
 // brokerTLS builds the TLS configuration of a broker connection, or nil
 // when the resource's URL is not a TLS one.
 func brokerTLS(b resources.Broker, r resources.Resolver) (*tls.Config, error) {
@@ -166,11 +185,7 @@ func brokerTLS(b resources.Broker, r resources.Resolver) (*tls.Config, error) {
 		cfg.ServerName = b.Host
 	}
 	if t.CAFile != "" {
-		read := r.ReadFile
-		if read == nil {
-			read = os.ReadFile
-		}
-		pem, err := read(t.CAFile)
+		pem, err := readTLSFile(r, t.CAFile)
 		if err != nil {
 			return nil, fmt.Errorf("broker TLS CA: %w", err)
 		}
@@ -181,9 +196,17 @@ func brokerTLS(b resources.Broker, r resources.Resolver) (*tls.Config, error) {
 		cfg.RootCAs = pool
 	}
 	if t.CertFile != "" {
-		cert, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile)
+		certPEM, err := readTLSFile(r, t.CertFile)
 		if err != nil {
 			return nil, fmt.Errorf("broker TLS client certificate: %w", err)
+		}
+		keyPEM, err := readTLSFile(r, t.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("broker TLS client key: %w", err)
+		}
+		cert, err := tls.X509KeyPair(certPEM, keyPEM)
+		if err != nil {
+			return nil, fmt.Errorf("broker TLS client certificate %s and key %s: %w", t.CertFile, t.KeyFile, err)
 		}
 		cfg.Certificates = []tls.Certificate{cert}
 	}
