@@ -103,3 +103,36 @@ func TestSecretFileNotRegular(t *testing.T) {
 		t.Errorf("injected reader, oversized: %v", err)
 	}
 }
+
+// TestFilterNotUTF8: a filter holding a byte that is not UTF-8 is refused
+// on the route, for every protocol, and the resource does not run. The
+// YAML lexer would otherwise read the byte as U+FFFD and subscribe to a
+// filter nobody wrote. A stray byte elsewhere (a comment) is refused too,
+// where it is.
+func TestFilterNotUTF8(t *testing.T) {
+	for _, c := range []struct{ name, base, old, new string }{
+		{"mqtt", mqttIn, "sensors/+/temperature", "sensors/\xff/temperature"},
+		{"nats", natsIn, "orders.*.created", "orders.\xfe.created"},
+		{"amqp", amqpIn, "audit.events.#", "audit.\xc3(.#"},
+		{"mqtt-out", mqttOut, "filter: orders/+/created", "filter: \"orders/+/cr\xe9ated\""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			set, err := loadFiles(t, "r.yaml", edit(t, c.base, c.old, c.new))
+			errs := Errors(err)
+			if got := diags(errs); !slices.Equal(got, []diag{{"spec.routes[0].filter", "invalid-utf8"}}) {
+				t.Fatalf("diagnostics %v", got)
+			}
+			if errs[0].Line == 0 || errs[0].Column == 0 || errs[0].Hint == "" || len(set.Connectors()) != 0 {
+				t.Errorf("error %+v", errs[0])
+			}
+		})
+	}
+	_, err := loadFiles(t, "r.yaml", "# caf\xe9\n"+mqttIn)
+	if errs := Errors(err); len(errs) != 1 || errs[0].Field != "" || errs[0].Rule != "invalid-utf8" || errs[0].Line != 1 || errs[0].Column != 6 {
+		t.Errorf("a comment: %v", err)
+	}
+	// U+FFFD written as UTF-8 is text like any other.
+	if _, err := loadFiles(t, "r.yaml", edit(t, natsIn, "orders.*.created", "orders.\uFFFD.created")); err != nil {
+		t.Errorf("U+FFFD: %v", err)
+	}
+}
