@@ -29,6 +29,11 @@ type Env struct {
 	LoopMarker string
 	// Logger receives the units' logs; nil discards them.
 	Logger *slog.Logger
+	// StateDir is where inbound resources without certFile and keyFile
+	// keep their endpoint identity (see [weida.ListenConfig].StateDir), so
+	// that its fingerprint, which subscribers pin, survives a restart.
+	// Empty: such resources generate a new identity at every start.
+	StateDir string
 	// InsecureWeidaForTesting skips weida certificate checks when
 	// dialling. Only for endpoints the caller generated itself (the demo).
 	InsecureWeidaForTesting bool
@@ -145,6 +150,11 @@ func unit(c *resources.Connector, env Env) (connectors.Unit, error) {
 		KeyFile:            c.Weida.KeyFile,
 		ClientFingerprints: c.Weida.AllowedClients,
 		Limits:             weida.Limits{SubscriberBufferBytes: c.Limits.BufferBytes},
+	}
+	if c.Weida.CertFile == "" && c.Weida.KeyFile == "" {
+		// Only a generated identity needs keeping: a resource's own
+		// certificate is the operator's to keep.
+		u.ListenConfig.StateDir = env.StateDir
 	}
 	if err != nil {
 		u.NewSource = func(connectors.StateFunc) (connectors.Source, error) { return nil, err }
