@@ -212,8 +212,10 @@ func (c *Connector) StatusJSON() string {
 
 // ResourceStatus is the part of /status the tests read.
 type ResourceStatus struct {
-	Name       string `json:"name"`
-	Conditions []struct {
+	Name          string `json:"name"`
+	Fingerprint   string `json:"fingerprint"`
+	SubscriberURL string `json:"subscriberURL"`
+	Conditions    []struct {
 		Type, Status, Reason, Message string
 	} `json:"conditions"`
 	Counters struct {
