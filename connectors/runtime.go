@@ -322,6 +322,8 @@ func (r *Runtime) acquirePublisher(ctx context.Context, u Unit) (*weida.Publishe
 		return nil, fmt.Errorf("weida publisher %s%s: %w", u.Listen, u.Path, err)
 	}
 	sl.refs++
+	r.deps.Logger.Info("weida endpoint hosted", "resource", u.Spec.Name,
+		"subscriberURL", subscriberURL(u.Listen, u.Path, sl.l))
 	return pub, nil
 }
 
@@ -330,7 +332,7 @@ func (r *Runtime) acquirePublisher(ctx context.Context, u Unit) (*weida.Publishe
 // checks this across one load; this check covers a reload that changes one
 // resource on a shared address while another keeps running.
 func sameListenIdentity(a, b weida.ListenConfig) bool {
-	return a.CertFile == b.CertFile && a.KeyFile == b.KeyFile &&
+	return a.CertFile == b.CertFile && a.KeyFile == b.KeyFile && a.StateDir == b.StateDir &&
 		slices.Equal(a.ClientFingerprints, b.ClientFingerprints) &&
 		a.Limits == b.Limits
 }
@@ -372,7 +374,12 @@ func (r *Runtime) Statuses() []Status {
 	r.mu.Lock()
 	out := make([]Status, 0, len(r.running))
 	for _, ru := range r.running {
-		out = append(out, ru.bridge.Status())
+		st := ru.bridge.Status()
+		if sl := r.listeners[ru.unit.Listen]; sl != nil && ru.unit.Spec.Direction != policy.Outbound {
+			st.Fingerprint = sl.l.Fingerprint()
+			st.SubscriberURL = subscriberURL(ru.unit.Listen, ru.unit.Path, sl.l)
+		}
+		out = append(out, st)
 	}
 	r.mu.Unlock()
 	slices.SortFunc(out, func(a, b Status) int {

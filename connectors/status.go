@@ -1,9 +1,13 @@
 package connectors
 
 import (
+	"net"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"weida.dev/connector/weida"
+	"weida.dev/connector/weida/address"
 )
 
 // Condition types of a resource's status, in the style of Kubernetes.
@@ -68,12 +72,19 @@ type Status struct {
 	Protocol  string `json:"protocol"`
 	Direction string `json:"direction"`
 	// Broker is the broker URL; it never carries credentials.
-	Broker     string        `json:"broker,omitempty"`
-	Endpoint   string        `json:"endpoint"`
-	Routes     []RouteStatus `json:"routes,omitempty"`
-	Losses     []string      `json:"losses,omitempty"` // declared losses of the conversion
-	Conditions []Condition   `json:"conditions"`
-	Counters   Counters      `json:"counters"`
+	Broker   string `json:"broker,omitempty"`
+	Endpoint string `json:"endpoint"`
+	// Fingerprint and SubscriberURL describe an inbound resource's hosted
+	// endpoint while its listener is up (empty otherwise): the
+	// fingerprint subscribers pin, and the weida URL to dial with it
+	// pinned. For a listener on a wildcard address (0.0.0.0, ::) the URL
+	// names that address: subscribers replace it with one they reach.
+	Fingerprint   string        `json:"fingerprint,omitempty"`
+	SubscriberURL string        `json:"subscriberURL,omitempty"`
+	Routes        []RouteStatus `json:"routes,omitempty"`
+	Losses        []string      `json:"losses,omitempty"` // declared losses of the conversion
+	Conditions    []Condition   `json:"conditions"`
+	Counters      Counters      `json:"counters"`
 	// Failure is present while the unit is down after a failed attempt,
 	// until another attempt has started.
 	Failure *FailureStatus `json:"failure,omitempty"`
@@ -249,4 +260,22 @@ func (c *counters) snapshot(now time.Time) Counters {
 	}
 	c.mu.Unlock()
 	return s
+}
+
+// subscriberURL is the URL a subscriber dials to reach path on l, which
+// listens on listen (host:port as the resource writes it): l's
+// fingerprint pinned, and the port l was given when listen asked for any.
+func subscriberURL(listen, path string, l *weida.Listener) string {
+	host, _, err := net.SplitHostPort(listen)
+	if err != nil {
+		return ""
+	}
+	ua, ok := l.Addr().(*net.UDPAddr)
+	if !ok {
+		return ""
+	}
+	if host == "" {
+		host = ua.IP.String()
+	}
+	return address.Address{Fingerprint: l.Fingerprint(), Host: host, Port: ua.Port, Path: path}.String()
 }

@@ -122,4 +122,13 @@ func TestComposeMatchesExamples(t *testing.T) {
 	if !strings.Contains(string(df), "./cmd/connector") {
 		t.Error("Dockerfile does not build ./cmd/connector")
 	}
+	// The identities of the generated endpoints live in run's default
+	// state directory: the image makes it writable for its user and a
+	// volume, and compose keeps it across rebuilds.
+	if !strings.Contains(string(df), "VOLUME /var/lib/weida-connector") || !strings.Contains(string(df), "chown connector:connector /var/lib/weida-connector") {
+		t.Error("Dockerfile does not create /var/lib/weida-connector for its user and declare it a volume")
+	}
+	if !slices.ContainsFunc(conn.Volumes, func(v string) bool { return strings.HasSuffix(v, ":/var/lib/weida-connector") }) {
+		t.Errorf("connector does not keep /var/lib/weida-connector on a volume: %v", conn.Volumes)
+	}
 }

@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -111,12 +112,17 @@ func (w lockedWriter) Write(p []byte) (int, error) {
 }
 
 // StartConnector runs `connector run --admin <free port> args...` with env
-// added to the process environment. The process is stopped (SIGTERM, then
+// added to the process environment, and with a temporary --state-dir
+// unless args name one. The process is stopped (SIGTERM, then
 // SIGKILL) when the test ends.
 func StartConnector(t testing.TB, env []string, args ...string) *Connector {
 	t.Helper()
 	c := &Connector{t: t, Admin: fmt.Sprintf("127.0.0.1:%d", freePort(t, "tcp")), done: make(chan struct{})}
 	full := append([]string{"run", "--admin", c.Admin, "--log-format", "text"}, args...)
+	if !slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "--state-dir") }) {
+		// Each test its own identities, never the machine's.
+		full = append(full, "--state-dir", t.TempDir())
+	}
 	c.cmd = exec.Command(connectorBin, full...)
 	c.cmd.Env = append(os.Environ(), env...)
 	c.cmd.Stdout, c.cmd.Stderr = lockedWriter{c}, lockedWriter{c}
@@ -206,8 +212,10 @@ func (c *Connector) StatusJSON() string {
 
 // ResourceStatus is the part of /status the tests read.
 type ResourceStatus struct {
-	Name       string `json:"name"`
-	Conditions []struct {
+	Name          string `json:"name"`
+	Fingerprint   string `json:"fingerprint"`
+	SubscriberURL string `json:"subscriberURL"`
+	Conditions    []struct {
 		Type, Status, Reason, Message string
 	} `json:"conditions"`
 	Counters struct {

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path"
@@ -12,6 +11,7 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/go-playground/validator/v10"
 	"github.com/goccy/go-yaml"
@@ -20,6 +20,7 @@ import (
 	"github.com/goccy/go-yaml/parser"
 	"github.com/goccy/go-yaml/token"
 
+	"weida.dev/connector/internal/safefile"
 	"weida.dev/connector/policy"
 )
 
@@ -262,24 +263,51 @@ func (ld *load) file(name string) int {
 		return 1 // already loaded through another path; not "empty"
 	}
 	ld.seen[key] = true
-	f, err := ld.fsys().Open(name)
-	if err != nil {
-		ld.pathError(name, "path", "cannot be read: "+osReason(err), "")
+	data, err := ld.read(name)
+	var nr *safefile.NotRegularError
+	var tl *safefile.TooLargeError
+	switch {
+	case errors.As(err, &nr):
+		ld.pathError(name, "file-not-regular", "is "+safefile.Kind(nr.Mode)+", not a regular file",
+			"name a regular file: reading a pipe or a device may never end, and would stop the connector from starting or reloading")
 		return 1
-	}
-	data, err := io.ReadAll(io.LimitReader(f, MaxFileBytes+1))
-	_ = f.Close()
-	if err != nil {
-		ld.pathError(name, "path", "cannot be read: "+osReason(err), "")
-		return 1
-	}
-	if len(data) > MaxFileBytes {
+	case errors.As(err, &tl):
 		ld.pathError(name, "file-too-large", fmt.Sprintf("is larger than %d bytes", MaxFileBytes), "split it into several files")
+		return 1
+	case err != nil:
+		ld.pathError(name, "path", "cannot be read: "+osReason(err), "")
 		return 1
 	}
 	docs := ld.parse(name, data)
 	ld.set.Documents = append(ld.set.Documents, docs...)
 	return len(docs)
+}
+
+// read returns the contents of the resource file name. Only a regular
+// file is read: its type is checked before it is opened (the operating
+// system's files are opened so that a pipe swapped in meanwhile cannot
+// block either) and again once it is open.
+func (ld *load) read(name string) ([]byte, error) {
+	fsys := ld.fsys()
+	info, err := fs.Stat(fsys, name)
+	if err != nil {
+		return nil, err
+	}
+	if !info.Mode().IsRegular() {
+		return nil, &safefile.NotRegularError{Path: name, Mode: info.Mode().Type()}
+	}
+	f, err := fsys.Open(name)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	if info, err = f.Stat(); err != nil {
+		return nil, err
+	}
+	if !info.Mode().IsRegular() {
+		return nil, &safefile.NotRegularError{Path: name, Mode: info.Mode().Type()}
+	}
+	return safefile.Read(f, name, MaxFileBytes)
 }
 
 // chunk is one document's text and the number of lines before it.
@@ -414,6 +442,7 @@ func (ld *load) parse(file string, data []byte) []*Document {
 			docs = append(docs, syntaxDocument(file, ch.lineBase, err))
 			continue
 		}
+		bad := invalidUTF8(ch.text, ch.lineBase)
 		for _, doc := range f.Docs {
 			if doc == nil || doc.Body == nil {
 				continue
@@ -421,7 +450,8 @@ func (ld *load) parse(file string, data []byte) []*Document {
 			if _, comment := doc.Body.(*ast.CommentGroupNode); comment {
 				continue
 			}
-			docs = append(docs, ld.document(file, ch.lineBase, doc.Body))
+			docs = append(docs, ld.document(file, ch.lineBase, doc.Body, bad))
+			bad = nil // reported once, by the chunk's first document
 		}
 	}
 	return docs
@@ -453,11 +483,20 @@ func syntaxDocument(file string, lineBase int, err error) *Document {
 }
 
 // document decodes, validates and binds one resource.
-func (ld *load) document(file string, lineBase int, body ast.Node) *Document {
+func (ld *load) document(file string, lineBase int, body ast.Node, bad []badByte) *Document {
 	d := newDecoder(file, lineBase)
 	d.sections = ld.protocols.names()
 	var raw rawResource
 	d.decode("", Position{}, body, reflect.ValueOf(&raw).Elem())
+	// Before validation and binding, so that a field holding a byte that
+	// is not UTF-8 is never bound: the YAML lexer reads such a byte as
+	// U+FFFD, and a route would subscribe to a filter nobody wrote.
+	for _, b := range bad {
+		path := d.fieldAt(b.line, b.column)
+		d.fail(path, Position{File: file, Line: b.line, Column: b.column}, "", policy.RuleInvalidUTF8,
+			fmt.Sprintf("is not valid UTF-8: byte 0x%02x at column %d would be read as U+FFFD, so the value would not be the one written", b.b, b.column),
+			"save the file as UTF-8: a YAML file is UTF-8 text, and so is every filter and name (a topic that is not UTF-8 cannot cross to weida)")
+	}
 	doc := &Document{Source: d.docPos()}
 	doc.Source.Column = 0
 	if raw.Metadata != nil {
@@ -474,6 +513,56 @@ func (ld *load) document(file string, lineBase int, body ast.Node) *Document {
 	doc.Errors = d.errs
 	doc.Warnings = warnings(doc.partial, d)
 	return doc
+}
+
+// badByte is the first byte of a line that is not UTF-8.
+type badByte struct {
+	line, column int // as the YAML lexer counts: columns in characters, each bad byte one
+	b            byte
+}
+
+// invalidUTF8 returns the first invalid UTF-8 byte of each line of text
+// that has one; lineBase lines precede text in its file. Each line's first
+// only: one error per line says enough.
+func invalidUTF8(text []byte, lineBase int) []badByte {
+	if utf8.Valid(text) {
+		return nil
+	}
+	var out []badByte
+	line, col := lineBase+1, 1
+	for i := 0; i < len(text); {
+		r, n := utf8.DecodeRune(text[i:])
+		switch {
+		case r == '\n':
+			line, col = line+1, 0
+		case r == utf8.RuneError && n == 1:
+			if len(out) == 0 || out[len(out)-1].line != line {
+				out = append(out, badByte{line, col, text[i]})
+			}
+		}
+		i += n
+		col++
+	}
+	return out
+}
+
+// fieldAt returns the path of the field written at line whose key or value
+// starts last at or before column: the field a byte there belongs to. It
+// returns "" when no field starts on the line (a comment, a continuation
+// line).
+func (d *decoder) fieldAt(line, column int) string {
+	best, bestCol := "", 0
+	for path, fp := range d.pos {
+		for _, p := range []Position{fp.key, fp.value} {
+			if p.Line != line || p.Column > column || p.Column < bestCol {
+				continue
+			}
+			if p.Column > bestCol || len(path) > len(best) || (len(path) == len(best) && path < best) {
+				best, bestCol = path, p.Column
+			}
+		}
+	}
+	return best
 }
 
 // warnings points out risks that are not errors.
@@ -494,6 +583,12 @@ func warnings(c *Connector, d *decoder) []*FieldError {
 // this package, where paths come from the command line.
 type osFS struct{}
 
-func (osFS) Open(name string) (fs.File, error)          { return os.Open(name) }
+func (osFS) Open(name string) (fs.File, error) {
+	f, err := safefile.Open(name) // refuses, without blocking, what is not a regular file
+	if err != nil {
+		return nil, err
+	}
+	return f, nil
+}
 func (osFS) Stat(name string) (fs.FileInfo, error)      { return os.Stat(name) }
 func (osFS) ReadDir(name string) ([]fs.DirEntry, error) { return os.ReadDir(name) }

@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+
+	"weida.dev/connector/internal/safefile"
 )
 
 // SecretRef says where a secret lives: an environment variable or a file.
@@ -38,9 +40,16 @@ func (r SecretRef) String() string {
 type Resolver struct {
 	// LookupEnv reads an environment variable; nil means os.LookupEnv.
 	LookupEnv func(name string) (string, bool)
-	// ReadFile reads a file; nil means os.ReadFile.
+	// ReadFile reads a file; nil reads only regular files, refusing a
+	// pipe or a device before opening it (see [Resolver.Resolve]). Whatever
+	// it is, a secret longer than [MaxSecretBytes] is refused.
 	ReadFile func(path string) ([]byte, error)
 }
+
+// MaxSecretBytes is the largest secret a file may hold: far more than any
+// password, token or credentials file, and small enough that a wrong path
+// (a log, an image) fails at once.
+const MaxSecretBytes = 1 << 20
 
 // ErrSecret is wrapped by every error Resolve returns. The errors name the
 // reference, never a value.
@@ -48,8 +57,12 @@ var ErrSecret = errors.New("resources: secret unavailable")
 
 // Resolve reads the secret ref points to. A file's single trailing newline
 // ("\n" or "\r\n") is removed, since editors and `echo` add one. An unset
-// variable, an unreadable file and an empty secret are errors. Resolving the
-// zero SecretRef returns the zero Secret and no error.
+// variable, an unreadable file and an empty secret are errors, and so are a
+// file that is not a regular file (a named pipe, which could block the
+// reader forever, or a device such as /dev/zero, which never ends: the
+// error wraps a [*safefile.NotRegularError]) and one larger than
+// [MaxSecretBytes] (a [*safefile.TooLargeError]). Resolving the zero
+// SecretRef returns the zero Secret and no error.
 func (r Resolver) Resolve(ref SecretRef) (Secret, error) {
 	switch {
 	case ref.Env != "":
@@ -68,9 +81,15 @@ func (r Resolver) Resolve(ref SecretRef) (Secret, error) {
 	case ref.File != "":
 		read := r.ReadFile
 		if read == nil {
-			read = os.ReadFile
+			read = func(p string) ([]byte, error) { return safefile.ReadFile(p, MaxSecretBytes) }
 		}
 		b, err := read(ref.File)
+		if err == nil && len(b) > MaxSecretBytes {
+			err = &safefile.TooLargeError{Path: ref.File, Limit: MaxSecretBytes}
+		}
+		if safefile.Refused(err) {
+			return Secret{}, fmt.Errorf("%w: %w", ErrSecret, err) // the error names the path
+		}
 		if err != nil {
 			// Keep the OS reason only: a *fs.PathError would repeat the path.
 			var pe *fs.PathError

@@ -56,3 +56,5 @@ var ErrSecret = resources.ErrSecret
 func NewSecret(v string) Secret { return resources.NewSecret(v) }
 
 const redacted = "[redacted]"
+
+const MaxSecretBytes = resources.MaxSecretBytes

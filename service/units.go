@@ -7,10 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"strings"
 
 	"weida.dev/connector/connectors"
+	"weida.dev/connector/internal/safefile"
 	"weida.dev/connector/policy"
 	"weida.dev/connector/resources"
 	"weida.dev/connector/weida"
@@ -29,6 +29,11 @@ type Env struct {
 	LoopMarker string
 	// Logger receives the units' logs; nil discards them.
 	Logger *slog.Logger
+	// StateDir is where inbound resources without certFile and keyFile
+	// keep their endpoint identity (see [weida.ListenConfig].StateDir), so
+	// that its fingerprint, which subscribers pin, survives a restart.
+	// Empty: such resources generate a new identity at every start.
+	StateDir string
 	// InsecureWeidaForTesting skips weida certificate checks when
 	// dialling. Only for endpoints the caller generated itself (the demo).
 	InsecureWeidaForTesting bool
@@ -153,12 +158,36 @@ func unit(c *resources.Connector, env Env) (connectors.Unit, error) {
 		ClientFingerprints: c.Weida.AllowedClients,
 		Limits:             weida.Limits{SubscriberBufferBytes: c.Limits.BufferBytes},
 	}
+	if c.Weida.CertFile == "" && c.Weida.KeyFile == "" {
+		// Only a generated identity needs keeping: a resource's own
+		// certificate is the operator's to keep.
+		u.ListenConfig.StateDir = env.StateDir
+	}
 	if err != nil {
 		u.NewSource = func(connectors.StateFunc) (connectors.Source, error) { return nil, err }
 	} else {
 		u.NewSource = d.Source(bc)
 	}
 	return u, nil
+}
+
+// maxTLSFileBytes bounds a CA, certificate or key file: a PEM bundle of
+// every public CA is about 200 KiB.
+const maxTLSFileBytes = 1 << 20
+
+// readTLSFile reads a CA, certificate or key file: only a regular file, at
+// most maxTLSFileBytes of it, so that a pipe or a device named by mistake
+// fails at once instead of blocking or filling memory. A Resolver's
+// ReadFile, when set (tests), reads instead, under the same size cap.
+func readTLSFile(r resources.Resolver, path string) ([]byte, error) {
+	if r.ReadFile == nil {
+		return safefile.ReadFile(path, maxTLSFileBytes)
+	}
+	b, err := r.ReadFile(path)
+	if err == nil && len(b) > maxTLSFileBytes {
+		return nil, &safefile.TooLargeError{Path: path, Limit: maxTLSFileBytes}
+	}
+	return b, err
 }
 
 // brokerTLS builds the TLS configuration of a broker connection, or nil
@@ -173,11 +202,7 @@ func brokerTLS(b resources.Broker, r resources.Resolver) (*tls.Config, error) {
 		cfg.ServerName = b.Host
 	}
 	if t.CAFile != "" {
-		read := r.ReadFile
-		if read == nil {
-			read = os.ReadFile
-		}
-		pem, err := read(t.CAFile)
+		pem, err := readTLSFile(r, t.CAFile)
 		if err != nil {
 			return nil, fmt.Errorf("broker TLS CA: %w", err)
 		}
@@ -188,9 +213,17 @@ func brokerTLS(b resources.Broker, r resources.Resolver) (*tls.Config, error) {
 		cfg.RootCAs = pool
 	}
 	if t.CertFile != "" {
-		cert, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile)
+		certPEM, err := readTLSFile(r, t.CertFile)
 		if err != nil {
 			return nil, fmt.Errorf("broker TLS client certificate: %w", err)
+		}
+		keyPEM, err := readTLSFile(r, t.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("broker TLS client key: %w", err)
+		}
+		cert, err := tls.X509KeyPair(certPEM, keyPEM)
+		if err != nil {
+			return nil, fmt.Errorf("broker TLS client certificate %s and key %s: %w", t.CertFile, t.KeyFile, err)
 		}
 		cfg.Certificates = []tls.Certificate{cert}
 	}

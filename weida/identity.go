@@ -14,11 +14,11 @@ import (
 	"fmt"
 	"log/slog"
 	"math/big"
-	"os"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"weida.dev/connector/internal/safefile"
 	"weida.dev/connector/weida/address"
 )
 
@@ -57,12 +57,24 @@ func loadKeyPair(certFile, keyFile, what string) (cert tls.Certificate, ok bool,
 	case certFile == "" || keyFile == "":
 		return tls.Certificate{}, false, fmt.Errorf("weida: %s: CertFile and KeyFile must be set together", what)
 	}
-	cert, err = tls.LoadX509KeyPair(certFile, keyFile)
+	certPEM, err := safefile.ReadFile(certFile, MaxPEMFileBytes)
+	if err == nil {
+		var keyPEM []byte
+		if keyPEM, err = safefile.ReadFile(keyFile, MaxPEMFileBytes); err == nil {
+			cert, err = tls.X509KeyPair(certPEM, keyPEM)
+		}
+	}
 	if err != nil {
 		return tls.Certificate{}, false, fmt.Errorf("weida: %s: loading %s and %s: %w", what, certFile, keyFile, err)
 	}
 	return cert, true, nil
 }
+
+// MaxPEMFileBytes bounds every certificate, key and CA file this package
+// reads; a bigger one is refused. Only regular files are read: a named
+// pipe or a device is refused before it is opened, since reading one may
+// block forever or never end.
+const MaxPEMFileBytes = 1 << 20
 
 // leafFingerprint returns the fingerprint of a loaded certificate's leaf.
 func leafFingerprint(c *tls.Certificate) (string, error) {
@@ -337,7 +349,7 @@ func clientTLS(a address.Address, cfg *DialConfig) (*tls.Config, string, error) 
 			return nil
 		}
 	case cfg.CAFile != "":
-		pem, err := os.ReadFile(cfg.CAFile)
+		pem, err := safefile.ReadFile(cfg.CAFile, MaxPEMFileBytes)
 		if err != nil {
 			return nil, "", fmt.Errorf("weida: dial: reading CAFile: %w", err)
 		}

@@ -17,6 +17,8 @@ import (
 	"sync"
 
 	"github.com/quic-go/quic-go"
+
+	"weida.dev/connector/internal/safefile"
 )
 
 // ResetKeyFile is the name, inside a listener's StateDir, of the QUIC
@@ -213,7 +215,7 @@ var processResetKey = sync.OnceValues(randomResetKey)
 
 // readState returns the contents of file, nil when it does not exist.
 func readState(file string) ([]byte, error) {
-	b, err := os.ReadFile(file)
+	b, err := safefile.ReadFile(file, MaxPEMFileBytes)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		return nil, nil

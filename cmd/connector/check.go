@@ -184,7 +184,7 @@ func brokerSummary(c *resources.Connector) string {
 func weidaSummary(c *resources.Connector) []string {
 	wd := c.Weida
 	if c.Direction == policy.Inbound {
-		cert := "certificate generated at start (its fingerprint is logged)"
+		cert := "certificate generated once and kept in run's state directory (its fingerprint is in /status and the log)"
 		if !wd.Generated() {
 			cert = "certificate " + wd.CertFile
 		}

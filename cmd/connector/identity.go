@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"weida.dev/connector/internal/safefile"
 	"weida.dev/connector/weida"
 )
 
@@ -152,7 +153,7 @@ func identityShow(args []string, stdout, stderr io.Writer) int {
 	}
 	code := exitOK
 	for _, f := range fs.Args() {
-		b, err := os.ReadFile(f)
+		b, err := safefile.ReadFile(f, weida.MaxPEMFileBytes)
 		if err == nil {
 			var fp string
 			if fp, err = weida.FingerprintPEM(b); err == nil {

@@ -27,6 +27,7 @@ type runOptions struct {
 	instance  string
 	drain     time.Duration
 	retry     connectors.Backoff
+	stateDir  string // "" when none could be chosen
 }
 
 // cmdRun loads and checks every resource exactly as `check` does, then runs
@@ -34,7 +35,7 @@ type runOptions struct {
 // before anything starts. SIGHUP reloads: the files are loaded and checked
 // again and, only when all of them are valid, the difference is applied.
 func cmdRun(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) int {
-	fs := newFlagSet("run", "connector run -f PATH [-f PATH...] [--admin ADDR] [--log-format text|json] [--log-level LEVEL] [--instance NAME] [--drain DURATION] [--retry-initial DURATION] [--retry-max DURATION]", stderr)
+	fs := newFlagSet("run", "connector run -f PATH [-f PATH...] [--admin ADDR] [--log-format text|json] [--log-level LEVEL] [--instance NAME] [--drain DURATION] [--retry-initial DURATION] [--retry-max DURATION] [--state-dir DIR]", stderr)
 	var paths stringList
 	fs.Var(&paths, "f", "a resource file, or a directory whose *.yaml and *.yml files are read (not recursively); repeatable")
 	admin := fs.String("admin", "127.0.0.1:9090", "address of the admin HTTP listener (/metrics, /healthz, /readyz, /status); empty disables it")
@@ -44,11 +45,17 @@ func cmdRun(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.W
 	drain := fs.Duration("drain", 10*time.Second, "on SIGTERM, how long in-flight messages may take to settle before the process exits")
 	retryInitial := fs.Duration("retry-initial", 250*time.Millisecond, "the shortest wait before a failed resource is tried again")
 	retryMax := fs.Duration("retry-max", 30*time.Second, "the longest wait between two attempts of a failed resource (waits double up to it, with jitter)")
+	stateDir := fs.String("state-dir", "", "where hosted endpoints without certFile/keyFile keep their generated identity, so that its fingerprint survives restarts "+
+		"(default: $STATE_DIRECTORY, else "+systemStateDir+" when writable, else $XDG_STATE_HOME/weida-connector or ~/.local/state/weida-connector)")
 	if code, done := parseFlags(fs, args, stdout); done {
 		return code
 	}
 	opts := runOptions{paths: paths, admin: *admin, logFormat: *logFormat, instance: *instance, drain: *drain,
-		retry: connectors.Backoff{Initial: *retryInitial, Max: *retryMax}}
+		retry: connectors.Backoff{Initial: *retryInitial, Max: *retryMax}, stateDir: *stateDir}
+	stateSource := "--state-dir"
+	if opts.stateDir == "" {
+		opts.stateDir, stateSource = defaultStateDir(os.Getenv, writableDir)
+	}
 	switch {
 	case fs.NArg() > 0:
 		fmt.Fprintf(stderr, "connector run: unexpected argument %q; name resource files with -f\n", fs.Arg(0))
@@ -70,7 +77,7 @@ func cmdRun(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.W
 		fmt.Fprintf(stderr, "connector run: --log-level: %v\n", err)
 		return exitUsage
 	}
-	return runService(ctx, opts, stdout, stderr)
+	return runService(ctx, opts, stateSource, stdout, stderr)
 }
 
 func newLogger(w io.Writer, format string, level slog.Level) *slog.Logger {
@@ -81,8 +88,13 @@ func newLogger(w io.Writer, format string, level slog.Level) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, ho))
 }
 
-func runService(ctx context.Context, opts runOptions, stdout, stderr io.Writer) int {
+func runService(ctx context.Context, opts runOptions, stateSource string, stdout, stderr io.Writer) int {
 	log := newLogger(stderr, opts.logFormat, opts.logLevel)
+	if opts.stateDir == "" {
+		log.Warn("no state directory: hosted endpoints without certFile/keyFile get a new fingerprint at every start; set --state-dir")
+	} else {
+		log.Info("state directory", "dir", opts.stateDir, "from", stateSource)
+	}
 
 	// SIGHUP is registered before loading so that a reload sent while
 	// starting is not lost (nor kills the process, SIGHUP's default).
@@ -90,7 +102,7 @@ func runService(ctx context.Context, opts runOptions, stdout, stderr io.Writer) 
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
 	err := service.Run(ctx, service.Config{
-		Env:   service.Env{Drivers: drivers.All(), LoopMarker: opts.instance, Logger: log},
+		Env:   service.Env{Drivers: drivers.All(), LoopMarker: opts.instance, Logger: log, StateDir: opts.stateDir},
 		Paths: opts.paths,
 		Admin: opts.admin,
 		Drain: opts.drain,

@@ -23,27 +23,32 @@ var allowed = map[string][]string{
 	"weida/wire":     {},
 	"weida/topic":    {},
 	"weida/address":  {},
-	"weida":          {"weida/wire", "weida/topic", "weida/address"},
+	"weida":          {"weida/wire", "weida/topic", "weida/address", "internal/safefile"},
 	"weida/bench":    {"weida", "weida/wire", "weida/topic", "weida/address"},
 	"weida/weidacli": {"internal/cli", "weida", "weida/wire", "weida/topic", "weida/address", "weida/bench"},
 	"internal/cli":   {},
-	"deploy":         {}, // its tests check the manifests and the dashboard against the binary
-	"policy":         {"weida/topic"},
-	"resources":      {"policy", "weida/topic", "weida/address"},
-	"connectors":     {"policy", "weida", "weida/topic", "weida/wire", "weida/address"},
+	// A leaf every reader of configuration files shares: refuses pipes
+	// and devices, caps sizes.
+	"internal/safefile": {},
+	// Private broker processes for the tests of drivers and e2e.
+	"internal/brokertest": {},
+	"deploy":              {}, // its tests check the manifests and the dashboard against the binary
+	"policy":              {"weida/topic"},
+	"resources":           {"policy", "weida/topic", "weida/address", "internal/safefile"},
+	"connectors":          {"policy", "weida", "weida/topic", "weida/wire", "weida/address"},
 	// A driver sees the runtime, the shared decoding helpers and the
 	// policies, never another driver, the service or a command.
 	"connectors/mqtt":     driverImports,
 	"connectors/nats":     driverImports,
 	"connectors/amqp":     driverImports,
-	"connectors/conntest": {"connectors", "policy", "weida", "weida/topic", "weida/address"},
+	"connectors/conntest": {"connectors", "policy", "weida", "weida/topic", "weida/address", "internal/brokertest"},
 	// The service knows drivers only through their common interface.
-	"service": {"connectors", "resources", "policy", "weida", "weida/topic", "weida/address"},
+	"service": {"connectors", "resources", "policy", "weida", "weida/topic", "weida/address", "internal/safefile"},
 	// The one list of drivers: the only package that names the protocol
 	// packages (cmd/connector's TestOneDriverList keeps it so).
 	"internal/drivers": {"service", "connectors/mqtt", "connectors/nats", "connectors/amqp"},
 	// The commands wire flags to the service and the driver list.
-	"cmd/connector":      {"internal/cli", "internal/drivers", "service", "resources", "policy", "connectors", "weida", "weida/weidacli"},
+	"cmd/connector":      {"internal/cli", "internal/safefile", "internal/drivers", "service", "resources", "policy", "connectors", "weida", "weida/weidacli"},
 	"internal/demo":      {"internal/drivers", "service", "resources", "policy", "connectors", "weida"},
 	"cmd/connector-demo": {"internal/cli", "internal/demo"},
 }
