@@ -206,7 +206,35 @@ func TestAMQPConformance(t *testing.T) {
 			}
 		}
 	}
+	// The same deliveries through a mount of a. at audit.eu.: inside it,
+	// RabbitMQ's routing must equal weida's matching of the mounted
+	// conversions; outside it, the mount refuses binding and routing keys.
+	mp, err := policy.NewMounted(p, policy.Mount{Foreign: "a.", Weida: "audit.eu."})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mountedPairs := 0
+	for i, b := range bindings {
+		wf, ferr := mp.ConvertFilter(b)
+		if ferr != nil {
+			continue
+		}
+		for j, k := range routings {
+			wt, terr := mp.TopicToWeida(k)
+			if terr != nil {
+				continue
+			}
+			mountedPairs++
+			if w := topic.Match(wf, wt) && mp.Admit(b, k); w != got[i][j] {
+				t.Errorf("mounted: binding %q → weida %q, routing key %q → %q: RabbitMQ routed %v, weida matches %v", b, wf, k, wt, got[i][j], w)
+			}
+		}
+	}
 	t.Logf("%d pairs checked against the grammar (%d routed by RabbitMQ), %d against weida's matching", grammarPairs, matches, weidaPairs)
+	t.Logf("%s mounting \"a.\" at \"audit.eu.\": %d pairs checked against weida's matching", p.Name(), mountedPairs)
+	if mountedPairs < 500 {
+		t.Errorf("only %d pairs checked through the mount", mountedPairs)
+	}
 	t.Logf("%d binding keys refused by %s:\n  %s", len(refused), p.Name(), strings.Join(refused, "\n  "))
 	t.Logf("%d routing keys not converted:\n  %s", len(unconvertible), strings.Join(unconvertible, "\n  "))
 	if weidaPairs < 500 {

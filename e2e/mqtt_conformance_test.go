@@ -118,6 +118,9 @@ var mqttConformanceFilters = []string{
 	"a/*", "*", "a/b.c", "a.b/#", "%2E/#", "é/#", "a b/+",
 	"$share/g/a", "a/b#", "sp+rt", "", "$SYS/#",
 	strings.Repeat("f", 250) + "/#", strings.Repeat("f", 260) + "/#",
+	// Inside the mount the test also applies ("a/"): its parent, and
+	// wildcards right after the prefix.
+	"a", "a/+/#", "a//#", "a/a/#", "a/+/a", "a/b/+", "a/$a/#", "a/+/+/+",
 }
 
 // mqttLongTopics are names around weida's 256-byte limit: some convert
@@ -153,6 +156,23 @@ func TestMQTTConformance(t *testing.T) {
 	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 	g := policy.MQTTGrammar()
 	policies := []policy.Policy{mustPolicy(t, policy.MQTTLevels), mustPolicy(t, "mqtt-levels-escaped/v1")}
+	// Each policy also runs through a mount, checked against the same
+	// deliveries: the generators favour the level "a", so that many
+	// filters and topics lie inside it.
+	mount := policy.Mount{Foreign: "a/", Weida: "plants.berlin."}
+	for _, p := range policies[:2] {
+		mp, err := policy.NewMounted(p, mount)
+		if err != nil {
+			t.Fatal(err)
+		}
+		policies = append(policies, mp)
+	}
+	label := func(p policy.Policy) string {
+		if mp, ok := p.(*policy.Mounted); ok {
+			return fmt.Sprintf("%s mounting %q at %q", p.Name(), mp.Mount().Foreign, mp.Mount().Weida)
+		}
+		return p.Name()
+	}
 
 	// Topics: generated plus the long ones; distinct, valid MQTT names
 	// (Mosquitto disconnects on an invalid one), never $SYS (Mosquitto
@@ -191,11 +211,11 @@ func TestMQTTConformance(t *testing.T) {
 			wf, err := p.ConvertFilter(f)
 			if err != nil {
 				fc.reason[i] = refusalRuleOf(err)
-				refused[p.Name()] = append(refused[p.Name()], fmt.Sprintf("%-40q %s", abbreviate(f), fc.reason[i]))
+				refused[label(p)] = append(refused[label(p)], fmt.Sprintf("%-40q %s", abbreviate(f), fc.reason[i]))
 				continue
 			}
 			if g.ValidateFilter(f) != nil {
-				t.Errorf("%s accepts %q, which the MQTT grammar refuses", p.Name(), f)
+				t.Errorf("%s accepts %q, which the MQTT grammar refuses", label(p), f)
 				continue
 			}
 			fc.weida[i] = wf
@@ -304,15 +324,15 @@ func TestMQTTConformance(t *testing.T) {
 				perPolicy[k]++
 				if want := topic.Match(fc.weida[k], wt) && p.Admit(fc.f, s); want != delivered {
 					mismatches = append(mismatches, fmt.Sprintf("%s: filter %q (weida %q), topic %q (weida %q): Mosquitto delivered=%t, weida Match&&Admit=%t",
-						p.Name(), fc.f, fc.weida[k], abbreviate(s), abbreviate(wt), delivered, want))
+						label(p), fc.f, fc.weida[k], abbreviate(s), abbreviate(wt), delivered, want))
 				}
 			}
 		}
 	}
 	for _, p := range policies {
-		list := refused[p.Name()]
+		list := refused[label(p)]
 		sort.Strings(list)
-		t.Logf("%s refuses %d filters:\n  %s", p.Name(), len(list), strings.Join(list, "\n  "))
+		t.Logf("%s refuses %d filters:\n  %s", label(p), len(list), strings.Join(list, "\n  "))
 	}
 	t.Logf("seed %d: %d filters subscribed × %d topics = %d (filter, topic) pairs checked against Mosquitto's deliveries (%d delivered, %d not)",
 		seed, len(filters), len(topics), pairs, deliveredPairs, pairs-deliveredPairs)
@@ -324,7 +344,11 @@ func TestMQTTConformance(t *testing.T) {
 			}
 		}
 		t.Logf("%s: %d accepted filters; %d pairs with a convertible topic checked against weida's matcher, %d pairs skipped (topic not convertible)",
-			p.Name(), accepted, perPolicy[k], unconvertible[k])
+			label(p), accepted, perPolicy[k], unconvertible[k])
+		// A mount is only proven on enough pairs inside it.
+		if _, mounted := p.(*policy.Mounted); mounted && perPolicy[k] < 500 && nTopics >= 200 && nFilters >= 160 {
+			t.Errorf("%s: only %d pairs checked against weida; want at least 500", label(p), perPolicy[k])
+		}
 	}
 	if len(mismatches) > 0 {
 		slices.Sort(mismatches)

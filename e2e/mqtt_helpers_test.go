@@ -28,6 +28,7 @@ type mqttResource struct {
 	ClientID  string           // empty means Name plus a random suffix
 	QoS       int              // 0 or 1; the zero value is QoS 0
 	Policy    string           // empty means mqtt-levels/v1
+	Mount     policy.Mount     // spec.conversion.mount; zero means none
 	// Endpoint is the weida URL: listen (inbound) or dial (outbound).
 	Endpoint          string
 	CertFile, KeyFile string // inbound: the endpoint's identity; empty generates one
@@ -53,6 +54,11 @@ func (r mqttResource) YAML(t testing.TB) string {
 	p, err := policy.Lookup(mqtt.Driver.Policies(), pname)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if r.Mount != (policy.Mount{}) {
+		if p, err = policy.NewMounted(p, r.Mount); err != nil {
+			t.Fatal(err)
+		}
 	}
 	broker := r.Broker
 	if broker == "" {
@@ -88,7 +94,11 @@ func (r mqttResource) YAML(t testing.TB) string {
 	} else {
 		fmt.Fprintf(&b, "  weida:\n    dial: %s\n", r.Endpoint)
 	}
-	fmt.Fprintf(&b, "  conversion:\n    policy: %s\n    losses:\n", pname)
+	fmt.Fprintf(&b, "  conversion:\n    policy: %s\n", pname)
+	if r.Mount != (policy.Mount{}) {
+		fmt.Fprintf(&b, "    mount: {foreign: %q, weida: %q}\n", r.Mount.Foreign, r.Mount.Weida)
+	}
+	b.WriteString("    losses:\n")
 	for _, l := range p.Losses(r.Direction, policy.Options{QoS: r.QoS}) {
 		fmt.Fprintf(&b, "      - %s\n", l)
 	}

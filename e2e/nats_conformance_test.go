@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"slices"
@@ -115,6 +116,42 @@ func genNATSSubject(r *rand.Rand, filters []string) string {
 //
 // WEIDA_NATS_SEED picks another seed than the fixed default.
 func TestNATSConformance(t *testing.T) {
+	testNATSConformance(t, policy.NATSTokensV1(), nil)
+}
+
+// TestNATSTailConformance runs the same check under the opt-in
+// nats-tokens-tail/v1, which accepts the '>' filters nats-tokens/v1
+// refuses: each of them must select on weida, as X.*.#, exactly the
+// subjects the server delivers.
+func TestNATSTailConformance(t *testing.T) {
+	acc := testNATSConformance(t, policy.NATSTail(), nil)
+	gt := 0
+	for _, f := range acc {
+		if f == ">" || strings.HasSuffix(f, ".>") {
+			gt++
+		}
+	}
+	t.Logf("%d accepted filters end in '>'", gt)
+	if gt < 10 {
+		t.Errorf("only %d accepted filters end in '>'; the tail is not exercised", gt)
+	}
+}
+
+// TestNATSMountedConformance runs the check through a mount of a. at
+// shop.orders., over nats-tokens-tail/v1 so that '>' filters inside the
+// mount take part too; the extra filters lie inside it.
+func TestNATSMountedConformance(t *testing.T) {
+	mp, err := policy.NewMounted(policy.NATSTail(), policy.Mount{Foreign: "a.", Weida: "shop.orders."})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testNATSConformance(t, mp, []string{"a.*.>", "a.a.>", "a.b.*", "a.*.*", "a.*.c", "a.$x.>", "a.a", "a.b.c"})
+}
+
+// testNATSConformance checks p against a private nats-server, with
+// extraFilters among the fixed ones, and returns the filters p accepted.
+// Under a mount, at least 500 pairs must have a subject inside it.
+func testNATSConformance(t *testing.T, p policy.Policy, extraFilters []string) []string {
 	srv := brokertest.StartNATS(t)
 	seed := uint64(20261129)
 	if s := os.Getenv("WEIDA_NATS_SEED"); s != "" {
@@ -125,7 +162,6 @@ func TestNATSConformance(t *testing.T) {
 		seed = v
 	}
 	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
-	p := policy.NATSTokensV1()
 	g := p.Grammar()
 
 	// Hand-picked edges first, then generated ones.
@@ -134,6 +170,7 @@ func TestNATSConformance(t *testing.T) {
 		"$SYS.>", "$SYS.*", "$x.*", "*.$x", "café.*", "日本.>", "a..b", "a.", ".a", "", "a b", "a.\f",
 		"a.\xff", "a.*." + strings.Repeat("m", 250), "_INBOX.>",
 	}
+	filters = append(filters, extraFilters...)
 	subjects := []string{
 		"a", "a.b", "a.b.c", "a.b.c.d", "b", "b.b", "a.#", "a.b#", "a.*b", "a.*", "a.>", "a.**", "$SYS.x", "$SYS",
 		"$x.y", "b.$x", "café.a", "日本.a.b", "a..b", "a.", ".a", "", "a b", "a\tb", "a.\f", "a.\xff",
@@ -299,6 +336,18 @@ func TestNATSConformance(t *testing.T) {
 	for _, k := range keys {
 		t.Logf("pairs whose subject has no weida form (the bridge drops and counts it) [%s]: %d", k, unconvertible[k])
 	}
-	t.Logf("seed %d: %d filters (%d accepted), %d subjects (%d published): %d pairs checked against the server, %d of them also against weida; %d delivered, %d mismatches",
-		seed, len(filters), len(acc), len(subjects), len(published), pairs, converted, delivered, mismatches)
+	name := p.Name()
+	if mp, ok := p.(*policy.Mounted); ok {
+		name = fmt.Sprintf("%s mounting %q at %q", name, mp.Mount().Foreign, mp.Mount().Weida)
+		if converted < 500 {
+			t.Errorf("%s: only %d pairs checked against weida; want at least 500", name, converted)
+		}
+	}
+	t.Logf("%s, seed %d: %d filters (%d accepted), %d subjects (%d published): %d pairs checked against the server, %d of them also against weida; %d delivered, %d mismatches",
+		name, seed, len(filters), len(acc), len(subjects), len(published), pairs, converted, delivered, mismatches)
+	out := make([]string, len(acc))
+	for i, a := range acc {
+		out[i] = a.filter
+	}
+	return out
 }

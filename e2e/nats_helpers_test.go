@@ -30,6 +30,7 @@ type natsResource struct {
 	Stream     string // JetStream stream; empty means core NATS
 	Durable    string // inbound JetStream consumer
 	Routes     []string
+	Policy     policy.Policy // nil means nats-tokens/v1
 	InFlight   int
 	TLS        *brokerPKI // set: tls:// with the PKI's CA and client certificate
 	TokenFile  string     // set: credentials.token read from this file
@@ -73,8 +74,11 @@ func (r natsResource) YAML(t testing.TB) string {
 	} else {
 		fmt.Fprintf(&b, "  weida:\n    dial: %s\n", r.Endpoint)
 	}
-	b.WriteString("  conversion:\n    policy: nats-tokens/v1\n    losses:\n")
-	p := policy.NATSTokensV1()
+	p := r.Policy
+	if p == nil {
+		p = policy.NATSTokensV1()
+	}
+	fmt.Fprintf(&b, "  conversion:\n    policy: %s\n    losses:\n", p.Name())
 	for _, l := range p.Losses(r.Direction, policy.Options{JetStream: r.Stream != ""}) {
 		fmt.Fprintf(&b, "      - %s\n", l)
 	}

@@ -131,7 +131,8 @@ func NewMounted(p Policy, m Mount) (*Mounted, error) {
 		}
 		if i := strings.IndexAny(w, "*#"); i >= 0 {
 			return nil, refuse(name, w, around(w, i, '.'), RuleMountWildcard,
-				"the weida prefix holds '*' or '#', a wildcard or invalid in the weida filters it begins", "")
+				"the weida prefix holds '*' or '#', a wildcard or invalid in the weida filters it begins",
+				"write the prefix with literal segments only; to mount several subtrees, use one resource for each")
 		}
 	}
 	return mp, nil
@@ -177,10 +178,11 @@ func (m *Mounted) rename(err error, input string) error {
 	return r
 }
 
-// outside refuses input, which lies outside the subtree named by prefix.
-func (m *Mounted) outside(input, prefix, kind, hint string) error {
+// outside refuses input, which lies (or may select topics) outside the
+// subtree named by prefix; what says which, as the start of the reason.
+func (m *Mounted) outside(input, prefix, what, hint string) error {
 	return refuse(m.Name(), input, input, RuleMountOutside,
-		"the "+kind+" is not inside the mounted subtree "+strconv.Quote(prefix), hint)
+		what+" outside the mounted subtree "+strconv.Quote(prefix), hint)
 }
 
 // ConvertFilter converts a foreign filter that selects only topics inside
@@ -210,7 +212,7 @@ func (m *Mounted) ConvertFilter(f string) (string, error) {
 	case strings.HasPrefix(f, m.m.Foreign):
 		rest = f[len(m.m.Foreign):]
 	default:
-		return "", m.outside(f, m.m.Foreign, "filter may select topics that are", "start the filter with "+strconv.Quote(m.m.Foreign)+", or filter on "+strconv.Quote(m.fparent)+" itself")
+		return "", m.outside(f, m.m.Foreign, "the filter may select topics", "start the filter with "+strconv.Quote(m.m.Foreign)+", or filter on "+strconv.Quote(m.fparent)+" itself")
 	}
 	switch {
 	case m.m.Foreign != "" && rest == "":
@@ -295,7 +297,7 @@ func (m *Mounted) TopicToWeida(t string) (string, error) {
 		case strings.HasPrefix(t, m.m.Foreign):
 			rest = t[len(m.m.Foreign):]
 		default:
-			return "", m.outside(t, m.m.Foreign, "topic", "")
+			return "", m.outside(t, m.m.Foreign, "the topic is", "")
 		}
 	}
 	if m.m.Foreign == "" || rest != "" {
@@ -338,7 +340,7 @@ func (m *Mounted) TopicFromWeida(w string) (string, error) {
 		case strings.HasPrefix(w, m.m.Weida):
 			rest = w[len(m.m.Weida):]
 		default:
-			return "", m.outside(w, m.m.Weida, "topic", "")
+			return "", m.outside(w, m.m.Weida, "the topic is", "")
 		}
 	}
 	if m.m.Foreign == "" {

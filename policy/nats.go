@@ -113,10 +113,6 @@ func validateNATS(s string, filter bool) *Refusal {
 // safe for concurrent use.
 func NATSTail() Policy { return natsTail{natsTokens{tail: true}} }
 
-// NATSTokensTail is the name of the policy [NATSTail] returns. (It sits
-// here rather than with the other names until the registry lists it.)
-const NATSTokensTail = "nats-tokens-tail/v1"
-
 // natsTail is nats-tokens-tail/v1: natsTokens with tail set, plus the
 // weida-to-NATS filter conversion that only the tail makes complete.
 type natsTail struct{ natsTokens }

@@ -8,9 +8,11 @@
 // It converts topic names in both directions, and it states, through
 // [Policy.Losses], what a bridge using it cannot carry.
 //
-// Four policies exist: mqtt-levels/v1 and mqtt-levels-escaped/v1 for MQTT 5,
-// nats-tokens/v1 for NATS and amqp-words/v1 for RabbitMQ topic exchanges
-// ([MQTTLevelsV1], [MQTTLevelsEscapedV1], [NATSTokensV1], [AMQPWordsV1]);
+// Five policies exist: mqtt-levels/v1 and mqtt-levels-escaped/v1 for MQTT 5,
+// nats-tokens/v1 and the opt-in nats-tokens-tail/v1 for NATS, and
+// amqp-words/v1 for RabbitMQ topic exchanges ([MQTTLevelsV1],
+// [MQTTLevelsEscapedV1], [NATSTokensV1], [NATSTail], [AMQPWordsV1]); any
+// of them can be applied under a [Mount] ([NewMounted]);
 // each broker driver lists the ones its protocol offers, and [Lookup] finds
 // one by name in such a list. Their exactness contract, for every filter F a
 // policy accepts and every foreign topic T it converts, is

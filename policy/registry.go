@@ -10,6 +10,7 @@ const (
 	MQTTLevels        = "mqtt-levels/v1"         // MQTT levels are segments; refuses what it cannot carry
 	MQTTLevelsEscaped = "mqtt-levels-escaped/v1" // the same, with '%', '.' and '*' escaped inside levels
 	NATSTokens        = "nats-tokens/v1"         // NATS tokens are segments; refuses '>'
+	NATSTokensTail    = "nats-tokens-tail/v1"    // nats-tokens/v1, with a final '>' written as '*.#' (opt-in)
 	AMQPWords         = "amqp-words/v1"          // AMQP words are segments; '#' only where weida allows it
 )
 

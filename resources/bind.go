@@ -325,10 +325,81 @@ func (b *binder) bindPolicy(s *rawSpec) {
 		}
 		c.Policy = p
 	}
+	if s.Conversion != nil && s.Conversion.Mount != nil {
+		if !b.bindMount(*s.Conversion.Mount) {
+			return
+		}
+	}
 	b.bindRoutes(s.Routes)
 	if b.dirOK && b.optsOK {
 		b.checkLosses(declared)
 	}
+}
+
+// bindMount wraps the resource's policy in the mount the file names, so
+// that every route and, at run time, every topic converts through it. It
+// checks each prefix on its own first, so that a resource with two bad
+// prefixes hears about both, each at its own field. It reports whether the
+// mount is bound; without it the routes cannot be converted.
+func (b *binder) bindMount(rm rawMount) bool {
+	const base = "spec.conversion.mount"
+	c := b.c
+	m := policy.Mount{Foreign: rm.Foreign, Weida: rm.Weida}
+	if m == (policy.Mount{}) {
+		return true // two empty prefixes: no mount, as documented
+	}
+	ok := true
+	for _, side := range []struct {
+		field, value string
+		m            policy.Mount
+		hint         string
+	}{
+		{"foreign", m.Foreign, policy.Mount{Foreign: m.Foreign}, fmt.Sprintf("write a literal %s topic followed by its separator, e.g. %q", c.Protocol, exampleForeignPrefix(c.Protocol))},
+		{"weida", m.Weida, policy.Mount{Weida: m.Weida}, `write literal segments followed by '.', e.g. "plants.berlin."`},
+	} {
+		if side.value == "" {
+			continue
+		}
+		_, err := policy.NewMounted(c.Policy, side.m)
+		if err == nil {
+			continue
+		}
+		path := base + "." + side.field
+		var r *policy.Refusal
+		if !errors.As(err, &r) {
+			b.fail(path, b.at(path), side.value, "policy", fmt.Sprintf("cannot be mounted: %v", err), side.hint, err)
+			ok = false
+			continue
+		}
+		msg := fmt.Sprintf("is not a %s prefix %s can mount: %s", side.field, r.Policy, r.Reason)
+		if r.Part != "" && r.Part != r.Input {
+			msg = fmt.Sprintf("is not a %s prefix %s can mount (at %q): %s", side.field, r.Policy, r.Part, r.Reason)
+		}
+		hint := r.Hint
+		if hint == "" {
+			hint = side.hint
+		}
+		b.fail(path, b.at(path), side.value, r.Rule, msg, hint, err)
+		ok = false
+	}
+	if !ok {
+		return false
+	}
+	mp, err := policy.NewMounted(c.Policy, m)
+	if err != nil { // each prefix is valid alone, and NewMounted checks no more
+		b.fail(base, b.at(base), "", "policy", fmt.Sprintf("cannot be mounted: %v", err), "report this as a bug in the policy package", err)
+		return false
+	}
+	c.Policy, c.Mount = mp, m
+	return true
+}
+
+// exampleForeignPrefix is a foreign prefix of protocol p for hints.
+func exampleForeignPrefix(p policy.Protocol) string {
+	if p == policy.MQTT {
+		return "factory/"
+	}
+	return "orders."
 }
 
 func (b *binder) bindRoutes(routes []rawRoute) {
@@ -393,6 +464,9 @@ func (b *binder) checkLosses(declared []string) {
 		return
 	}
 	context := fmt.Sprintf("%s %s with %s", c.Protocol, c.Direction, c.Policy.Name())
+	if c.Mount != (policy.Mount{}) {
+		context += fmt.Sprintf(" mounting %q at %q", c.Mount.Foreign, c.Mount.Weida)
+	}
 	if o := b.proto.DescribeOptions(c.PolicyOptions); o != "" {
 		context += ", " + o
 	}

@@ -35,8 +35,14 @@ type Connector struct {
 	Broker    Broker
 	Weida     Weida
 
-	// Policy converts this resource's filters and topics.
+	// Policy converts this resource's filters and topics. When Mount is
+	// not zero it is the *policy.Mounted applying Mount to the policy
+	// spec.conversion.policy names: every conversion, at load and at run
+	// time, goes through it.
 	Policy policy.Policy
+	// Mount is spec.conversion.mount; the zero Mount when the file has
+	// none (or gives two empty prefixes).
+	Mount policy.Mount
 	// PolicyOptions are the broker settings the policy's losses depend on.
 	PolicyOptions policy.Options
 	// Losses are the losses this conversion incurs, sorted: equal to

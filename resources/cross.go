@@ -23,6 +23,7 @@ func crossCheck(set *Set, ps protocolList) {
 	}
 	uniqueNames(docs)
 	listenConflicts(docs)
+	mountConflicts(docs)
 	// What one broker identity is (an MQTT client id, a JetStream durable,
 	// an AMQP queue) is each protocol's to say.
 	for _, p := range ps {
@@ -226,5 +227,136 @@ func allSame(g []*Document, f func(*Document) string) bool {
 			return false
 		}
 	}
+	return true
+}
+
+// mountConflicts refuses mounts that overlap on one dialled weida
+// endpoint. A resource whose mount has a weida prefix claims that subtree
+// of the endpoint (the prefix's parent and everything below it): the
+// mapping between its broker's subtree and the claimed one is a bijection
+// only if no other resource on the endpoint also bridges topics of it. So
+// two claims overlap when one prefix starts with the other (plants. and
+// plants.berlin.; plants.b. and plants.berlin. are disjoint because
+// prefixes end at a segment boundary), and a resource without a weida
+// prefix overlaps a claim when one of its routes' weida filters can select
+// a topic inside it. Two resources without weida prefixes claim nothing
+// and are not checked here.
+//
+// Inbound resources are not checked: a listen address and path publish
+// for one resource only (weida-endpoint-duplicate), so their mounts cannot
+// share an endpoint.
+func mountConflicts(docs []*Document) {
+	const rule = "mount-overlap"
+	groups := groupBy(docs, func(d *Document) string {
+		c := d.partial
+		if c.Direction != policy.Outbound || c.Weida.Endpoint.Port == 0 {
+			return ""
+		}
+		e := c.Weida.Endpoint
+		return net.JoinHostPort(canonicalHost(e.Host), strconv.Itoa(e.Port)) + e.Path
+	})
+	for _, g := range groups {
+		if !slices.ContainsFunc(g, func(d *Document) bool { return d.partial.Mount.Weida != "" }) {
+			continue
+		}
+		for _, d := range g {
+			var others []string
+			field, value := "", ""
+			for _, o := range g {
+				if o == d {
+					continue
+				}
+				f, v, ok := mountOverlap(d, o)
+				if !ok {
+					continue
+				}
+				if field == "" {
+					field, value = f, v
+				}
+				others = append(others, fmt.Sprintf("%s (%s)", orUnnamed(o.Name), o.Source))
+			}
+			if len(others) == 0 {
+				continue
+			}
+			const named = 3
+			if len(others) > named {
+				others = append(others[:named], fmt.Sprintf("%d more", len(others)-named))
+			}
+			msg := "claims weida topics on the same endpoint as " + strings.Join(others, ", ") +
+				": a topic both select would be bridged twice, so the mount would not be a one-to-one mapping"
+			hint := "give each resource on this endpoint its own weida prefix, none starting with another (plants.berlin. and plants.paris., not plants. and plants.berlin.)"
+			if d.partial.Mount.Weida == "" {
+				msg = "selects weida topics that a mounted resource on the same endpoint claims, " + strings.Join(others, ", ") +
+					": a topic both select would be bridged twice, so the mount would not be a one-to-one mapping"
+				hint = "narrow this filter so that it selects nothing inside the other resource's weida prefix, or mount this resource under a prefix of its own"
+			}
+			d.Errors = append(d.Errors, &FieldError{
+				Position: d.pos(field), Field: field, Value: value, Rule: rule, Message: msg, Hint: hint,
+			})
+		}
+	}
+}
+
+// mountOverlap reports whether d and o, on one endpoint, may both bridge a
+// weida topic while at least one of them claims a subtree by its mount,
+// and names the field of d to blame: its weida prefix, or its first route
+// reaching into o's subtree.
+func mountOverlap(d, o *Document) (field, value string, ok bool) {
+	dw, ow := d.partial.Mount.Weida, o.partial.Mount.Weida
+	switch {
+	case dw != "" && ow != "":
+		if strings.HasPrefix(dw, ow) || strings.HasPrefix(ow, dw) {
+			return "spec.conversion.mount.weida", dw, true
+		}
+	case dw != "":
+		for _, r := range o.partial.Routes {
+			if filterReaches(r.Weida, dw) {
+				return "spec.conversion.mount.weida", dw, true
+			}
+		}
+	case ow != "":
+		for i, r := range d.partial.Routes {
+			if filterReaches(r.Weida, ow) {
+				return fmt.Sprintf("spec.routes[%d].filter", routeIndex(d, i)), r.Foreign, true
+			}
+		}
+	}
+	return "", "", false
+}
+
+// routeIndex returns the index in the file of d's i-th bound route, which
+// differs from i when routes before it failed to bind.
+func routeIndex(d *Document, i int) int {
+	want := d.partial.Routes[i].Source
+	for j := i; j < MaxRoutes; j++ {
+		if d.pos(fmt.Sprintf("spec.routes[%d].filter", j)) == want {
+			return j
+		}
+	}
+	return i
+}
+
+// filterReaches reports whether the weida filter f selects at least one
+// topic inside the subtree of the weida prefix w (its parent, w without
+// the final '.', and every topic starting with w).
+func filterReaches(f, w string) bool {
+	if f == "" {
+		return true // the empty filter selects everything
+	}
+	fs := strings.Split(f, ".")
+	for i, seg := range strings.Split(w[:len(w)-1], ".") {
+		if i == len(fs) {
+			return false // every topic f selects is shorter than the parent
+		}
+		switch fs[i] {
+		case "#":
+			return true
+		case "*", seg:
+		default:
+			return false
+		}
+	}
+	// f's first segments select the parent; whatever follows selects the
+	// parent itself or topics below it.
 	return true
 }

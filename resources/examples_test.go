@@ -71,6 +71,13 @@ func TestInvalidExamples(t *testing.T) {
 				t.Fatal("the example is valid")
 			}
 			checkWellFormed(t, set)
+			// The golden files hold positions and rules; a mount's
+			// diagnostics must also say what to write instead.
+			for _, e := range Errors(err) {
+				if strings.HasPrefix(e.Rule, "mount-") && e.Hint == "" {
+					t.Errorf("%s %s %s has no hint", e.Position, e.Field, e.Rule)
+				}
+			}
 			got := goldenText(name, Errors(err))
 			golden := strings.TrimSuffix(f, ".yaml") + ".golden"
 			if *update {

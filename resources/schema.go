@@ -88,8 +88,17 @@ type rawWeida struct {
 }
 
 type rawConversion struct {
-	Policy string   `yaml:"policy"`
-	Losses []string `yaml:"losses" validate:"unique"`
+	Policy string    `yaml:"policy"`
+	Losses []string  `yaml:"losses" validate:"unique"`
+	Mount  *rawMount `yaml:"mount"`
+}
+
+// rawMount is spec.conversion.mount. Its prefixes are checked by the
+// policy package when the mount is bound (policy.NewMounted): their rules
+// depend on the protocol's grammar.
+type rawMount struct {
+	Foreign string `yaml:"foreign"`
+	Weida   string `yaml:"weida"`
 }
 
 type rawRoute struct {

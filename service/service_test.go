@@ -48,8 +48,8 @@ func TestUnitsFromExamples(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(units) != len(cs) || len(units) != 6 {
-		t.Fatalf("%d units from %d resources, want 6", len(units), len(cs))
+	if len(units) != len(cs) || len(units) != 7 {
+		t.Fatalf("%d units from %d resources, want 7", len(units), len(cs))
 	}
 	for i, u := range units {
 		c := cs[i]
@@ -68,6 +68,35 @@ func TestUnitsFromExamples(t *testing.T) {
 			if u.NewSink == nil || u.NewSource != nil || u.Dial == nil || u.Listen != "" {
 				t.Errorf("%s: outbound unit %+v", c.Name, u)
 			}
+		}
+	}
+}
+
+// TestMountedUnitConverts: a mounted resource's unit carries the mounted
+// policy, so the runtime, which converts only through Spec.Policy, places
+// the broker's subtree under the weida prefix and drops what lies outside.
+func TestMountedUnitConverts(t *testing.T) {
+	units, cs, err := service.Load([]string{"../examples/mqtt-mounted.yaml"}, env(nil), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(units) != 1 || cs[0].Mount != (policy.Mount{Foreign: "factory/", Weida: "plants.berlin."}) {
+		t.Fatalf("units %d, mount %+v", len(units), cs[0].Mount)
+	}
+	p := units[0].Spec.Policy
+	if _, ok := p.(*policy.Mounted); !ok {
+		t.Fatalf("Spec.Policy is %T, want *policy.Mounted", p)
+	}
+	if got, err := p.TopicToWeida("factory/hall-2/press"); err != nil || got != "plants.berlin.hall-2.press" {
+		t.Errorf("TopicToWeida(factory/hall-2/press) = %q, %v", got, err)
+	}
+	var r *policy.Refusal
+	if _, err := p.TopicToWeida("office/x"); !errors.As(err, &r) || r.Rule != policy.RuleMountOutside {
+		t.Errorf("TopicToWeida(office/x): %v, want %s", err, policy.RuleMountOutside)
+	}
+	for _, rt := range units[0].Spec.Routes {
+		if !strings.HasPrefix(rt.Weida, "plants.berlin.") {
+			t.Errorf("route %s: weida filter %q is outside the mount", rt.Name, rt.Weida)
 		}
 	}
 }

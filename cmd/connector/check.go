@@ -121,6 +121,10 @@ func writeDiagnostic(w io.Writer, kind string, e *resources.FieldError) {
 
 func writeConnector(w io.Writer, c *resources.Connector) {
 	fmt.Fprintf(w, "  %-7s %s %s, policy %s\n", "bridge", c.Protocol, c.Direction, c.Policy.Name())
+	if c.Mount != (policy.Mount{}) {
+		// Quoted: an empty prefix (none) must show.
+		fmt.Fprintf(w, "  %-7s %s %q  ↔  weida %q\n", "mount", c.Protocol, c.Mount.Foreign, c.Mount.Weida)
+	}
 	fmt.Fprintf(w, "  %-7s %s  %s\n", "broker", c.Broker.URL, brokerSummary(c))
 	for i, line := range weidaSummary(c) {
 		label := ""
@@ -229,6 +233,7 @@ type resourceJSON struct {
 	Protocol  string                  `json:"protocol,omitempty"`
 	Direction string                  `json:"direction,omitempty"`
 	Policy    string                  `json:"policy,omitempty"`
+	Mount     *mountJSON              `json:"mount,omitempty"`
 	Broker    string                  `json:"broker,omitempty"`
 	Weida     *weidaJSON              `json:"weida,omitempty"`
 	Routes    []routeJSON             `json:"routes,omitempty"`
@@ -244,6 +249,12 @@ type weidaJSON struct {
 	Certificate    string   `json:"certificate,omitempty"` // a file, or "generated"
 	AllowedClients []string `json:"allowedClients,omitempty"`
 	CAFile         string   `json:"caFile,omitempty"`
+}
+
+// mountJSON is spec.conversion.mount; absent when the resource has none.
+type mountJSON struct {
+	Foreign string `json:"foreign"`
+	Weida   string `json:"weida"`
 }
 
 type routeJSON struct {
@@ -266,6 +277,9 @@ func writeCheckJSON(w io.Writer, set *resources.Set) error {
 			out.Summary.Valid++
 			r.Protocol, r.Direction, r.Policy, r.Broker = string(c.Protocol), string(c.Direction), c.Policy.Name(), c.Broker.URL
 			r.Losses = c.Losses
+			if c.Mount != (policy.Mount{}) {
+				r.Mount = &mountJSON{c.Mount.Foreign, c.Mount.Weida}
+			}
 			for _, rt := range c.Routes {
 				r.Routes = append(r.Routes, routeJSON{rt.Name, rt.Foreign, rt.Weida})
 			}

@@ -21,7 +21,7 @@ func TestCheckExamples(t *testing.T) {
 	if code != exitOK {
 		t.Fatalf("check -f examples/: exit %d\n%s%s", code, out, errOut)
 	}
-	if !strings.HasSuffix(out, "6 resources checked: 6 valid\n") {
+	if !strings.HasSuffix(out, "7 resources checked: 7 valid\n") {
 		t.Errorf("summary:\n%s", out)
 	}
 	for _, want := range []string{
@@ -34,6 +34,8 @@ func TestCheckExamples(t *testing.T) {
 		"dials weida://sha256:9091e5f37dc3e870fcce55bf2721bd5db9e7ba9067b3b8067fd12f0153a52b98@127.0.0.1:7002/orders",
 		"losses  delivery-best-effort, dotted-levels, expiry, ordering, properties, reply-to, retain, topic-length",
 		"user guest (password from env AMQP_PASSWORD)",
+		`mount   mqtt "factory/"  ↔  weida "plants.berlin."`,
+		"factory/+/press  →  plants.berlin.*.press",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q\n%s", want, out)

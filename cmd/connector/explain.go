@@ -33,6 +33,7 @@ func explainSynopsis(ds []service.Driver) string {
 		}
 	}
 	return `connector explain --protocol ` + strings.Join(names, "|") + ` [--policy NAME] [--direction inbound|outbound]
+           [--mount-foreign PREFIX] [--mount-weida PREFIX]
            (--filter F | --topic T)... [--output text|json]` + settings + explainHelp
 }
 
@@ -69,6 +70,11 @@ broker topic converted to weida's grammar; with --direction outbound it is a
 weida topic converted to the broker's grammar. --filter and --topic may be
 repeated and mixed; the answers keep their order.
 
+With --mount-foreign and --mount-weida (either may be left out, meaning no
+prefix on that side) the conversion is the one a resource with
+spec.conversion.mount gets: a filter or topic outside the foreign prefix is
+refused, and what is inside moves under the weida prefix.
+
 Losses: a converted input lists what a bridge with this policy, direction
 and options loses; a refused topic lists the loss it is counted under at run
 time; a refused filter lists none (the resource would not load).
@@ -101,6 +107,7 @@ type explainResult struct {
 	Kind      string        `json:"kind"`
 	Protocol  string        `json:"protocol"`
 	Policy    string        `json:"policy"`
+	Mount     *mountJSON    `json:"mount,omitempty"`
 	Direction string        `json:"direction"`
 	Output    *string       `json:"output,omitempty"`
 	Refused   bool          `json:"refused"`
@@ -125,6 +132,8 @@ func cmdExplain(_ context.Context, args []string, _ io.Reader, stdout, stderr io
 	fs.Var(inputFlag{"filter", &inputs}, "filter", "a broker filter to convert to weida's grammar; repeatable")
 	fs.Var(inputFlag{"topic", &inputs}, "topic", "a topic to convert: a broker topic inbound, a weida topic outbound; repeatable")
 	output := fs.String("output", "text", "output format: text or json")
+	mountForeign := fs.String("mount-foreign", "", "mount: the broker's prefix, ending with its separator (factory/); default none")
+	mountWeida := fs.String("mount-weida", "", "mount: the weida prefix, ending with '.' (plants.berlin.); default none")
 	settings := settingFlags(ds)
 	given := map[string]string{}
 	for _, s := range settings {
@@ -175,6 +184,14 @@ func cmdExplain(_ context.Context, args []string, _ io.Reader, stdout, stderr io
 			return usageErr("policy %s is for %s, not %s (the %s default is %s)", pol.Name(), pol.Protocol(), p, p, def.Name())
 		}
 	}
+	var mount *mountJSON
+	if m := (policy.Mount{Foreign: *mountForeign, Weida: *mountWeida}); m != (policy.Mount{}) {
+		mp, err := policy.NewMounted(pol, m)
+		if err != nil {
+			return usageErr("cannot mount %q at %q: %v", m.Foreign, m.Weida, err)
+		}
+		pol, mount = mp, &mountJSON{m.Foreign, m.Weida}
+	}
 	d := policy.Direction(*dir)
 	if d != policy.Inbound && d != policy.Outbound {
 		return usageErr("--direction must be inbound or outbound, not %q", *dir)
@@ -206,6 +223,7 @@ func cmdExplain(_ context.Context, args []string, _ io.Reader, stdout, stderr io
 	refused := false
 	for i, in := range inputs {
 		results[i] = explainOne(pol, d, opts, in)
+		results[i].Mount = mount
 		refused = refused || results[i].Refused
 	}
 	if *output == "json" {
@@ -273,7 +291,12 @@ func writeExplainText(w io.Writer, pol policy.Policy, settings string, d policy.
 	if d == policy.Outbound {
 		from, to = "weida", proto
 	}
-	fmt.Fprintf(w, "%s, %s", pol.Name(), d)
+	fmt.Fprintf(w, "%s", pol.Name())
+	if mp, ok := pol.(*policy.Mounted); ok {
+		m := mp.Mount()
+		fmt.Fprintf(w, " mounting %s %q at weida %q", proto, m.Foreign, m.Weida)
+	}
+	fmt.Fprintf(w, ", %s", d)
 	if settings != "" {
 		fmt.Fprintf(w, ", %s", settings)
 	}
@@ -303,7 +326,11 @@ func writeExplainText(w io.Writer, pol policy.Policy, settings string, d policy.
 		return
 	}
 	losses := pol.Losses(d, opts)
-	fmt.Fprintf(w, "\nlosses of %s %s (declare them in the resource):\n", pol.Name(), d)
+	under := ""
+	if _, ok := pol.(*policy.Mounted); ok {
+		under = " under this mount"
+	}
+	fmt.Fprintf(w, "\nlosses of %s %s%s (declare them in the resource):\n", pol.Name(), d, under)
 	width := 0
 	for _, l := range losses {
 		width = max(width, len(l))

@@ -219,3 +219,74 @@ func TestExplainJSONIsStable(t *testing.T) {
 		t.Errorf("code %d\n got %s\nwant %s", code, out.String(), want)
 	}
 }
+
+// TestExplainMount: --mount-foreign and --mount-weida explain what a
+// resource with spec.conversion.mount converts, in both directions.
+func TestExplainMount(t *testing.T) {
+	m := []string{"--protocol", "mqtt", "--mount-foreign", "factory/", "--mount-weida", "plants.berlin."}
+	for _, c := range []struct {
+		args   []string
+		output string // "" when refused
+		rule   string
+	}{
+		{[]string{"--filter", "factory/+/press"}, "plants.berlin.*.press", ""},
+		{[]string{"--filter", "factory/#"}, "plants.berlin.#", ""},
+		{[]string{"--filter", "office/#"}, "", "mount-outside"},
+		{[]string{"--filter", "#"}, "", "mount-outside"},
+		{[]string{"--topic", "factory/hall-2/press"}, "plants.berlin.hall-2.press", ""},
+		{[]string{"--topic", "office/x"}, "", "mount-outside"},
+		{[]string{"--direction", "outbound", "--topic", "plants.berlin.hall-2.press"}, "factory/hall-2/press", ""},
+		{[]string{"--direction", "outbound", "--topic", "plants.paris.x"}, "", "mount-outside"},
+	} {
+		args := append(slices.Clone(m), c.args...)
+		code, objs := explainJSON(t, args...)
+		if len(objs) != 1 {
+			t.Fatalf("%v: %d objects", args, len(objs))
+		}
+		o := objs[0]
+		mount, _ := o["mount"].(map[string]any)
+		if mount["foreign"] != "factory/" || mount["weida"] != "plants.berlin." {
+			t.Errorf("%v: mount %v", args, o["mount"])
+		}
+		if c.rule == "" {
+			if code != exitOK || o["output"] != c.output {
+				t.Errorf("%v: code %d, %v; want %q", args, code, o, c.output)
+			}
+			continue
+		}
+		if code != exitRefused || o["rule"] != c.rule || o["hint"] == nil && c.args[0] == "--filter" {
+			t.Errorf("%v: code %d, %v; want refused by %s", args, code, o, c.rule)
+		}
+	}
+	// Outbound losses under a foreign prefix: no empty-segments.
+	_, objs := explainJSON(t, append(slices.Clone(m), "--direction", "outbound", "--filter", "factory/#")...)
+	if ls, _ := objs[0]["losses"].([]any); slices.Contains(ls, any("empty-segments")) || len(ls) == 0 {
+		t.Errorf("mounted outbound losses %v", ls)
+	}
+	code, out, _ := runCLI(t, "", append([]string{"explain"}, append(slices.Clone(m), "--filter", "factory/#")...)...)
+	if code != exitOK || !strings.Contains(out, `mqtt-levels/v1 mounting MQTT "factory/" at weida "plants.berlin.", inbound`) ||
+		!strings.Contains(out, "losses of mqtt-levels/v1 inbound under this mount") {
+		t.Errorf("code %d:\n%s", code, out)
+	}
+	// A mount the policy refuses is a usage error that says why.
+	for _, bad := range [][]string{
+		{"--protocol", "mqtt", "--mount-weida", "plants.*.", "--filter", "a"},
+		{"--protocol", "mqtt", "--mount-foreign", "factory", "--filter", "factory/a"},
+		{"--protocol", "nats", "--mount-foreign", "orders..", "--filter", "orders.a"},
+	} {
+		code, out, errOut := runCLI(t, "", append([]string{"explain"}, bad...)...)
+		if code != exitUsage || out != "" || !strings.Contains(errOut, "mount-") {
+			t.Errorf("explain %q: code %d, stdout %q, stderr %q", bad, code, out, errOut)
+		}
+	}
+}
+
+// TestExplainNATSTail: the opt-in tail policy writes a final '>' as '*.#'.
+func TestExplainNATSTail(t *testing.T) {
+	for in, want := range map[string]string{"orders.>": "orders.*.#", ">": "*.#", "a.*.>": "a.*.*.#", "orders.eu": "orders.eu"} {
+		code, objs := explainJSON(t, "--protocol", "nats", "--policy", "nats-tokens-tail/v1", "--filter", in)
+		if code != exitOK || len(objs) != 1 || objs[0]["output"] != want || objs[0]["policy"] != "nats-tokens-tail/v1" {
+			t.Errorf("%s: code %d, %v; want %s", in, code, objs, want)
+		}
+	}
+}

@@ -81,7 +81,11 @@ func (driver) URL() resources.URLRules {
 	return resources.URLRules{Scheme: "nats", TLSScheme: "tls", Port: 4222, TLSPort: 4222}
 }
 
-func (driver) Policies() []policy.Policy { return []policy.Policy{policy.NATSTokensV1()} }
+// Policies lists nats-tokens/v1 first, the default, and the opt-in
+// nats-tokens-tail/v1, which a resource must name to bridge X.> routes.
+func (driver) Policies() []policy.Policy {
+	return []policy.Policy{policy.NATSTokensV1(), policy.NATSTail()}
+}
 
 func (driver) DescribeOptions(o policy.Options) string {
 	if o.JetStream {
