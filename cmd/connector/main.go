@@ -40,6 +40,7 @@ func commands() []command {
 		{"run", "run connectors from resource files", cmdRun},
 		{"check", "validate resource files without connecting anywhere", cmdCheck},
 		{"explain", "show how a filter or topic converts under a policy", cmdExplain},
+		{"schema", "print the JSON Schema of resource files, for editors", cmdSchema},
 		{"demo", "run an embedded demonstration; needs no broker", cmdDemo},
 		{"weida", "talk to weida endpoints directly (sub, pub, bench)", weidacli.Main},
 		{"identity", "create an endpoint certificate, or show a certificate's fingerprint", cmdIdentity},
