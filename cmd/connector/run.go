@@ -26,14 +26,16 @@ type runOptions struct {
 	instance  string
 	drain     time.Duration
 	retry     connectors.Backoff
+	watch     bool
 }
 
 // cmdRun loads and checks every resource exactly as `check` does, then runs
 // them until SIGTERM or SIGINT. Any refusal exits 1 with the diagnostics
 // before anything starts. SIGHUP reloads: the files are loaded and checked
 // again and, only when all of them are valid, the difference is applied.
+// With --watch, a change to the files does the same, without a signal.
 func cmdRun(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) int {
-	fs := newFlagSet("run", "connector run -f PATH [-f PATH...] [--admin ADDR] [--log-format text|json] [--log-level LEVEL] [--instance NAME] [--drain DURATION] [--retry-initial DURATION] [--retry-max DURATION]", stderr)
+	fs := newFlagSet("run", "connector run -f PATH [-f PATH...] [--admin ADDR] [--log-format text|json] [--log-level LEVEL] [--instance NAME] [--drain DURATION] [--retry-initial DURATION] [--retry-max DURATION] [--watch]", stderr)
 	var paths stringList
 	fs.Var(&paths, "f", "a resource file, or a directory whose *.yaml and *.yml files are read (not recursively); repeatable")
 	admin := fs.String("admin", "127.0.0.1:9090", "address of the admin HTTP listener (/metrics, /healthz, /readyz, /status); empty disables it")
@@ -43,11 +45,12 @@ func cmdRun(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.W
 	drain := fs.Duration("drain", 10*time.Second, "on SIGTERM, how long in-flight messages may take to settle before the process exits")
 	retryInitial := fs.Duration("retry-initial", 250*time.Millisecond, "the shortest wait before a failed resource is tried again")
 	retryMax := fs.Duration("retry-max", 30*time.Second, "the longest wait between two attempts of a failed resource (waits double up to it, with jitter)")
+	watch := fs.Bool("watch", false, "reload when the resource files change (an edit, or a Kubernetes ConfigMap update), as SIGHUP does")
 	if code, done := parseFlags(fs, args, stdout); done {
 		return code
 	}
 	opts := runOptions{paths: paths, admin: *admin, logFormat: *logFormat, instance: *instance, drain: *drain,
-		retry: connectors.Backoff{Initial: *retryInitial, Max: *retryMax}}
+		retry: connectors.Backoff{Initial: *retryInitial, Max: *retryMax}, watch: *watch}
 	switch {
 	case fs.NArg() > 0:
 		fmt.Fprintf(stderr, "connector run: unexpected argument %q; name resource files with -f\n", fs.Arg(0))
@@ -94,6 +97,7 @@ func runService(ctx context.Context, opts runOptions, stdout, stderr io.Writer) 
 		Admin: opts.admin,
 		Drain: opts.drain,
 		Retry: opts.retry,
+		Watch: opts.watch,
 		Describe: func(set *resources.Set) string {
 			var b strings.Builder
 			writeCheckText(&b, set)
