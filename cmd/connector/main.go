@@ -73,7 +73,15 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 			return c.run(ctx, args[1:], stdin, stdout, stderr)
 		}
 	}
-	fmt.Fprintf(stderr, "connector: unknown command %q\n", args[0])
+	names := make([]string, 0, len(commands()))
+	for _, c := range commands() {
+		names = append(names, c.name)
+	}
+	if s := cli.Suggest(args[0], names); s != "" {
+		fmt.Fprintf(stderr, "connector: unknown command %q; did you mean %s?\n\n", args[0], s)
+	} else {
+		fmt.Fprintf(stderr, "connector: unknown command %q\n\n", args[0])
+	}
 	usage(stderr)
 	return exitUsage
 }

@@ -68,11 +68,30 @@ func cmdRun(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.W
 		fmt.Fprintln(stderr, "connector run: --retry-initial must be positive and no longer than --retry-max")
 		return exitUsage
 	}
-	if err := opts.logLevel.UnmarshalText([]byte(*logLevel)); err != nil {
-		fmt.Fprintf(stderr, "connector run: --log-level: %v\n", err)
+	level, ok := parseLevel(*logLevel)
+	if !ok {
+		fmt.Fprintf(stderr, "connector run: --log-level must be debug, info, warn or error, not %q\n", *logLevel)
 		return exitUsage
 	}
+	opts.logLevel = level
 	return runService(ctx, opts, stdout, stderr)
+}
+
+// parseLevel reads the four levels --log-level documents, in any case.
+// slog's own parser also takes offsets ("info+2"), which the flag does not
+// promise.
+func parseLevel(s string) (slog.Level, bool) {
+	switch strings.ToLower(s) {
+	case "debug":
+		return slog.LevelDebug, true
+	case "info":
+		return slog.LevelInfo, true
+	case "warn":
+		return slog.LevelWarn, true
+	case "error":
+		return slog.LevelError, true
+	}
+	return 0, false
 }
 
 func newLogger(w io.Writer, format string, level slog.Level) *slog.Logger {
