@@ -454,7 +454,8 @@ func (b *binder) bindRoutes(routes []rawRoute) {
 
 // checkLosses compares the declared losses with what the policy computes
 // for this direction and these options: each one missing and each one
-// stated but not incurred is an error.
+// stated but not incurred is an error. A resource that states none gets
+// one error listing them all, the line to paste, rather than one per loss.
 func (b *binder) checkLosses(declared []string) {
 	const base = "spec.conversion.losses"
 	c := b.c
@@ -491,6 +492,13 @@ func (b *binder) checkLosses(declared []string) {
 				fmt.Sprintf("is stated, but this conversion (%s) does not lose %s", context, s),
 				"remove it from spec.conversion.losses")
 		}
+	}
+	if len(declared) == 0 && len(want) > 0 {
+		list := joinLosses(want)
+		b.fail(base, b.lookupPos(base, true), "", "loss-undeclared",
+			fmt.Sprintf("states no losses, but this conversion (%s) loses %s", context, list),
+			fmt.Sprintf("if the bridge may lose them, write in spec.conversion: losses: [%s] (docs/POLICIES.md says what each one means)", list))
+		return
 	}
 	for _, l := range want {
 		if stated[l] {

@@ -52,6 +52,10 @@ type decoder struct {
 	// sections are the protocol names whose spec.broker.<name> blocks
 	// are kept as nodes for the protocol to decode.
 	sections []string
+	// meant are the fields an unknown field's did-you-mean named: a
+	// required one of them is not reported missing, since the unknown
+	// field's error already says what to write.
+	meant map[string]bool
 }
 
 func newDecoder(file string, lineBase int) *decoder {
@@ -60,6 +64,7 @@ func newDecoder(file string, lineBase int) *decoder {
 		lineBase: lineBase,
 		anchors:  map[string]ast.Node{},
 		pos:      map[string]fieldPos{},
+		meant:    map[string]bool{},
 	}
 }
 
@@ -479,6 +484,7 @@ func (d *decoder) unknownField(parent, child string, e entry, fields []structFie
 	hint := "fields here: " + strings.Join(names, ", ")
 	if s := closest(e.name, names); s != "" {
 		hint = fmt.Sprintf("did you mean %s? (fields here: %s)", s, strings.Join(names, ", "))
+		d.meant[join(parent, s)] = true
 	}
 	if extra := misplaced(e.name); extra != "" {
 		hint = extra

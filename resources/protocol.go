@@ -38,6 +38,11 @@ type Protocol interface {
 	// through b. When b.Binding() is false the block only needs decoding
 	// for its diagnostics and the result is ignored.
 	Broker(b *BrokerBlock) BrokerOptions
+	// BrokerSchema returns a pointer to a zero value of the struct Broker
+	// decodes its block into with [BrokerBlock.Decode], and the Schema it
+	// passes there. [JSONSchema] describes the block from them; Decode
+	// panics when Broker uses another type, so the two cannot drift.
+	BrokerSchema() (block any, s Schema)
 	// CheckSet applies the protocol's rules that span resources (two
 	// resources using one broker identity, say) and reports each conflict
 	// through s. It is called once per load with every resource of the
@@ -135,6 +140,13 @@ type Rule struct {
 	// Explain returns the FieldError's rule code, message and hint for a
 	// value that breaks the rule, the value shown as in FieldError.Value.
 	Explain func(value string) (rule, msg, hint string)
+	// JSON is the rule as JSON Schema keywords, merged into the field's
+	// schema by [JSONSchema]: {"enum": [0, 1]}, or {"pattern": "[^/]+"},
+	// a pattern the whole value must match (JSONSchema anchors it). nil
+	// when the rule has no JSON Schema form: the schema then states only
+	// the field's type, and the loader alone applies the rule. The
+	// keywords must not be stricter than Valid.
+	JSON map[string]any
 }
 
 // Schema is how a protocol's block is decoded: the rules of its validate
@@ -186,6 +198,11 @@ func (bb *BrokerBlock) Decode(dst any, s Schema) {
 	v := reflect.ValueOf(dst)
 	if v.Kind() != reflect.Pointer || v.Elem().Kind() != reflect.Struct {
 		panic(fmt.Sprintf("resources: BrokerBlock.Decode needs a pointer to a struct, not %T", dst))
+	}
+	if p := bb.b.ld.protocols.byName(bb.name); p != nil {
+		if want, _ := p.BrokerSchema(); reflect.TypeOf(want) != v.Type() {
+			panic(fmt.Sprintf("resources: protocol %s decodes its block into %T, but its BrokerSchema returns %T", bb.name, dst, want))
+		}
 	}
 	d := bb.b.decoder
 	d.decode(bb.Path(), d.pos[bb.Path()].key, bb.node, v.Elem())

@@ -55,6 +55,12 @@ func TestRules(t *testing.T) {
 		{"unknown top-level field", mqttIn, []string{"kind: Connector\n", "kind: Connector\nstatus: {}\n"}, []diag{{"status", "unknown-field"}}},
 		{"unknown nested field", mqttIn, []string{"    url: mqtt://127.0.0.1:1883\n", "    url: mqtt://127.0.0.1:1883\n    clientId: x\n"}, []diag{{"spec.broker.clientId", "unknown-field"}}},
 		{"unknown route field", mqttIn, []string{"- filter: sensors/+/temperature", "- filter: sensors/+/temperature\n      topic: x"}, []diag{{"spec.routes[0].topic", "unknown-field"}}},
+		// A misspelt required field is reported once, as the unknown field
+		// whose hint names the right one, not also as missing.
+		{"misspelt required field", mqttIn, []string{"- filter: sensors/+/temperature", "- filtr: sensors/+/temperature"}, []diag{{"spec.routes[0].filtr", "unknown-field"}}},
+		{"misspelt required section", mqttIn, []string{"  weida:\n", "  wieda:\n"}, []diag{{"spec.wieda", "unknown-field"}}},
+		{"misspelt protocol", mqttIn, []string{"protocol: mqtt", "protocl: mqtt"}, []diag{{"spec.protocl", "unknown-field"}}},
+		{"unknown field far from the missing one", mqttIn, []string{"- filter: sensors/+/temperature", "- topic: sensors/+/temperature"}, []diag{{"spec.routes[0].topic", "unknown-field"}, {"spec.routes[0].filter", "required"}}},
 		{"duplicate key", mqttIn, []string{"    qos: 1\n", "    qos: 1\n      qos: 0\n"}, []diag{{"spec.broker.mqtt.qos", "duplicate-key"}}},
 		{"string where a number belongs", mqttIn, []string{"qos: 1", "qos: one"}, []diag{{"spec.broker.mqtt.qos", "type"}}},
 		{"number where a string belongs", mqttIn, []string{"name: mqtt-in", "name: 123"}, []diag{{"metadata.name", "type"}}},
@@ -93,7 +99,9 @@ func TestRules(t *testing.T) {
 		{"escaped policy carries dotted levels", mqttIn, []string{"  conversion:\n", "  conversion:\n    policy: mqtt-levels-escaped/v1\n", "dotted-levels, ", ""}, nil},
 		{"missing loss", mqttIn, []string{"retain, ", ""}, []diag{{"spec.conversion.losses", "loss-undeclared"}}},
 		{"losses missing entirely", natsIn, []string{"  conversion:\n    losses: [at-most-once, delivery-best-effort, non-utf8-names, ordering, properties, reply-to, topic-length]\n", ""},
-			[]diag{{"spec.conversion.losses", "loss-undeclared"}, {"spec.conversion.losses", "loss-undeclared"}, {"spec.conversion.losses", "loss-undeclared"}, {"spec.conversion.losses", "loss-undeclared"}, {"spec.conversion.losses", "loss-undeclared"}, {"spec.conversion.losses", "loss-undeclared"}, {"spec.conversion.losses", "loss-undeclared"}}},
+			[]diag{{"spec.conversion.losses", "loss-undeclared"}}}, // one error listing them all
+		{"losses written empty", natsIn, []string{"losses: [at-most-once, delivery-best-effort, non-utf8-names, ordering, properties, reply-to, topic-length]", "losses: []"},
+			[]diag{{"spec.conversion.losses", "loss-undeclared"}}},
 		{"extra loss", amqpOut, []string{"ordering, ", "ordering, retain, "}, []diag{{"spec.conversion.losses[3]", "loss-not-incurred"}}},
 		{"unknown loss", amqpOut, []string{"ordering, ", "ordering, retian, "}, []diag{{"spec.conversion.losses[3]", "loss-unknown"}}},
 		{"loss twice", amqpOut, []string{"ordering, ", "ordering, ordering, "}, []diag{{"spec.conversion.losses", "unique"}}},

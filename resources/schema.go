@@ -18,39 +18,39 @@ const (
 )
 
 type rawResource struct {
-	APIVersion string       `yaml:"apiVersion" validate:"required,apiversion"`
-	Kind       string       `yaml:"kind" validate:"required,kind"`
-	Metadata   *rawMetadata `yaml:"metadata" validate:"required"`
-	Spec       *rawSpec     `yaml:"spec" validate:"required"`
+	APIVersion string       `yaml:"apiVersion" validate:"required,apiversion" doc:"the resource format version: connector.weida.dev/v1alpha1"`
+	Kind       string       `yaml:"kind" validate:"required,kind" doc:"always Connector"`
+	Metadata   *rawMetadata `yaml:"metadata" validate:"required" doc:"the resource's name and labels"`
+	Spec       *rawSpec     `yaml:"spec" validate:"required" doc:"what the connector bridges, and how"`
 }
 
 type rawMetadata struct {
-	Name   string            `yaml:"name" validate:"required,dnslabel"`
-	Labels map[string]string `yaml:"labels" validate:"max=64,dive,keys,labelkey,endkeys,labelvalue"`
+	Name   string            `yaml:"name" validate:"required,dnslabel" doc:"the resource's name, a DNS label unique among the loaded resources"`
+	Labels map[string]string `yaml:"labels" validate:"max=64,dive,keys,labelkey,endkeys,labelvalue" doc:"Kubernetes-style labels, for people and tools; the connector ignores them"`
 }
 
 type rawSpec struct {
-	Protocol   string         `yaml:"protocol" validate:"required,protocol"`
-	Direction  string         `yaml:"direction" validate:"required,oneof=inbound outbound"`
-	Broker     *rawBroker     `yaml:"broker" validate:"required"`
-	Weida      *rawWeida      `yaml:"weida" validate:"required"`
-	Conversion *rawConversion `yaml:"conversion"`
-	Routes     []rawRoute     `yaml:"routes" validate:"required,min=1,max=256,dive"`
-	Limits     *rawLimits     `yaml:"limits"`
-	Delivery   *rawDelivery   `yaml:"delivery"`
+	Protocol   string         `yaml:"protocol" validate:"required,protocol" doc:"the broker protocol; selects the spec.broker.<protocol> block"`
+	Direction  string         `yaml:"direction" validate:"required,oneof=inbound outbound" doc:"inbound: broker to weida; outbound: weida to broker"`
+	Broker     *rawBroker     `yaml:"broker" validate:"required" doc:"the foreign broker: its URL, identity, credentials and protocol options"`
+	Weida      *rawWeida      `yaml:"weida" validate:"required" doc:"the weida side: an endpoint to listen on (inbound) or to dial (outbound)"`
+	Conversion *rawConversion `yaml:"conversion" doc:"the topic conversion policy and the losses it incurs"`
+	Routes     []rawRoute     `yaml:"routes" validate:"required,min=1,max=256,dive" doc:"the filters to bridge, in the broker's own grammar; at most 256"`
+	Limits     *rawLimits     `yaml:"limits" doc:"message size, buffer and in-flight bounds; defaults apply to what is left out"`
+	Delivery   *rawDelivery   `yaml:"delivery" doc:"inbound: what to do with a message no weida subscriber wants"`
 }
 
 type rawDelivery struct {
-	WhenNoSubscriber string `yaml:"whenNoSubscriber" validate:"omitempty,oneof=drop hold"`
+	WhenNoSubscriber string `yaml:"whenNoSubscriber" validate:"omitempty,oneof=drop hold" doc:"drop (count it as no-subscriber) or hold (leave it with the broker until a subscriber comes)"`
 }
 
 type rawBroker struct {
 	// url's scheme depends on spec.protocol: a struct-level rule on
 	// rawSpec checks it (brokerurl).
-	URL         string          `yaml:"url" validate:"required"`
-	ClientID    string          `yaml:"clientID" validate:"omitempty,max=256,clientid"`
-	Credentials *rawCredentials `yaml:"credentials"`
-	TLS         *rawTLS         `yaml:"tls"`
+	URL         string          `yaml:"url" validate:"required" doc:"scheme://host[:port][/path]; the scheme depends on spec.protocol; never credentials"`
+	ClientID    string          `yaml:"clientID" validate:"omitempty,max=256,clientid" doc:"the client identifier on the broker; defaults to metadata.name"`
+	Credentials *rawCredentials `yaml:"credentials" doc:"how the connector authenticates to the broker; secrets by reference only"`
+	TLS         *rawTLS         `yaml:"tls" doc:"TLS settings for an mqtts://, tls:// or amqps:// URL"`
 	// Sections are the spec.broker.<protocol> blocks, one per key that
 	// names a protocol of the loader's list, in file order. The decoder
 	// keeps their YAML nodes for the protocols to decode.
@@ -64,50 +64,50 @@ type section struct {
 }
 
 type rawCredentials struct {
-	Username string    `yaml:"username" validate:"omitempty,max=1024"`
-	Password SecretRef `yaml:"password"`
-	Token    SecretRef `yaml:"token"`
-	NKeySeed SecretRef `yaml:"nkeySeed"`
-	Creds    SecretRef `yaml:"creds"`
+	Username string    `yaml:"username" validate:"omitempty,max=1024" doc:"the user name to authenticate as"`
+	Password SecretRef `yaml:"password" doc:"the password, by reference: {env: NAME} or {file: PATH}"`
+	Token    SecretRef `yaml:"token" doc:"a NATS token, by reference"`
+	NKeySeed SecretRef `yaml:"nkeySeed" doc:"a NATS NKey seed, by reference"`
+	Creds    SecretRef `yaml:"creds" doc:"a NATS .creds file (JWT and seed), by reference"`
 }
 
 type rawTLS struct {
-	CAFile     string `yaml:"caFile"`
-	CertFile   string `yaml:"certFile" validate:"required_with=KeyFile"`
-	KeyFile    string `yaml:"keyFile" validate:"required_with=CertFile"`
-	ServerName string `yaml:"serverName" validate:"omitempty,hostname_rfc1123"`
+	CAFile     string `yaml:"caFile" doc:"PEM trust anchors for the broker's certificate, instead of the system's"`
+	CertFile   string `yaml:"certFile" validate:"required_with=KeyFile" doc:"a PEM client certificate, with keyFile"`
+	KeyFile    string `yaml:"keyFile" validate:"required_with=CertFile" doc:"the client certificate's PEM private key"`
+	ServerName string `yaml:"serverName" validate:"omitempty,hostname_rfc1123" doc:"the name the broker's certificate must carry, when it is not the URL's host"`
 }
 
 type rawWeida struct {
-	Listen         string   `yaml:"listen" validate:"omitempty,weidaurl"`
-	Dial           string   `yaml:"dial" validate:"omitempty,weidaurl"`
-	CertFile       string   `yaml:"certFile" validate:"required_with=KeyFile"`
-	KeyFile        string   `yaml:"keyFile" validate:"required_with=CertFile"`
-	CAFile         string   `yaml:"caFile"`
-	AllowedClients []string `yaml:"allowedClients" validate:"max=1024,unique,dive,fingerprint"`
+	Listen         string   `yaml:"listen" validate:"omitempty,weidaurl" doc:"inbound: the endpoint to host, weida://host:port/path"`
+	Dial           string   `yaml:"dial" validate:"omitempty,weidaurl" doc:"outbound: the endpoint to subscribe to, weida://sha256:<fingerprint>@host:port/path"`
+	CertFile       string   `yaml:"certFile" validate:"required_with=KeyFile" doc:"the endpoint's PEM certificate, with keyFile; a self-signed one is generated when both are left out"`
+	KeyFile        string   `yaml:"keyFile" validate:"required_with=CertFile" doc:"the endpoint certificate's PEM private key"`
+	CAFile         string   `yaml:"caFile" doc:"outbound: PEM trust anchors, when the dial URL pins no fingerprint"`
+	AllowedClients []string `yaml:"allowedClients" validate:"max=1024,unique,dive,fingerprint" doc:"inbound: the certificate fingerprints of the subscribers admitted; empty admits anyone"`
 }
 
 type rawConversion struct {
-	Policy string    `yaml:"policy"`
-	Losses []string  `yaml:"losses" validate:"unique"`
-	Mount  *rawMount `yaml:"mount"`
+	Policy string    `yaml:"policy" doc:"the conversion policy; the protocol's default when left out"`
+	Losses []string  `yaml:"losses" validate:"unique" doc:"every loss this conversion incurs, exactly; connector check says which"`
+	Mount  *rawMount `yaml:"mount" doc:"places a foreign subtree at a weida subtree, exactly"`
 }
 
 // rawMount is spec.conversion.mount. Its prefixes are checked by the
 // policy package when the mount is bound (policy.NewMounted): their rules
 // depend on the protocol's grammar.
 type rawMount struct {
-	Foreign string `yaml:"foreign"`
-	Weida   string `yaml:"weida"`
+	Foreign string `yaml:"foreign" doc:"the foreign prefix, ending with the protocol's separator; empty for none"`
+	Weida   string `yaml:"weida" doc:"the weida prefix, ending with '.'; empty for none"`
 }
 
 type rawRoute struct {
-	Name   string  `yaml:"name" validate:"omitempty,dnslabel"`
-	Filter *string `yaml:"filter" validate:"required"`
+	Name   string  `yaml:"name" validate:"omitempty,dnslabel" doc:"the route's name in metrics and status; defaults to the filter"`
+	Filter *string `yaml:"filter" validate:"required" doc:"a filter in the broker's grammar; quote it when it starts with #, *, >, & or !"`
 }
 
 type rawLimits struct {
-	MaxMessageBytes *ByteSize `yaml:"maxMessageBytes" validate:"omitempty,min=1,max=67108864"`
-	BufferBytes     *ByteSize `yaml:"bufferBytes" validate:"omitempty,min=1,max=1073741824"`
-	InFlight        *int      `yaml:"inFlight" validate:"omitempty,min=1,max=65535"`
+	MaxMessageBytes *ByteSize `yaml:"maxMessageBytes" validate:"omitempty,min=1,max=67108864" doc:"the largest payload bridged, larger ones are dropped and counted; default 1MiB"`
+	BufferBytes     *ByteSize `yaml:"bufferBytes" validate:"omitempty,min=1,max=1073741824" doc:"payload queued per weida subscriber (inbound) or between weida and the broker (outbound); default 8MiB"`
+	InFlight        *int      `yaml:"inFlight" validate:"omitempty,min=1,max=65535" doc:"messages handed on and not yet acknowledged; default 256"`
 }

@@ -220,10 +220,10 @@ func (d *decoder) validate(v *validator.Validate, x any, base string, why func(f
 		if fe.Tag() == "brokerurl" { // redact before shortening, which could cut off the '@'
 			value = shorten(redactUserinfo(fe.Value().(string)))
 		}
-		rule, msg, hint := why(fe, path, value)
-		if d.hasError(path) {
+		if d.hasError(path) || fe.Tag() == "required" && d.meant[path] {
 			continue // the decoder already said what is wrong here
 		}
+		rule, msg, hint := why(fe, path, value)
 		d.fail(path, d.lookupPos(path, fe.Tag() == "required"), value, rule, msg, hint)
 	}
 }

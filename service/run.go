@@ -76,6 +76,11 @@ type Config struct {
 	Retry connectors.Backoff
 	// Describe renders a refused set (see [Load]).
 	Describe func(*resources.Set) string
+	// Watch makes Run reload when the files of Paths change, as it does
+	// for a value from its reload channel (see [Watcher]).
+	Watch bool
+	// WatchDebounce is [WatchOptions.Debounce] when Watch is set.
+	WatchDebounce time.Duration
 }
 
 // AdminError is returned by [Run] when the admin listener cannot listen.
@@ -89,11 +94,12 @@ func (e *AdminError) Error() string { return fmt.Sprintf("admin listener %s: %v"
 func (e *AdminError) Unwrap() error { return e.Err }
 
 // Run loads the resources and runs them until ctx ends, then drains and
-// returns nil. Each value received from reload (SIGHUP, for the command)
-// loads the files again and,
-// only when all of them are valid, applies the difference; otherwise the
-// running set stays as it is. Before anything starts, a refusal returns a
-// [*LoadError] and a busy admin address an [*AdminError]. A resource that
+// returns nil. Each value received from reload (SIGHUP, for the command),
+// and with cfg.Watch each settled change of the files, loads the files
+// again and, only when all of them are valid, applies the difference;
+// otherwise the running set stays as it is. Before anything starts, a
+// refusal returns a [*LoadError], a busy admin address an [*AdminError]
+// and a path that cannot be watched the watcher's error. A resource that
 // cannot start (its listen address is taken, say) is logged and the others
 // run.
 func Run[T any](ctx context.Context, cfg Config, reload <-chan T) error {
@@ -101,6 +107,19 @@ func Run[T any](ctx context.Context, cfg Config, reload <-chan T) error {
 	units, cs, err := Load(cfg.Paths, cfg.Env, cfg.Describe)
 	if err != nil {
 		return err
+	}
+
+	// Watching starts before the resources do, so that a change made
+	// while they start is not missed.
+	var changes <-chan struct{}
+	if cfg.Watch {
+		w, err := NewWatcher(cfg.Paths, WatchOptions{Debounce: cfg.WatchDebounce, Logger: log})
+		if err != nil {
+			return err
+		}
+		defer w.Close()
+		changes = w.Changes()
+		log.Info("watching resource files for changes", "paths", strings.Join(cfg.Paths, ","))
 	}
 
 	reg := prometheus.NewRegistry()
@@ -148,6 +167,9 @@ func Run[T any](ctx context.Context, cfg Config, reload <-chan T) error {
 			log.Info("stopped")
 			return nil
 		case <-reload:
+			Reload(ctx, rt, cfg)
+		case <-changes:
+			log.Info("resource files changed")
 			Reload(ctx, rt, cfg)
 		}
 	}

@@ -25,7 +25,7 @@ func TestCheckExamples(t *testing.T) {
 		t.Errorf("summary:\n%s", out)
 	}
 	for _, want := range []string{
-		"examples/mqtt-inbound.yaml:3  mqtt-sensors-in  valid",
+		"examples/mqtt-inbound.yaml:4  mqtt-sensors-in  valid",
 		"sensors/+/temperature  →  sensors.*.temperature",
 		"orders.*.created     →  orders.*.created",
 		"audit.events.#  →  audit.events.#",

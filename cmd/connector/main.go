@@ -40,6 +40,7 @@ func commands() []command {
 		{"run", "run connectors from resource files", cmdRun},
 		{"check", "validate resource files without connecting anywhere", cmdCheck},
 		{"explain", "show how a filter or topic converts under a policy", cmdExplain},
+		{"schema", "print the JSON Schema of resource files, for editors", cmdSchema},
 		{"weida", "talk to weida endpoints directly (sub, pub, bench)", weidacli.Main},
 		{"identity", "create an endpoint certificate, or show a certificate's fingerprint", cmdIdentity},
 		{"version", "print the version and VCS revision of this build", cmdVersion},
@@ -78,7 +79,15 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 			return c.run(ctx, args[1:], stdin, stdout, stderr)
 		}
 	}
-	fmt.Fprintf(stderr, "connector: unknown command %q\n", args[0])
+	names := make([]string, 0, len(commands()))
+	for _, c := range commands() {
+		names = append(names, c.name)
+	}
+	if s := cli.Suggest(args[0], names); s != "" {
+		fmt.Fprintf(stderr, "connector: unknown command %q; did you mean %s?\n\n", args[0], s)
+	} else {
+		fmt.Fprintf(stderr, "connector: unknown command %q\n\n", args[0])
+	}
 	usage(stderr)
 	return exitUsage
 }

@@ -24,6 +24,12 @@ func TestVersionAndUsage(t *testing.T) {
 	if code, _, errOut := runCLI(t, "", "bogus"); code != exitUsage || !strings.Contains(errOut, "unknown command") {
 		t.Fatalf("bogus: code %d, stderr %q", code, errOut)
 	}
+	if code, _, errOut := runCLI(t, "", "rnu"); code != exitUsage || !strings.HasPrefix(errOut, "connector: unknown command \"rnu\"; did you mean run?\n") {
+		t.Errorf("a misspelt command: exit %d, %q; want a did you mean", code, errOut)
+	}
+	if _, _, errOut := runCLI(t, "", "bogus"); strings.Contains(errOut, "did you mean") {
+		t.Errorf("a command like none suggests one: %q", errOut)
+	}
 	if code, out, _ := runCLI(t, "", "version", "--help"); code != 0 || !strings.Contains(out, "usage:") {
 		t.Fatalf("version --help: code %d, out %q", code, out)
 	}

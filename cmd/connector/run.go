@@ -28,14 +28,16 @@ type runOptions struct {
 	drain     time.Duration
 	retry     connectors.Backoff
 	stateDir  string // "" when none could be chosen
+	watch     bool
 }
 
 // cmdRun loads and checks every resource exactly as `check` does, then runs
 // them until SIGTERM or SIGINT. Any refusal exits 1 with the diagnostics
 // before anything starts. SIGHUP reloads: the files are loaded and checked
 // again and, only when all of them are valid, the difference is applied.
+// With --watch, a change to the files does the same, without a signal.
 func cmdRun(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) int {
-	fs := newFlagSet("run", "connector run -f PATH [-f PATH...] [--admin ADDR] [--log-format text|json] [--log-level LEVEL] [--instance NAME] [--drain DURATION] [--retry-initial DURATION] [--retry-max DURATION] [--state-dir DIR]", stderr)
+	fs := newFlagSet("run", "connector run -f PATH [-f PATH...] [--admin ADDR] [--log-format text|json] [--log-level LEVEL] [--instance NAME] [--drain DURATION] [--retry-initial DURATION] [--retry-max DURATION] [--state-dir DIR] [--watch]", stderr)
 	var paths stringList
 	fs.Var(&paths, "f", "a resource file, or a directory whose *.yaml and *.yml files are read (not recursively); repeatable")
 	admin := fs.String("admin", "127.0.0.1:9090", "address of the admin HTTP listener (/metrics, /healthz, /readyz, /status); empty disables it")
@@ -47,11 +49,12 @@ func cmdRun(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.W
 	retryMax := fs.Duration("retry-max", 30*time.Second, "the longest wait between two attempts of a failed resource (waits double up to it, with jitter)")
 	stateDir := fs.String("state-dir", "", "where hosted endpoints without certFile/keyFile keep their generated identity, so that its fingerprint survives restarts "+
 		"(default: $STATE_DIRECTORY, else "+systemStateDir+" when writable, else $XDG_STATE_HOME/weida-connector or ~/.local/state/weida-connector)")
+	watch := fs.Bool("watch", false, "reload when the resource files change (an edit, or a Kubernetes ConfigMap update), as SIGHUP does")
 	if code, done := parseFlags(fs, args, stdout); done {
 		return code
 	}
 	opts := runOptions{paths: paths, admin: *admin, logFormat: *logFormat, instance: *instance, drain: *drain,
-		retry: connectors.Backoff{Initial: *retryInitial, Max: *retryMax}, stateDir: *stateDir}
+		retry: connectors.Backoff{Initial: *retryInitial, Max: *retryMax}, stateDir: *stateDir, watch: *watch}
 	stateSource := "--state-dir"
 	if opts.stateDir == "" {
 		opts.stateDir, stateSource = defaultStateDir(os.Getenv, writableDir)
@@ -73,11 +76,30 @@ func cmdRun(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.W
 		fmt.Fprintln(stderr, "connector run: --retry-initial must be positive and no longer than --retry-max")
 		return exitUsage
 	}
-	if err := opts.logLevel.UnmarshalText([]byte(*logLevel)); err != nil {
-		fmt.Fprintf(stderr, "connector run: --log-level: %v\n", err)
+	level, ok := parseLevel(*logLevel)
+	if !ok {
+		fmt.Fprintf(stderr, "connector run: --log-level must be debug, info, warn or error, not %q\n", *logLevel)
 		return exitUsage
 	}
+	opts.logLevel = level
 	return runService(ctx, opts, stateSource, stdout, stderr)
+}
+
+// parseLevel reads the four levels --log-level documents, in any case.
+// slog's own parser also takes offsets ("info+2"), which the flag does not
+// promise.
+func parseLevel(s string) (slog.Level, bool) {
+	switch strings.ToLower(s) {
+	case "debug":
+		return slog.LevelDebug, true
+	case "info":
+		return slog.LevelInfo, true
+	case "warn":
+		return slog.LevelWarn, true
+	case "error":
+		return slog.LevelError, true
+	}
+	return 0, false
 }
 
 func newLogger(w io.Writer, format string, level slog.Level) *slog.Logger {
@@ -107,6 +129,7 @@ func runService(ctx context.Context, opts runOptions, stateSource string, stdout
 		Admin: opts.admin,
 		Drain: opts.drain,
 		Retry: opts.retry,
+		Watch: opts.watch,
 		Describe: func(set *resources.Set) string {
 			var b strings.Builder
 			writeCheckText(&b, set)

@@ -17,3 +17,20 @@ func TestRunRetryFlags(t *testing.T) {
 		}
 	}
 }
+
+// TestRunLogLevel: a bad --log-level reads like the other flag errors and
+// names the choices; the documented levels are accepted in any case.
+func TestRunLogLevel(t *testing.T) {
+	code, _, errOut := runCLI(t, "", "run", "-f", "missing.yaml", "--log-level", "x")
+	if want := "connector run: --log-level must be debug, info, warn or error, not \"x\"\n"; code != exitUsage || errOut != want {
+		t.Errorf("exit %d, %q; want 2, %q", code, errOut, want)
+	}
+	for _, s := range []string{"debug", "INFO", "Warn", "error"} {
+		if _, ok := parseLevel(s); !ok {
+			t.Errorf("parseLevel(%q) refused", s)
+		}
+	}
+	if _, ok := parseLevel("info+2"); ok {
+		t.Error("parseLevel accepts an offset the flag does not document")
+	}
+}

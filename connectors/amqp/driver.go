@@ -47,18 +47,18 @@ var Driver driver
 type driver struct{}
 
 type rawOptions struct {
-	Exchange        string    `yaml:"exchange" validate:"omitempty,amqpname"`
-	ExchangePassive bool      `yaml:"exchangePassive"`
-	Queue           *rawQueue `yaml:"queue"`
-	Prefetch        *int      `yaml:"prefetch" validate:"omitempty,min=1,max=65535"`
+	Exchange        string    `yaml:"exchange" validate:"omitempty,amqpname" doc:"the topic exchange (default amq.topic)"`
+	ExchangePassive bool      `yaml:"exchangePassive" doc:"use the exchange as it exists (a passive declare) instead of declaring it"`
+	Queue           *rawQueue `yaml:"queue" doc:"inbound only: the queue bound to the exchange with the routes"`
+	Prefetch        *int      `yaml:"prefetch" validate:"omitempty,min=1,max=65535" doc:"inbound only: unacknowledged deliveries in flight (default limits.inFlight)"`
 }
 
 type rawQueue struct {
-	Name      string `yaml:"name" validate:"omitempty,amqpname"`
-	Type      string `yaml:"type" validate:"omitempty,oneof=classic quorum"`
-	Passive   bool   `yaml:"passive"`
-	Durable   bool   `yaml:"durable"`
-	Exclusive *bool  `yaml:"exclusive"`
+	Name      string `yaml:"name" validate:"omitempty,amqpname" doc:"the queue's name; the broker names it when left out"`
+	Type      string `yaml:"type" validate:"omitempty,oneof=classic quorum" doc:"classic (default) or quorum; a quorum queue is named, durable and not exclusive"`
+	Passive   bool   `yaml:"passive" doc:"use the named queue as it exists instead of declaring it"`
+	Durable   bool   `yaml:"durable" doc:"keep the queue and its messages while the connector is away; needs a name"`
+	Exclusive *bool  `yaml:"exclusive" doc:"delete the queue with its connection; default true when unnamed, false when named"`
 }
 
 // isName: AMQP 0-9-1 exchange and queue names: at most 255 bytes of
@@ -81,6 +81,7 @@ func schema() resources.Schema {
 	return resources.Schema{Rules: map[string]resources.Rule{
 		"amqpname": {
 			Valid: func(v reflect.Value) bool { return isName(v.String()) },
+			JSON:  map[string]any{"pattern": "[-A-Za-z0-9_.:]{0,255}"},
 			Explain: func(string) (string, string, string) {
 				return "amqpname", "must be at most 255 bytes of letters, digits, '-', '_', '.' and ':'", ""
 			},
@@ -99,6 +100,9 @@ func (driver) Policies() []policy.Policy { return []policy.Policy{policy.AMQPWor
 func (driver) DescribeOptions(policy.Options) string { return "" }
 
 func (driver) Settings() []policy.Setting { return nil }
+
+// BrokerSchema returns what Broker decodes spec.broker.amqp with.
+func (driver) BrokerSchema() (any, resources.Schema) { return new(rawOptions), schema() }
 
 func (driver) Broker(b *resources.BrokerBlock) resources.BrokerOptions {
 	var ra rawOptions

@@ -45,10 +45,10 @@ var Driver driver
 type driver struct{}
 
 type rawOptions struct {
-	QoS           *int                `yaml:"qos" validate:"omitempty,mqttqos"`
-	CleanStart    *bool               `yaml:"cleanStart"`
-	SessionExpiry *resources.Duration `yaml:"sessionExpiry" validate:"omitempty,sessionexpiry"`
-	SharedGroup   string              `yaml:"sharedGroup" validate:"omitempty,sharename"`
+	QoS           *int                `yaml:"qos" validate:"omitempty,mqttqos" doc:"0 or 1 (default 1); 2 is refused: weida cannot keep exactly-once"`
+	CleanStart    *bool               `yaml:"cleanStart" doc:"false (default) resumes the session named by clientID after a reconnect or restart"`
+	SessionExpiry *resources.Duration `yaml:"sessionExpiry" validate:"omitempty,sessionexpiry" doc:"how long the broker keeps the session while the connector is away, in whole seconds (default 1h)"`
+	SharedGroup   string              `yaml:"sharedGroup" validate:"omitempty,sharename" doc:"inbound only: subscribe $share/<group>/<filter> so that replicas split the messages"`
 }
 
 // schema is a function so that its rules cannot be changed at run time.
@@ -56,6 +56,7 @@ func schema() resources.Schema {
 	return resources.Schema{Rules: map[string]resources.Rule{
 		"mqttqos": {
 			Valid: func(v reflect.Value) bool { q := v.Int(); return q == 0 || q == 1 },
+			JSON:  map[string]any{"enum": []int{0, 1}},
 			Explain: func(value string) (string, string, string) {
 				hint := "write qos: 1 (at least once from the broker) or qos: 0 (and state the at-most-once loss)"
 				if value == "2" {
@@ -78,6 +79,7 @@ func schema() resources.Schema {
 				s := v.String()
 				return resources.IsPrintable(s) && !strings.ContainsAny(s, "/+#")
 			},
+			JSON: map[string]any{"pattern": "[^/+#]+"},
 			Explain: func(string) (string, string, string) {
 				return "sharename", "must be printable text without '/', '+' or '#' (MQTT 5 §4.8.2)", ""
 			},
@@ -110,6 +112,9 @@ func (driver) Settings() []policy.Setting {
 		},
 	}}
 }
+
+// BrokerSchema returns what Broker decodes spec.broker.mqtt with.
+func (driver) BrokerSchema() (any, resources.Schema) { return new(rawOptions), schema() }
 
 func (driver) Broker(b *resources.BrokerBlock) resources.BrokerOptions {
 	var raw rawOptions

@@ -38,13 +38,13 @@ var Driver driver
 type driver struct{}
 
 type rawOptions struct {
-	QueueGroup string        `yaml:"queueGroup" validate:"omitempty,natsname"`
-	JetStream  *rawJetStream `yaml:"jetstream"`
+	QueueGroup string        `yaml:"queueGroup" validate:"omitempty,natsname" doc:"inbound, core NATS only: replicas in one queue group split the messages"`
+	JetStream  *rawJetStream `yaml:"jetstream" doc:"use JetStream instead of core NATS (which is at most once)"`
 }
 
 type rawJetStream struct {
-	Stream  string `yaml:"stream" validate:"required,jsname"`
-	Durable string `yaml:"durable" validate:"omitempty,jsname"`
+	Stream  string `yaml:"stream" validate:"required,jsname" doc:"the stream consumed from (inbound) or whose acks confirm a publish (outbound)"`
+	Durable string `yaml:"durable" validate:"omitempty,jsname" doc:"inbound only, and required there: the durable consumer"`
 }
 
 // schema is a function so that its rules cannot be changed at run time.
@@ -56,6 +56,7 @@ func schema() resources.Schema {
 		Rules: map[string]resources.Rule{
 			"natsname": {
 				Valid: str(func(s string) bool { return resources.IsPrintable(s) && !strings.ContainsAny(s, " \t*>") }),
+				JSON:  map[string]any{"pattern": `[^ \t*>]+`},
 				Explain: func(string) (string, string, string) {
 					return "natsname", "must be printable text without whitespace, '*' or '>'", ""
 				},
@@ -64,6 +65,7 @@ func schema() resources.Schema {
 				Valid: str(func(s string) bool {
 					return len(s) <= 255 && resources.IsPrintable(s) && !strings.ContainsAny(s, " \t.*>/\\")
 				}),
+				JSON: map[string]any{"pattern": `[^ \t.*>/\\]+`},
 				Explain: func(string) (string, string, string) {
 					return "jsname", "must be a JetStream name: printable, without whitespace, '.', '*', '>', '/' or '\\'", ""
 				},
@@ -107,6 +109,9 @@ func (driver) Settings() []policy.Setting {
 		},
 	}}
 }
+
+// BrokerSchema returns what Broker decodes spec.broker.nats with.
+func (driver) BrokerSchema() (any, resources.Schema) { return new(rawOptions), schema() }
 
 func (driver) Broker(b *resources.BrokerBlock) resources.BrokerOptions {
 	var raw rawOptions

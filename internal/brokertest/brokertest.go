@@ -417,7 +417,34 @@ func (b *Broker) Signal(sig syscall.Signal) {
 // Pause stops the broker's processes (SIGSTOP): its port still accepts TCP
 // connections, which the kernel queues, but nothing answers, as with a
 // broker that hangs or a network that drops every packet.
-func (b *Broker) Pause() { b.group(syscall.SIGSTOP) }
+// Pause returns once the kernel reports the broker's main process stopped:
+// a signal takes effect asynchronously, and on a busy machine a broker can
+// still answer a connection made right after kill(2) returned.
+func (b *Broker) Pause() {
+	b.group(syscall.SIGSTOP)
+	b.mu.Lock()
+	cmd := b.cmd
+	b.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) && !stopped(cmd.Process.Pid) {
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// stopped reports whether /proc says pid is stopped by a signal (state T).
+func stopped(pid int) bool {
+	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	// The state follows the command name, which is in parentheses and
+	// may itself hold spaces or parentheses.
+	i := bytes.LastIndexByte(stat, ')')
+	return i >= 0 && i+2 < len(stat) && stat[i+2] == 'T'
+}
 
 // Resume continues a paused broker (SIGCONT). It does nothing when the
 // broker is not paused.

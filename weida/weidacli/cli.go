@@ -85,6 +85,10 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 	case "bench":
 		return cmdBench(ctx, args[1:], stdout, stderr)
 	}
+	if s := cli.Suggest(args[0], []string{"sub", "pub", "bench"}); s != "" {
+		fmt.Fprintf(stderr, "connector weida: unknown command %q; did you mean %s?\n\n%s\n", args[0], s, toolUsage)
+		return cli.ExitUsage
+	}
 	fmt.Fprintf(stderr, "connector weida: unknown command %q\n\n%s\n", args[0], toolUsage)
 	return cli.ExitUsage
 }
