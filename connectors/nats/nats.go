@@ -598,35 +598,3 @@ func fromMessage(m *connectors.Message, marker string) *natsgo.Msg {
 	out.Header = h
 	return out
 }
-
-// rateLog logs the first event of a key at once and then at most one line
-// per interval, carrying how many were suppressed.
-type rateLog struct {
-	log      *slog.Logger
-	interval time.Duration
-
-	mu   sync.Mutex
-	last map[string]time.Time
-	supp map[string]int
-}
-
-func newRateLog(log *slog.Logger, interval time.Duration) *rateLog {
-	return &rateLog{log: log, interval: interval, last: map[string]time.Time{}, supp: map[string]int{}}
-}
-
-func (r *rateLog) Log(level slog.Level, key, msg string, attrs ...slog.Attr) {
-	now := time.Now()
-	r.mu.Lock()
-	if t, ok := r.last[key]; ok && now.Sub(t) < r.interval {
-		r.supp[key]++
-		r.mu.Unlock()
-		return
-	}
-	n := r.supp[key]
-	r.last[key], r.supp[key] = now, 0
-	r.mu.Unlock()
-	if n > 0 {
-		attrs = append(attrs, slog.Int("suppressed_since_last", n))
-	}
-	r.log.LogAttrs(context.Background(), level, msg, attrs...)
-}

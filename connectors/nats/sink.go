@@ -47,7 +47,7 @@ type Sink struct {
 	cfg    Config
 	report connectors.StateFunc
 	log    *slog.Logger
-	rlog   *rateLog
+	rlog   *connectors.RateLogger
 
 	closed chan struct{}
 	tr     *tracker
@@ -134,7 +134,7 @@ func NewSink(cfg Config, report connectors.StateFunc) (*Sink, error) {
 		cfg:        cfg,
 		report:     report,
 		log:        log,
-		rlog:       newRateLog(log, 10*time.Second),
+		rlog:       connectors.NewRateLogger(log, 10*time.Second, nil),
 		closed:     make(chan struct{}),
 		tr:         newTracker(),
 		kick:       make(chan struct{}, 1),

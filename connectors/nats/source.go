@@ -48,7 +48,7 @@ type Source struct {
 	cfg    Config
 	report connectors.StateFunc
 	log    *slog.Logger
-	rlog   *rateLog
+	rlog   *connectors.RateLogger
 
 	msgs     chan *connectors.Message // core deliveries
 	closed   chan struct{}
@@ -96,7 +96,7 @@ func NewSource(cfg Config, report connectors.StateFunc) (*Source, error) {
 		cfg:      cfg,
 		report:   report,
 		log:      log,
-		rlog:     newRateLog(log, 10*time.Second),
+		rlog:     connectors.NewRateLogger(log, 10*time.Second, nil),
 		msgs:     make(chan *connectors.Message, 128),
 		closed:   make(chan struct{}),
 		tr:       newTracker(),
