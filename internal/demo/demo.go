@@ -143,10 +143,14 @@ spec:
   broker: {url: "nats://127.0.0.1:%[2]d"}
   weida: {listen: "weida://127.0.0.1:%[3]d/orders", certFile: %[5]s, keyFile: %[6]s}
   conversion:
-    policy: nats-tokens/v1
+    # The opt-in tail policy carries NATS's one-or-more '>' exactly, and the
+    # mount places this server's orders.* under weida's shop.orders.*.
+    policy: nats-tokens-tail/v1
+    mount: {foreign: "orders.", weida: "shop.orders."}
     losses: %[8]s
   routes:
     - {name: created, filter: "orders.*.created"}
+    - {name: europe, filter: "orders.eu.>"}
 ---
 apiVersion: connector.weida.dev/v1alpha1
 kind: Connector
@@ -214,9 +218,11 @@ func (d *demo) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	natsLosses, mqttOutLosses := lossesFor("nats", "inbound"), lossesFor("mqtt", "outbound")
+	natsLosses := lossesFor(policy.NATSTokensV1(), policy.Mount{}, "inbound")
+	natsMountedLosses := lossesFor(policy.NATSTail(), policy.Mount{Foreign: "orders.", Weida: "shop.orders."}, "inbound")
+	mqttOutLosses := lossesFor(policy.MQTTLevelsV1(), policy.Mount{}, "outbound")
 	yaml := fmt.Sprintf(demoResources, mqttPort, natsPort, inPort, app.Addr().(*net.UDPAddr).Port,
-		certFile, keyFile, fingerprint, natsLosses, mqttOutLosses)
+		certFile, keyFile, fingerprint, natsMountedLosses, mqttOutLosses)
 	resFile := filepath.Join(dir, "demo.yaml")
 	refusedFile := filepath.Join(dir, "refused.yaml")
 	if err := os.WriteFile(resFile, []byte(yaml), 0o600); err != nil {
@@ -244,6 +250,9 @@ func (d *demo) run(ctx context.Context) error {
 	}
 	for _, c := range set.Connectors() {
 		d.printf("  valid    %-22s %-3s %-8s %s\n", c.Name, c.Protocol, c.Direction, c.Policy.Name())
+		if c.Mount != (policy.Mount{}) {
+			d.printf("           mount %q (broker) <-> %q (weida)\n", c.Mount.Foreign, c.Mount.Weida)
+		}
 		for _, r := range c.Routes {
 			d.printf("           route %-12s %-24s -> weida %s\n", r.Name, r.Foreign, r.Weida)
 		}
@@ -307,8 +316,9 @@ func (d *demo) run(ctx context.Context) error {
 		{"MQTT", "factory", `line stopped`, sensors, "factory"},
 		{"MQTT", "factory/hall-2/press", `{"bar":3}`, sensors, "factory.hall-2.press"},
 		{"MQTT", "sensors/eu.west/temperature", `{"c":9.1}`, sensors, ""},
-		{"NATS", "orders.eu.created", `{"id":1}`, orders, "orders.eu.created"},
-		{"NATS", "orders.eu.fr.created", `{"id":2}`, orders, ""},
+		{"NATS", "orders.us.created", `{"id":1}`, orders, "shop.orders.us.created"},
+		{"NATS", "orders.eu.fr.shipped", `{"id":2}`, orders, "shop.orders.eu.fr.shipped"},
+		{"NATS", "orders.us.ca.shipped", `{"id":3}`, orders, ""},
 	}
 	for _, m := range inbound {
 		switch m.proto {
@@ -572,8 +582,16 @@ func writeDemoCert(dir string) (certFile, keyFile, fingerprint string, err error
 // lossesFor renders, as a YAML flow list, the losses the protocol's default
 // policy incurs with the demo's options (MQTT QoS 1, core NATS): the demo
 // states exactly what its conversions lose, as every resource must.
-func lossesFor(protocol, direction string) string {
-	p := service.Lookup(drivers.All(), protocol).Policies()[0]
+// lossesFor lists, in YAML, the losses the demo's resource of protocol and
+// direction must state: those of p under mount m (the zero Mount for none).
+func lossesFor(p policy.Policy, m policy.Mount, direction string) string {
+	if m != (policy.Mount{}) {
+		mp, err := policy.NewMounted(p, m)
+		if err != nil {
+			panic(err) // the demo's own constant mount
+		}
+		p = mp
+	}
 	ls := p.Losses(policy.Direction(direction), policy.Options{QoS: 1})
 	s := make([]string, len(ls))
 	for i, l := range ls {
