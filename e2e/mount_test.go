@@ -193,7 +193,9 @@ func TestNATSTailInbound(t *testing.T) {
 	if want := []string{"orders.eu one token", "orders.eu.fr.created three tokens"}; !slices.Equal(got, want) {
 		t.Errorf("weida subscriber got %q, want %q", got, want)
 	}
-	if st, _ := c.Status("orders-in"); dropTotal(st.Counters.Dropped) != 0 {
-		t.Errorf("drops %v", st.Counters.Dropped)
+	// Probes sent before the weida subscription was in place are counted
+	// as no-subscriber drops; nothing after them may be dropped.
+	if st, _ := c.Status("orders-in"); dropTotal(st.Counters.Dropped) != dropTotal(base.Counters.Dropped) {
+		t.Errorf("drops %v, %v before the test messages", st.Counters.Dropped, base.Counters.Dropped)
 	}
 }
