@@ -225,57 +225,17 @@ func readState(file string) ([]byte, error) {
 	return b, nil
 }
 
-// writeState creates file with data and perm, atomically: a reader sees
-// either no file or all of it. It never replaces an existing file: created
-// is false when file already existed, and then data was not written.
-//
-// The data goes to a temporary file in the same directory, synced, then
-// hard-linked to its name, which fails when the name exists. A file system
-// without hard links gets a rename instead, which is atomic too but would
-// replace a file created in between by another process.
+// writeState creates file with data and perm, atomically, never replacing
+// an existing file: created is false when file already existed, and then
+// data was not written.
 func writeState(file string, data []byte, perm fs.FileMode) (created bool, err error) {
-	dir, base := filepath.Split(file)
-	tmp, err := os.CreateTemp(dir, "."+base+".tmp-*")
-	if err != nil {
-		return false, fmt.Errorf("weida: state dir: %w", err)
-	}
-	name := tmp.Name()
-	defer os.Remove(name)
-	err = tmp.Chmod(perm)
-	if err == nil {
-		_, err = tmp.Write(data)
-	}
-	if err == nil {
-		err = tmp.Sync()
-	}
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return false, fmt.Errorf("weida: state dir: writing %s: %w", file, err)
-	}
-	switch err := os.Link(name, file); {
+	switch err := safefile.Create(file, data, perm, false); {
 	case err == nil:
-	case errors.Is(err, fs.ErrExist):
+		return true, nil
+	case errors.Is(err, safefile.ErrExists):
 		return false, nil
 	default:
-		if _, serr := os.Lstat(file); serr == nil {
-			return false, nil
-		}
-		if err := os.Rename(name, file); err != nil {
-			return false, fmt.Errorf("weida: state dir: writing %s: %w", file, err)
-		}
-	}
-	syncDir(dir)
-	return true, nil
-}
-
-// syncDir makes a new directory entry durable where the platform allows;
-// a failure only weakens durability, never correctness, so it is ignored.
-func syncDir(dir string) {
-	if d, err := os.Open(dir); err == nil {
-		_ = d.Sync()
-		_ = d.Close()
+		return false, fmt.Errorf("weida: state dir: %w", err)
 	}
 }
 

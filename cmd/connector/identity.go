@@ -106,39 +106,14 @@ func createIdentity(certFile, keyFile string, force bool, stdout, stderr io.Writ
 	return exitOK
 }
 
-// writeNew writes data to file through a temporary file in the same
-// directory, so that a reader never sees part of it. Unless replace is set
-// it fails when file exists, also when it appeared since it was checked.
-func writeNew(file string, data []byte, perm fs.FileMode, replace bool) (err error) {
-	tmp, err := os.CreateTemp(filepath.Dir(file), "."+filepath.Base(file)+".tmp-*")
-	if err != nil {
-		return fmt.Errorf("writing %s: %w", file, err)
+// writeNew writes data to file atomically. Unless replace is set it fails
+// when file exists, also when it appeared since it was checked.
+func writeNew(file string, data []byte, perm fs.FileMode, replace bool) error {
+	err := safefile.Create(file, data, perm, replace)
+	if errors.Is(err, safefile.ErrExists) {
+		return fmt.Errorf("%s exists; use --force to replace it", file)
 	}
-	name := tmp.Name()
-	defer os.Remove(name)
-	err = tmp.Chmod(perm)
-	if err == nil {
-		_, err = tmp.Write(data)
-	}
-	if err == nil {
-		err = tmp.Sync()
-	}
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return fmt.Errorf("writing %s: %w", file, err)
-	}
-	if replace {
-		return os.Rename(name, file)
-	}
-	if err := os.Link(name, file); err != nil {
-		if errors.Is(err, fs.ErrExist) {
-			return fmt.Errorf("%s exists; use --force to replace it", file)
-		}
-		return err
-	}
-	return nil
+	return err
 }
 
 func identityShow(args []string, stdout, stderr io.Writer) int {

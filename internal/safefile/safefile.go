@@ -15,6 +15,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"path/filepath"
 	"syscall"
 )
 
@@ -130,4 +131,64 @@ func Refused(err error) bool {
 	var nr *NotRegularError
 	var tl *TooLargeError
 	return errors.As(err, &nr) || errors.As(err, &tl)
+}
+
+// ErrExists is returned by [Create] when the file already exists.
+var ErrExists = errors.New("safefile: file exists")
+
+// Create writes a new file with data and perm, atomically: a reader sees
+// either no file or all of it. It never replaces an existing file, even
+// one created while it was writing: it returns an error wrapping
+// [ErrExists] then, and data is not written. With replace set, it
+// replaces whatever is there instead.
+//
+// The data goes to a temporary file in the same directory, synced, then
+// hard-linked to its name, which fails when the name exists (a rename when
+// replacing). A file system without hard links gets a rename too, which is
+// atomic but could replace a file another process created meanwhile.
+func Create(file string, data []byte, perm fs.FileMode, replace bool) error {
+	dir, base := filepath.Split(file)
+	tmp, err := os.CreateTemp(dir, "."+base+".tmp-*")
+	if err != nil {
+		return fmt.Errorf("writing %s: %w", file, err)
+	}
+	name := tmp.Name()
+	defer os.Remove(name)
+	err = tmp.Chmod(perm)
+	if err == nil {
+		_, err = tmp.Write(data)
+	}
+	if err == nil {
+		err = tmp.Sync()
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("writing %s: %w", file, err)
+	}
+	if replace {
+		err = os.Rename(name, file)
+	} else {
+		err = os.Link(name, file)
+	}
+	switch {
+	case err == nil:
+	case errors.Is(err, fs.ErrExist):
+		return fmt.Errorf("writing %s: %w", file, ErrExists)
+	default:
+		if _, serr := os.Lstat(file); serr == nil {
+			return fmt.Errorf("writing %s: %w", file, ErrExists)
+		}
+		if err := os.Rename(name, file); err != nil {
+			return fmt.Errorf("writing %s: %w", file, err)
+		}
+	}
+	// The new directory entry is made durable where the platform allows;
+	// a failure only weakens durability, never correctness.
+	if d, err := os.Open(dir); err == nil {
+		_ = d.Sync()
+		_ = d.Close()
+	}
+	return nil
 }
