@@ -2,7 +2,10 @@ package resources
 
 import (
 	"fmt"
+	"net"
+	"net/url"
 	"reflect"
+	"strconv"
 	"strings"
 
 	"github.com/go-playground/validator/v10"
@@ -61,6 +64,22 @@ type URLRules struct {
 	// then one segment, handed to the protocol in [Broker.Path]. "" means
 	// the URL has no path.
 	Path string
+}
+
+// Address returns a broker's address as a URL without credentials or
+// path: scheme://host:port, with the TLS scheme when tls is set and the
+// scheme's default port when port is 0. Drivers give it to client
+// libraries that take their server only as a URL, and name the broker by it
+// in logs and errors; it is built from parsed fields, never parsed again.
+func (r URLRules) Address(host string, port int, tls bool) *url.URL {
+	scheme, def := r.Scheme, r.Port
+	if tls {
+		scheme, def = r.TLSScheme, r.TLSPort
+	}
+	if port == 0 {
+		port = def
+	}
+	return &url.URL{Scheme: scheme, Host: net.JoinHostPort(host, strconv.Itoa(port))}
 }
 
 // BrokerOptions are what a protocol made of its spec.broker block.

@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/url"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -385,16 +383,7 @@ func (c *Config) dial(ctx context.Context) (*link, error) {
 // default ports of [Driver]'s URL rules): what the library dials, and how
 // logs and errors name the broker.
 func (c *Config) brokerURL() string {
-	r := Driver.URL()
-	scheme, port := r.Scheme, r.Port
-	if c.TLS != nil {
-		scheme, port = r.TLSScheme, r.TLSPort
-	}
-	if c.Port != 0 {
-		port = c.Port
-	}
-	u := url.URL{Scheme: scheme, Host: net.JoinHostPort(c.Host, strconv.Itoa(port))}
-	return u.String()
+	return Driver.URL().Address(c.Host, c.Port, c.TLS != nil).String()
 }
 
 // vhost returns the virtual host to open.

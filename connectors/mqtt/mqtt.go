@@ -34,7 +34,6 @@ import (
 	"log/slog"
 	"net"
 	"net/url"
-	"strconv"
 	"sync"
 	"time"
 
@@ -179,15 +178,7 @@ func (c *Config) clientConfig(report connectors.StateFunc, log *slog.Logger, onC
 // [Driver]'s URL rules): what autopaho is given, and how logs and errors
 // name the broker.
 func (c *Config) serverURL() *url.URL {
-	r := Driver.URL()
-	scheme, port := r.Scheme, r.Port
-	if c.TLS != nil {
-		scheme, port = r.TLSScheme, r.TLSPort
-	}
-	if c.Port != 0 {
-		port = c.Port
-	}
-	return &url.URL{Scheme: scheme, Host: net.JoinHostPort(c.Host, strconv.Itoa(port))}
+	return Driver.URL().Address(c.Host, c.Port, c.TLS != nil)
 }
 
 // Reasons this driver reports, in the vocabulary of [connectors.Failure].

@@ -6,9 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
-	"net/url"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -218,16 +215,7 @@ func (c *Config) pullMessages() int {
 // port of [Driver]'s URL rules): what nats.go is given, and how logs and
 // errors name the server.
 func (c *Config) serverURL() string {
-	r := Driver.URL()
-	scheme, port := r.Scheme, r.Port
-	if c.TLS != nil {
-		scheme, port = r.TLSScheme, r.TLSPort
-	}
-	if c.Port != 0 {
-		port = c.Port
-	}
-	u := url.URL{Scheme: scheme, Host: net.JoinHostPort(c.Host, strconv.Itoa(port))}
-	return u.String()
+	return Driver.URL().Address(c.Host, c.Port, c.TLS != nil).String()
 }
 
 // validate checks what does not need a connection.
