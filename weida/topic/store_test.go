@@ -40,7 +40,7 @@ func TestStoreMatchFilter(t *testing.T) {
 		{"nothing.#", nil},
 		{"a.b.c.d", nil},
 		{"a.b.c.#", []string{"a.b.c"}},
-		{"a..", nil}, // valid: three segments, two of them empty
+		{"a..", nil},   // valid: three segments, two of them empty
 		{"a.#.b", nil}, // invalid: matches nothing
 	} {
 		got := storeMatches(s, c.filter)
