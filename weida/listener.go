@@ -56,6 +56,15 @@ type pathState struct {
 	idx  *topic.Index[*connPath] // (filter, subscriber connection) entries; internally locked
 	pub  *Publisher              // nil while no publisher holds the path; Listener.mu
 	refs int                     // connections with >= 1 filter here; Listener.mu
+
+	// fan orders fan-out against replay: Publish holds it for reading
+	// from its record hook to its last queued copy, and a SUBSCRIBE holds
+	// it for writing from inserting its filter to queueing its last
+	// replayed copy. Lock order: serverConn.subMu, then fan, then the
+	// index's lock, the Replayer's own locks and the send queues'.
+	fan       sync.RWMutex
+	replay    Replayer   // fan; nil: nothing is replayed
+	replayPub *Publisher // fan; the publisher that set replay, which stops replaying once closed
 }
 
 // Listen starts a weida listener on addr ("host:port"; port 0 picks a free
@@ -454,7 +463,13 @@ func (sc *serverConn) subscribe(path, filter string) bool {
 		cp = &connPath{sc: sc, ps: ps}
 		sc.paths[path] = cp
 	}
-	if err := cp.ps.idx.Insert(filter, cp); err != nil {
+	cp.ps.fan.Lock()
+	err := cp.ps.idx.Insert(filter, cp)
+	if err == nil {
+		sc.replay(cp.ps, filter)
+	}
+	cp.ps.fan.Unlock()
+	if err != nil {
 		return true // unreachable: the filter was validated
 	}
 	cp.filters++
