@@ -30,6 +30,9 @@ func (b *Bridge) setPublisher(p Publisher) {
 	b.in.pubMu.Lock()
 	b.in.pub = p
 	b.in.pubMu.Unlock()
+	if p != nil {
+		b.installReplayer(p)
+	}
 }
 
 func (b *Bridge) publisher() Publisher {
@@ -88,6 +91,7 @@ func (b *Bridge) runInbound(ctx context.Context) error {
 		return failure(err, FailStart)
 	}
 	b.in.supersedes = nil
+	b.seedLastValues(ctx, src, filters)
 	b.attemptStarted()
 	for {
 		m, ack, err := src.Read(ctx)
@@ -149,7 +153,7 @@ func (b *Bridge) handleInbound(ctx context.Context, pub Publisher, m *Message, a
 		settle(nil)
 		return
 	}
-	res, err := pub.Publish(ctx, weida.Message{
+	res, err := b.publish(ctx, pub, m, weida.Message{
 		Topic:       wt,
 		ContentType: m.ContentType,
 		Traceparent: m.Traceparent,

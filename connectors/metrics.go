@@ -39,6 +39,13 @@ type Metrics struct {
 	Latency      *prometheus.HistogramVec
 	// AttemptsFailed counts failed attempts of a unit by reason.
 	AttemptsFailed *prometheus.CounterVec
+	// Last-value caches of inbound resources: topics and bytes held,
+	// topics evicted by reason (a bound, never a broker deletion), and
+	// copies replayed to new weida subscriptions.
+	LastValueEntries   *prometheus.GaugeVec
+	LastValueBytes     *prometheus.GaugeVec
+	LastValueEvictions *prometheus.CounterVec
+	LastValueReplayed  *prometheus.CounterVec
 }
 
 // NewMetrics creates the collectors and registers them on reg.
@@ -68,9 +75,18 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Buckets: []float64{.00005, .0001, .00025, .0005, .001, .002, .005, .01, .025, .05, .1, .25, 1}}, []string{"resource"}),
 		AttemptsFailed: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "attempts_failed_total",
 			Help: "Failed attempts to run a resource, by reason; the runtime retries each after a backoff unless it is permanent."}, []string{"resource", "reason"}),
+		LastValueEntries: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "last_value_entries",
+			Help: "Topics held in an inbound resource's last-value cache."}, []string{"resource"}),
+		LastValueBytes: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "last_value_bytes",
+			Help: "Bytes held in an inbound resource's last-value cache: topics, payloads, metadata and 64 bytes per topic."}, []string{"resource"}),
+		LastValueEvictions: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "last_value_evictions_total",
+			Help: "Topics dropped from a last-value cache to keep its bounds (max-topics, max-bytes), or a value too large to cache (too-large)."}, []string{"resource", "reason"}),
+		LastValueReplayed: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "last_value_replayed_total",
+			Help: "Cached values offered to new weida subscriptions, one per matching topic per SUBSCRIBE."}, []string{"resource"}),
 	}
 	reg.MustRegister(m.Received, m.Bridged, m.Dropped, m.Acknowledged, m.InFlight, m.Reconnects, m.Up,
-		m.Subscribers, m.CopiesQueued, m.Latency, m.AttemptsFailed)
+		m.Subscribers, m.CopiesQueued, m.Latency, m.AttemptsFailed,
+		m.LastValueEntries, m.LastValueBytes, m.LastValueEvictions, m.LastValueReplayed)
 	return m
 }
 
@@ -89,4 +105,8 @@ func (m *Metrics) forget(resource string) {
 	m.CopiesQueued.DeletePartialMatch(l)
 	m.Latency.DeletePartialMatch(l)
 	m.AttemptsFailed.DeletePartialMatch(l)
+	m.LastValueEntries.DeletePartialMatch(l)
+	m.LastValueBytes.DeletePartialMatch(l)
+	m.LastValueEvictions.DeletePartialMatch(l)
+	m.LastValueReplayed.DeletePartialMatch(l)
 }

@@ -120,7 +120,7 @@ func (r *Runtime) Apply(ctx context.Context, units []Unit) error {
 	previous := make(map[string][]string)
 	// Units retried by the reload with their configuration unchanged keep
 	// their counters and series: only the attempt is new.
-	carry := make(map[string]*stats)
+	carry := make(map[string]*Bridge)
 	for name, ru := range r.running {
 		u, ok := want[name]
 		same := ok && u.Revision != "" && u.Revision == ru.unit.Revision
@@ -128,7 +128,7 @@ func (r *Runtime) Apply(ctx context.Context, units []Unit) error {
 			continue
 		}
 		if same {
-			carry[name] = ru.bridge.stats
+			carry[name] = ru.bridge
 		}
 		stop = append(stop, ru)
 		delete(r.running, name)
@@ -177,10 +177,11 @@ func (r *Runtime) Apply(ctx context.Context, units []Unit) error {
 }
 
 // startUnit starts the supervisor of u; previous are the broker filters of
-// the inbound unit it replaces, if any, and st the accounting it carries
-// on, if any. It returns the error of the first weida listen, which the
+// the inbound unit it replaces, if any, and prev the stopped bridge of the
+// same configuration whose accounting and last-value cache it carries on,
+// if any. It returns the error of the first weida listen, which the
 // supervisor then retries.
-func (r *Runtime) startUnit(ctx context.Context, u Unit, previous []string, st *stats) error {
+func (r *Runtime) startUnit(ctx context.Context, u Unit, previous []string, prev *Bridge) error {
 	var b *Bridge
 	if u.Spec.Direction == policy.Outbound {
 		b = NewOutbound(u.Spec, u.Dial, u.NewSink, r.deps)
@@ -188,8 +189,11 @@ func (r *Runtime) startUnit(ctx context.Context, u Unit, previous []string, st *
 		b = NewInbound(u.Spec, u.NewSource, nil, r.deps)
 		b.in.supersedes = previous
 	}
-	if st != nil {
-		b.stats = st
+	if prev != nil {
+		b.stats = prev.stats
+		if b.lv != nil && prev.lv != nil {
+			b.lv = prev.lv
+		}
 	}
 	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	ru := &runningUnit{unit: u, bridge: b, cancel: cancel, done: make(chan struct{})}

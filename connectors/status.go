@@ -32,6 +32,9 @@ type Counters struct {
 	Dropped      map[string]uint64 `json:"dropped,omitempty"` // by reason
 	Reconnects   uint64            `json:"reconnects"`
 	Subscribers  int               `json:"weidaSubscribers,omitempty"`
+	// LastValue is present for an inbound resource keeping a last-value
+	// cache.
+	LastValue *LastValueCounters `json:"lastValue,omitempty"`
 }
 
 // RouteStatus is one route of a resource as /status shows it: the filter

@@ -37,6 +37,7 @@ type rawSpec struct {
 	Conversion *rawConversion `yaml:"conversion"`
 	Routes     []rawRoute     `yaml:"routes" validate:"required,min=1,max=256,dive"`
 	Limits     *rawLimits     `yaml:"limits"`
+	LastValue  *rawLastValue  `yaml:"lastValue"`
 }
 
 type rawBroker struct {
@@ -90,6 +91,12 @@ type rawConversion struct {
 type rawRoute struct {
 	Name   string  `yaml:"name" validate:"omitempty,dnslabel"`
 	Filter *string `yaml:"filter" validate:"required"`
+}
+
+type rawLastValue struct {
+	Mode      string    `yaml:"mode" validate:"required,oneof=retained all"`
+	MaxTopics *int      `yaml:"maxTopics" validate:"omitempty,min=1,max=1000000"`
+	MaxBytes  *ByteSize `yaml:"maxBytes" validate:"omitempty,min=1024,max=1073741824"`
 }
 
 type rawLimits struct {

@@ -114,6 +114,11 @@ func unit(c *resources.Connector, env Env) (connectors.Unit, error) {
 			Losses:          losses,
 			MaxMessageBytes: int(c.Limits.MaxMessageBytes),
 			InFlight:        c.Limits.InFlight,
+			LastValue: connectors.LastValue{
+				Mode:      connectors.LastValueMode(c.LastValue.Mode),
+				MaxTopics: c.LastValue.MaxTopics,
+				MaxBytes:  c.LastValue.MaxBytes,
+			},
 		},
 		Revision: expanded.Revision(),
 	}

@@ -28,6 +28,10 @@ type Options struct {
 	// SharedGroup, when set (inbound only), makes every subscription
 	// $share/SharedGroup/filter, so that replicas split the messages.
 	SharedGroup string
+	// Retain (outbound only) publishes every message with the retain
+	// flag, so that the broker keeps the last one of each topic for
+	// MQTT subscribers that come later.
+	Retain bool
 }
 
 // OptionsOf returns c's MQTT options; ok is false when c is not a bound
@@ -49,6 +53,7 @@ type rawOptions struct {
 	CleanStart    *bool               `yaml:"cleanStart"`
 	SessionExpiry *resources.Duration `yaml:"sessionExpiry" validate:"omitempty,sessionexpiry"`
 	SharedGroup   string              `yaml:"sharedGroup" validate:"omitempty,sharename"`
+	Retain        *bool               `yaml:"retain"`
 }
 
 // schema is a function so that its rules cannot be changed at run time.
@@ -139,6 +144,11 @@ func (driver) Broker(b *resources.BrokerBlock) resources.BrokerOptions {
 	m.SharedGroup = raw.SharedGroup
 	b.DirectionOnly(base+".sharedGroup", raw.SharedGroup != "", policy.Inbound,
 		"a shared subscription splits what the broker delivers among subscribers; an outbound resource only publishes")
+	if raw.Retain != nil {
+		m.Retain = *raw.Retain
+		b.DirectionOnly(base+".retain", true, policy.Outbound,
+			"an inbound resource receives retained messages; to replay them to late weida subscribers, set spec.lastValue")
+	}
 	return resources.BrokerOptions{Options: m, Policy: policy.Options{QoS: int(m.QoS)}, PolicyOK: optsOK}
 }
 
@@ -197,6 +207,9 @@ func (driver) Summary(c *resources.Connector) string {
 	if m.SharedGroup != "" {
 		s += ", shared group " + m.SharedGroup
 	}
+	if m.Retain {
+		s += ", retained"
+	}
 	return s
 }
 
@@ -226,6 +239,7 @@ func configOf(bc resources.BrokerConfig) Config {
 		CleanStart:    m.CleanStart,
 		SessionExpiry: m.SessionExpiry,
 		SharedGroup:   m.SharedGroup,
+		Retain:        m.Retain,
 		LoopMarker:    bc.LoopMarker,
 		Logger:        bc.Logger,
 	}
