@@ -218,6 +218,12 @@ type ResourceStatus struct {
 		Dropped      map[string]uint64 `json:"dropped"`
 		Reconnects   uint64            `json:"reconnects"`
 		Subscribers  int               `json:"weidaSubscribers"`
+		LastValue    *struct {
+			Entries  int               `json:"entries"`
+			Bytes    int64             `json:"bytes"`
+			Evicted  map[string]uint64 `json:"evicted"`
+			Replayed uint64            `json:"replayed"`
+		} `json:"lastValue"`
 	} `json:"counters"`
 	// Failure is present only while the resource is down after a failed
 	// attempt to start it.

@@ -37,6 +37,7 @@ type natsResource struct {
 	InFlight   int
 	TLS        *brokerPKI // set: tls:// with the PKI's CA and client certificate
 	TokenFile  string     // set: credentials.token read from this file
+	LastValue  string     // inbound: spec.lastValue's body, e.g. "mode: retained"
 }
 
 // YAML renders the resource, declaring exactly the losses its conversion
@@ -75,6 +76,12 @@ func (r natsResource) YAML(t testing.TB) string {
 		fmt.Fprintf(&b, "  weida:\n    listen: %s\n", r.Endpoint)
 	} else {
 		fmt.Fprintf(&b, "  weida:\n    dial: %s\n", r.Endpoint)
+	}
+	if r.LastValue != "" {
+		b.WriteString("  lastValue:\n")
+		for line := range strings.SplitSeq(r.LastValue, "\n") {
+			fmt.Fprintf(&b, "    %s\n", line)
+		}
 	}
 	b.WriteString("  conversion:\n    policy: nats-tokens/v1\n    losses:\n")
 	p := policy.NATSTokensV1()

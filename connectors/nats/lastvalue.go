@@ -33,6 +33,19 @@ func (s *Source) LastValues(ctx context.Context, filters []string, yield func(*c
 	if js == nil {
 		return errors.New("nats: LastValues before a successful Start")
 	}
+	for _, f := range filters {
+		if err := s.lastValues(ctx, js, f, yield); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// lastValues reads the last message of each subject filter selects. One
+// consumer per filter works with servers before 2.10, which have no
+// consumers with several filter subjects; a subject two filters select is
+// yielded twice, which a cache does not mind.
+func (s *Source) lastValues(ctx context.Context, js jetstream.JetStream, filter string, yield func(*connectors.Message)) error {
 	name := s.cfg.JetStream.Stream
 	ctx, cancel := context.WithTimeout(ctx, 4*s.cfg.flushTimeout())
 	defer cancel()
@@ -41,12 +54,12 @@ func (s *Source) LastValues(ctx context.Context, filters []string, yield func(*c
 		return fmt.Errorf("nats: jetstream stream %q: %w", name, err)
 	}
 	cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
-		FilterSubjects:    filters,
+		FilterSubjects:    []string{filter},
 		DeliverPolicy:     jetstream.DeliverLastPerSubjectPolicy,
 		InactiveThreshold: time.Minute, // the server's clean-up, should the delete below fail
 	})
 	if err != nil {
-		return fmt.Errorf("nats: jetstream stream %q: last values: %w", name, err)
+		return fmt.Errorf("nats: jetstream stream %q: last values of %q: %w", name, filter, err)
 	}
 	defer func() {
 		dctx, dcancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.flushTimeout())
@@ -61,7 +74,7 @@ func (s *Source) LastValues(ctx context.Context, filters []string, yield func(*c
 	for {
 		batch, err := cons.Fetch(lastValuesBatch, jetstream.FetchMaxWait(s.cfg.flushTimeout()))
 		if err != nil {
-			return fmt.Errorf("nats: jetstream stream %q: last values: %w", name, err)
+			return fmt.Errorf("nats: jetstream stream %q: last values of %q: %w", name, filter, err)
 		}
 		n := 0
 		for msg := range batch.Messages() {
@@ -76,7 +89,7 @@ func (s *Source) LastValues(ctx context.Context, filters []string, yield func(*c
 			}
 		}
 		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
-			return fmt.Errorf("nats: jetstream stream %q: last values: %w", name, err)
+			return fmt.Errorf("nats: jetstream stream %q: last values of %q: %w", name, filter, err)
 		}
 		if n == 0 {
 			return nil // nothing more arrived within the wait
