@@ -100,7 +100,12 @@ func (driver) Policies() []policy.Policy {
 	return []policy.Policy{policy.MQTTLevelsV1(), policy.MQTTLevelsEscapedV1()}
 }
 
-func (driver) DescribeOptions(o policy.Options) string { return fmt.Sprintf("QoS %d", o.QoS) }
+func (driver) DescribeOptions(o policy.Options) string {
+	if o.LastValue {
+		return fmt.Sprintf("QoS %d, last-value cache", o.QoS)
+	}
+	return fmt.Sprintf("QoS %d", o.QoS)
+}
 
 func (driver) Settings() []policy.Setting {
 	return []policy.Setting{{
@@ -111,6 +116,16 @@ func (driver) Settings() []policy.Setting {
 				return fmt.Errorf("must be 0 or 1, not %s", v)
 			}
 			o.QoS = q
+			return nil
+		},
+	}, {
+		Name: "last-value", Usage: "the inbound resource keeps a last-value cache (spec.lastValue); removes the retain loss", Bool: true, Default: "false",
+		Apply: func(o *policy.Options, v string) error {
+			b, err := strconv.ParseBool(v)
+			if err != nil {
+				return fmt.Errorf("must be true or false, not %s", v)
+			}
+			o.LastValue = b
 			return nil
 		},
 	}}
