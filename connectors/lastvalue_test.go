@@ -53,7 +53,7 @@ func (s *chanSource) send(t interface{ Fatalf(string, ...any) }, m *connectors.M
 
 // lvBridge runs an inbound MQTT bridge of every topic ("#") onto path of l
 // with the given cache, fed by the returned source, until the test ends.
-func lvBridge(t testing.TB, l *weida.Listener, path string, lv connectors.LastValue) (*connectors.Bridge, *chanSource, *connectors.Metrics) {
+func lvBridge(t testing.TB, l *weida.Listener, path string, lv connectors.LastValue) (*lvRig, *chanSource, *connectors.Metrics) {
 	pub, err := l.Publisher(path)
 	if err != nil {
 		t.Fatal(err)
@@ -78,7 +78,24 @@ func lvBridge(t testing.TB, l *weida.Listener, path string, lv connectors.LastVa
 		wg.Wait()
 		pub.Close()
 	})
-	return b, src, m
+	return &lvRig{Bridge: b, pub: pub}, src, m
+}
+
+// lvRig is a bridge and the publisher path it publishes on.
+type lvRig struct {
+	*connectors.Bridge
+	pub *weida.Publisher
+}
+
+// probeTopic is published straight on the path, bypassing the cache, to
+// wait for a replay: a Publish on the path waits for any replay under way.
+const probeTopic = "zz.probe.zz.zz"
+
+// sync returns once every SUBSCRIBE the path has begun has been replayed.
+func (r *lvRig) sync(t interface{ Fatalf(string, ...any) }) {
+	if _, err := r.pub.Publish(context.Background(), weida.Message{Topic: probeTopic}); err != nil {
+		t.Fatalf("probe: %v", err)
+	}
 }
 
 func lvListen(t testing.TB) *weida.Listener {
@@ -93,12 +110,14 @@ func lvListen(t testing.TB) *weida.Listener {
 }
 
 // lvSubscribe dials path on l, subscribes filter and returns the messages
-// replayed to it: it waits until the listener has queued want more
-// replayed copies than before, and reads that many.
+// replayed to it: once b's path has the new subscriber (its connections on
+// the path stay open until the test, or the rapid check, ends) and its
+// replay is queued, it checks that the listener queued want more replayed
+// copies than before, and reads that many.
 func lvSubscribe(t interface {
 	Fatalf(string, ...any)
 	Cleanup(func())
-}, l *weida.Listener, path, filter string, want int) map[string]string {
+}, l *weida.Listener, b *lvRig, path, filter string, want int) map[string]string {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	url := fmt.Sprintf("weida://%s@%s%s", l.Fingerprint(), l.Addr(), path)
@@ -108,23 +127,30 @@ func lvSubscribe(t interface {
 	}
 	t.Cleanup(func() { s.Close() })
 	before := l.Stats()
+	subs := b.Status().Counters.Subscribers
 	if err := s.Subscribe(ctx, filter); err != nil {
 		t.Fatalf("Subscribe(%q): %v", filter, err)
 	}
-	for l.Stats().Subscriptions == before.Subscriptions {
+	// The listener's own subscription count would also move when a
+	// connection of an earlier check closes.
+	for b.Status().Counters.Subscribers == subs {
 		if ctx.Err() != nil {
 			t.Fatalf("the subscription to %q never arrived", filter)
 		}
 		time.Sleep(time.Millisecond)
 	}
+	b.sync(t) // the path's subscriber count moves before the replay
 	if got := l.Stats().CopiesReplayed - before.CopiesReplayed; got != uint64(want) {
 		t.Fatalf("SUBSCRIBE %q: %d copies replayed, want %d", filter, got, want)
 	}
 	got := map[string]string{}
-	for range want {
+	for len(got) < want {
 		m, err := s.Receive(ctx)
 		if err != nil {
 			t.Fatalf("Receive: %v", err)
+		}
+		if m.Topic == probeTopic {
+			continue
 		}
 		if _, dup := got[m.Topic]; dup {
 			t.Fatalf("SUBSCRIBE %q: %q replayed twice", filter, m.Topic)
@@ -148,7 +174,7 @@ func TestLastValueReplayProperty(t *testing.T) {
 	}
 	rapid.Check(t, func(rt *rapid.T) {
 		path := fmt.Sprintf("/prop%d", paths.Add(1))
-		_, src, _ := lvBridge(t, l, path, connectors.LastValue{Mode: connectors.LastValueAll})
+		b, src, _ := lvBridge(t, l, path, connectors.LastValue{Mode: connectors.LastValueAll})
 		ref := map[string]string{} // weida topic -> payload
 		for i := range rapid.IntRange(1, 25).Draw(rt, "ops") {
 			switch rapid.IntRange(0, 4).Draw(rt, "op") {
@@ -173,7 +199,7 @@ func TestLastValueReplayProperty(t *testing.T) {
 						want[tp] = p
 					}
 				}
-				if got := lvSubscribe(rt, l, path, filter, len(want)); !maps.Equal(got, want) {
+				if got := lvSubscribe(rt, l, b, path, filter, len(want)); !maps.Equal(got, want) {
 					rt.Fatalf("SUBSCRIBE %q replayed %v, want %v", filter, got, want)
 				}
 			}
@@ -211,7 +237,7 @@ func TestLastValueBounds(t *testing.T) {
 	if lv.Evicted[connectors.EvictTooLarge] != 1 {
 		t.Fatalf("after a value over maxBytes: %+v", lv)
 	}
-	got := lvSubscribe(t, l, "/bounds", "big.*", lv.Entries)
+	got := lvSubscribe(t, l, b, "/bounds", "big.*", lv.Entries)
 	if _, ok := got["big.9"]; ok || len(got) != lv.Entries {
 		t.Fatalf("replayed %v with %d entries cached", slices.Collect(maps.Keys(got)), lv.Entries)
 	}
