@@ -2,6 +2,7 @@ package connectors_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -290,4 +291,112 @@ func BenchmarkLastValueReplay(b *testing.B) {
 		s.Close()
 	}
 	b.ReportMetric(float64(cpu.Milliseconds())/float64(b.N), "cpu-ms/op")
+}
+
+// onceSource delivers one retained message on its first Read, then ends
+// the attempt, so that the unit is down with a value cached.
+type onceSource struct {
+	msg  *connectors.Message // nil: deliver nothing
+	done chan struct{}
+	once sync.Once
+}
+
+func (s *onceSource) Start(context.Context, []string) error { return nil }
+func (s *onceSource) Close(context.Context) error {
+	if s.done != nil {
+		s.once.Do(func() { close(s.done) })
+	}
+	return nil
+}
+func (s *onceSource) Read(ctx context.Context) (*connectors.Message, connectors.AckFunc, error) {
+	if m := s.msg; m != nil {
+		s.msg = nil
+		return m, func(error) {}, nil
+	}
+	if s.done == nil { // the first source: fail once its message is read
+		return nil, nil, connectors.Retryable("ConnectionLost", errors.New("test: connection lost"))
+	}
+	select {
+	case <-ctx.Done():
+		return nil, nil, ctx.Err()
+	case <-s.done:
+		return nil, nil, connectors.ErrClosed
+	}
+}
+
+// TestLastValueSurvivesReload: the cache of a unit that a reload restarts
+// with its configuration unchanged is kept; a changed unit starts empty.
+func TestLastValueSurvivesReload(t *testing.T) {
+	m := connectors.NewMetrics(prometheus.NewRegistry())
+	rt := connectors.NewRuntime(connectors.Deps{Metrics: m, Backoff: func(int) time.Duration { return time.Hour }})
+	t.Cleanup(rt.Stop)
+	var built atomic.Int32
+	factory := func(connectors.StateFunc) (connectors.Source, error) {
+		if built.Add(1) == 1 {
+			return &onceSource{msg: &connectors.Message{Topic: "in.a", Payload: []byte("v1"), Retained: true}}, nil
+		}
+		return &onceSource{done: make(chan struct{})}, nil
+	}
+	p := policy.NATSTokensV1()
+	wf, err := p.ConvertFilter("in.*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	unit := func(rev string) connectors.Unit {
+		return connectors.Unit{
+			Spec: connectors.Spec{
+				Name: "lv", Protocol: policy.NATS, Direction: policy.Inbound, Policy: p,
+				Routes:    []connectors.Route{{Name: "r", Foreign: "in.*", Weida: wf}},
+				LastValue: connectors.LastValue{Mode: connectors.LastValueAll},
+			},
+			Revision: rev, Listen: "127.0.0.1:0", Path: "/lv", NewSource: factory,
+		}
+	}
+	entries := func() int {
+		for _, s := range rt.Statuses() {
+			if s.Name == "lv" && s.Counters.LastValue != nil {
+				return s.Counters.LastValue.Entries
+			}
+		}
+		return -1
+	}
+	down := func() bool {
+		for _, s := range rt.Statuses() {
+			if s.Name == "lv" {
+				return s.Failure != nil
+			}
+		}
+		return false
+	}
+	ctx := context.Background()
+	if err := rt.Apply(ctx, []connectors.Unit{unit("rev1")}); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the value cached and the unit down", func() bool { return entries() == 1 && down() })
+	// The reload retries the down unit; its configuration is unchanged.
+	if err := rt.Apply(ctx, []connectors.Unit{unit("rev1")}); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the unit up again", func() bool { return built.Load() == 2 && !down() })
+	if n := entries(); n != 1 {
+		t.Fatalf("after a reload of the unchanged unit the cache holds %d topics, want 1", n)
+	}
+	if err := rt.Apply(ctx, []connectors.Unit{unit("rev2")}); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the changed unit started", func() bool { return built.Load() == 3 })
+	if n := entries(); n != 0 {
+		t.Fatalf("a changed unit kept %d cached topics", n)
+	}
+}
+
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
