@@ -96,7 +96,9 @@ func (p *Publisher) Publish(ctx context.Context, m Message) (Result, error) {
 // fan-out. A last-value cache that record updates and the Replayer reads is
 // therefore replayed either before m (the new subscription gets m live) or
 // after it (the replay holds m and the fan-out did not reach the new
-// subscription): never both, never neither. record is not called when
+// subscription): never both, never neither, unless the copy is dropped
+// for the subscriber's full buffer (counted, as any drop). record is not
+// called when
 // PublishWith fails. It must not call the Publisher and should be quick:
 // concurrent Publish calls on the path proceed, but a SUBSCRIBE waits.
 func (p *Publisher) PublishWith(ctx context.Context, m Message, record func()) (Result, error) {

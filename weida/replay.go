@@ -43,7 +43,9 @@ type Replayer interface {
 // several filters receives a replayed copy per SUBSCRIBE whose filter
 // matches, where live traffic sends it one copy per message.
 //
-// After [Publisher.Close] nothing is replayed.
+// Subscriptions made before SetReplayer, including those held for the path
+// while no publisher had it, are not replayed. After [Publisher.Close]
+// nothing is replayed.
 func (p *Publisher) SetReplayer(r Replayer) {
 	ps := p.ps
 	ps.fan.Lock()
