@@ -98,9 +98,9 @@ func (p *Publisher) Publish(ctx context.Context, m Message) (Result, error) {
 // after it (the replay holds m and the fan-out did not reach the new
 // subscription): never both, never neither, unless the copy is dropped
 // for the subscriber's full buffer (counted, as any drop). record is not
-// called when
-// PublishWith fails. It must not call the Publisher and should be quick:
-// concurrent Publish calls on the path proceed, but a SUBSCRIBE waits.
+// called when PublishWith fails. It must not call the Publisher and should
+// be quick: concurrent Publish calls on the path proceed, but a SUBSCRIBE
+// waits.
 func (p *Publisher) PublishWith(ctx context.Context, m Message, record func()) (Result, error) {
 	if err := ctx.Err(); err != nil {
 		return Result{}, err
