@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"sync"
 	"testing"
 
 	"pgregory.net/rapid"
@@ -229,4 +230,37 @@ func BenchmarkStoreMatchFilter(b *testing.B) {
 			}
 		})
 	}
+}
+
+// TestStoreConcurrent runs writers and readers at once; the race detector
+// checks the locking, and every match must be a topic the filter selects.
+func TestStoreConcurrent(t *testing.T) {
+	s := NewStore[int]()
+	var wg sync.WaitGroup
+	for w := range 2 {
+		wg.Go(func() {
+			for i := range 2000 {
+				tp := fmt.Sprintf("t.%d.%d", w, i%50)
+				if i%3 == 0 {
+					s.Delete(tp)
+				} else {
+					s.Set(tp, i)
+				}
+			}
+		})
+	}
+	for range 2 {
+		wg.Go(func() {
+			for range 500 {
+				s.MatchFilter("t.*.7", func(tp string, _ int) bool {
+					if !Match("t.*.7", tp) {
+						t.Errorf("MatchFilter(t.*.7) reported %q", tp)
+					}
+					return true
+				})
+				s.Len()
+			}
+		})
+	}
+	wg.Wait()
 }
