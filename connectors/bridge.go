@@ -50,6 +50,9 @@ type Spec struct {
 	// acknowledges it. Only sources whose broker keeps unacknowledged
 	// messages should hold; package resources decides which.
 	Hold bool
+	// LastValue is the inbound resource's last-value cache; the zero
+	// value keeps none. Outbound resources ignore it.
+	LastValue LastValue
 }
 
 func (s Spec) inFlight() int {
@@ -158,6 +161,7 @@ type Bridge struct {
 	conds *conditions
 	stats *stats
 	log   *slog.Logger
+	lv    *lastValues // inbound with a last-value cache; nil otherwise
 
 	// gen numbers attempts; state reports of a Source or Sink from an
 	// attempt that ended are ignored, so a failed attempt's last words
@@ -206,6 +210,9 @@ func newBridge(spec Spec, deps Deps) *Bridge {
 		routeByForeign: make(map[string]Route, len(spec.Routes)),
 	}
 	b.stats = newStats(deps.Metrics, spec.Name, spec.Routes, NewRateLogger(log, 10*time.Second, deps.Now))
+	if spec.Direction != policy.Outbound {
+		b.lv = newLastValues(spec.LastValue, deps.Metrics, spec.Name)
+	}
 	for _, r := range spec.Routes {
 		b.routeByForeign[r.Foreign] = r
 	}
@@ -222,6 +229,9 @@ func (b *Bridge) Status() Status {
 	if pub := b.publisher(); pub != nil {
 		c.Subscribers = pub.Subscribers()
 		b.deps.Metrics.Subscribers.WithLabelValues(b.spec.Name).Set(float64(c.Subscribers))
+	}
+	if b.lv != nil {
+		c.LastValue = b.lv.snapshot()
 	}
 	conds, failure := b.conds.snapshot()
 	// Routes and Losses are copied: a Status is the caller's to keep.

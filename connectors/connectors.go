@@ -56,6 +56,12 @@ type Message struct {
 	// loop marker: a bridge of ours published it, so bridging it again
 	// would echo it forever.
 	Looped bool
+	// Retained is set by a Source when the broker keeps the message as
+	// its topic's current value for later subscribers: an MQTT retained
+	// message (an empty payload then means the broker deleted the value),
+	// or a message of a JetStream stream. A resource keeping a last-value
+	// cache in mode retained caches exactly these (see [LastValue]).
+	Retained bool
 	// ReceivedUnixNano is when the message entered the connector (set by
 	// the runtime when zero); it measures end-to-end latency.
 	ReceivedUnixNano int64

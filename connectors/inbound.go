@@ -33,6 +33,7 @@ func (b *Bridge) setPublisher(p Publisher) {
 	if p != nil {
 		st := b.stats
 		p.OnCopiesLost(st.copiesLost)
+		b.installReplayer(p)
 	}
 }
 
@@ -89,6 +90,7 @@ func (b *Bridge) runInbound(ctx context.Context) error {
 		return err
 	}
 	b.in.supersedes = nil
+	b.seedLastValues(ctx, src, filters)
 	b.attemptStarted()
 	for {
 		m, ack, err := src.Read(ctx)
@@ -164,7 +166,7 @@ func (b *Bridge) handleInbound(ctx context.Context, pub Publisher, m *Message, a
 			settle(ctx.Err())
 			return
 		}
-		res, err := pub.Publish(ctx, wm)
+		res, err := b.publish(ctx, pub, m, wm)
 		if err != nil {
 			if ctx.Err() != nil {
 				// Shutting down: leave it to the broker to deliver again.

@@ -56,6 +56,13 @@ type Metrics struct {
 	// length: what the remote side published meanwhile is lost unseen.
 	WeidaGaps       *prometheus.CounterVec
 	WeidaGapSeconds *prometheus.CounterVec
+	// Last-value caches of inbound resources: topics and bytes held,
+	// topics evicted by reason (a bound, never a broker deletion), and
+	// copies replayed to new weida subscriptions.
+	LastValueEntries   *prometheus.GaugeVec
+	LastValueBytes     *prometheus.GaugeVec
+	LastValueEvictions *prometheus.CounterVec
+	LastValueReplayed  *prometheus.CounterVec
 }
 
 // NewMetrics creates the collectors and registers them on reg.
@@ -93,9 +100,18 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Outbound: times the subscription at the dialled weida endpoint was lost and then held again; what was published in between is lost."}, []string{"resource"}),
 		WeidaGapSeconds: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "weida_gap_seconds_total",
 			Help: "Outbound: total length of the gaps counted by weida_gaps_total."}, []string{"resource"}),
+		LastValueEntries: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "last_value_entries",
+			Help: "Topics held in an inbound resource's last-value cache."}, []string{"resource"}),
+		LastValueBytes: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "last_value_bytes",
+			Help: "Bytes held in an inbound resource's last-value cache: topics, payloads, metadata and 64 bytes per topic."}, []string{"resource"}),
+		LastValueEvictions: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "last_value_evictions_total",
+			Help: "Topics dropped from a last-value cache to keep its bounds (max-topics, max-bytes), or a value too large to cache (too-large)."}, []string{"resource", "reason"}),
+		LastValueReplayed: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "last_value_replayed_total",
+			Help: "Cached values offered to new weida subscriptions, one per matching topic per SUBSCRIBE."}, []string{"resource"}),
 	}
 	reg.MustRegister(m.Received, m.Bridged, m.Dropped, m.Acknowledged, m.InFlight, m.Reconnects, m.Up,
-		m.Subscribers, m.CopiesQueued, m.Latency, m.AttemptsFailed, m.Holding, m.Held, m.WeidaGaps, m.WeidaGapSeconds)
+		m.Subscribers, m.CopiesQueued, m.Latency, m.AttemptsFailed, m.Holding, m.Held, m.WeidaGaps, m.WeidaGapSeconds,
+		m.LastValueEntries, m.LastValueBytes, m.LastValueEvictions, m.LastValueReplayed)
 	return m
 }
 
@@ -118,4 +134,8 @@ func (m *Metrics) forget(resource string) {
 	m.Held.DeletePartialMatch(l)
 	m.WeidaGaps.DeletePartialMatch(l)
 	m.WeidaGapSeconds.DeletePartialMatch(l)
+	m.LastValueEntries.DeletePartialMatch(l)
+	m.LastValueBytes.DeletePartialMatch(l)
+	m.LastValueEvictions.DeletePartialMatch(l)
+	m.LastValueReplayed.DeletePartialMatch(l)
 }

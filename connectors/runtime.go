@@ -119,8 +119,10 @@ func (r *Runtime) Apply(ctx context.Context, units []Unit) error {
 	// successors to withdraw what they no longer subscribe.
 	previous := make(map[string][]string)
 	// Units the reload restarts keep their counters and series under
-	// their name, changed or not: only a removed unit loses them.
-	carry := make(map[string]*stats)
+	// their name, changed or not: only a removed unit loses them. Those
+	// retried with their configuration unchanged keep their last-value
+	// cache too.
+	carry := make(map[string]carried)
 	for name, ru := range r.running {
 		u, ok := want[name]
 		same := ok && u.Revision != "" && u.Revision == ru.unit.Revision
@@ -128,7 +130,7 @@ func (r *Runtime) Apply(ctx context.Context, units []Unit) error {
 			continue
 		}
 		if ok {
-			carry[name] = ru.bridge.stats
+			carry[name] = carried{bridge: ru.bridge, same: same}
 		}
 		stop = append(stop, ru)
 		delete(r.running, name)
@@ -144,7 +146,7 @@ func (r *Runtime) Apply(ctx context.Context, units []Unit) error {
 	r.mu.Unlock()
 
 	for _, ru := range stop {
-		r.stopUnit(ru, keep, carry[ru.unit.Spec.Name] == nil)
+		r.stopUnit(ru, keep, carry[ru.unit.Spec.Name].bridge == nil)
 	}
 
 	var errs []error
@@ -177,10 +179,17 @@ func (r *Runtime) Apply(ctx context.Context, units []Unit) error {
 }
 
 // startUnit starts the supervisor of u; previous are the broker filters of
-// the inbound unit it replaces, if any, and st the accounting it carries
-// on, if any. It returns the error of the first weida listen, which the
+// the inbound unit it replaces, if any, and prev the stopped bridge of the
+// same configuration whose accounting and last-value cache it carries on,
+// if any. It returns the error of the first weida listen, which the
 // supervisor then retries.
-func (r *Runtime) startUnit(ctx context.Context, u Unit, previous []string, st *stats) error {
+// carried is what a restarted unit takes over from the one it replaces.
+type carried struct {
+	bridge *Bridge // nil: nothing, a new unit
+	same   bool    // the configuration is unchanged (a retry, not a change)
+}
+
+func (r *Runtime) startUnit(ctx context.Context, u Unit, previous []string, prev carried) error {
 	var b *Bridge
 	if u.Spec.Direction == policy.Outbound {
 		b = NewOutbound(u.Spec, u.Dial, u.NewSink, r.deps)
@@ -188,9 +197,12 @@ func (r *Runtime) startUnit(ctx context.Context, u Unit, previous []string, st *
 		b = NewInbound(u.Spec, u.NewSource, nil, r.deps)
 		b.in.supersedes = previous
 	}
-	if st != nil {
-		st.addRoutes(u.Spec.Routes)
-		b.stats = st
+	if prev.bridge != nil {
+		prev.bridge.stats.addRoutes(u.Spec.Routes)
+		b.stats = prev.bridge.stats
+		if prev.same && b.lv != nil && prev.bridge.lv != nil {
+			b.lv = prev.bridge.lv
+		}
 	}
 	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	ru := &runningUnit{unit: u, bridge: b, cancel: cancel, done: make(chan struct{})}

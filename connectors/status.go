@@ -47,6 +47,9 @@ type Counters struct {
 	WeidaGaps       uint64  `json:"weidaGaps,omitempty"`
 	WeidaGapSeconds float64 `json:"weidaGapSeconds,omitempty"`
 	LastWeidaGap    *Gap    `json:"lastWeidaGap,omitempty"`
+	// LastValue is present for an inbound resource keeping a last-value
+	// cache.
+	LastValue *LastValueCounters `json:"lastValue,omitempty"`
 }
 
 // Gap is a time the outbound subscription at the dialled weida endpoint was

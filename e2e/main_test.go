@@ -228,6 +228,12 @@ type ResourceStatus struct {
 		Subscribers  int               `json:"weidaSubscribers"`
 		Held         uint64            `json:"held"`
 		HoldingSince time.Time         `json:"holdingSince"`
+		LastValue    *struct {
+			Entries  int               `json:"entries"`
+			Bytes    int64             `json:"bytes"`
+			Evicted  map[string]uint64 `json:"evicted"`
+			Replayed uint64            `json:"replayed"`
+		} `json:"lastValue"`
 	} `json:"counters"`
 	// Failure is present only while the resource is down after a failed
 	// attempt to start it.

@@ -40,6 +40,10 @@ type mqttResource struct {
 	BufferBytes       string     // empty means the default
 	InFlight          int        // zero means the default
 	TLS               *brokerPKI // set: mqtts:// with the PKI's CA and client certificate
+	// LastValue (inbound) is the body of spec.lastValue, one "key: value"
+	// per line, e.g. "mode: retained"; empty means no cache.
+	LastValue string
+	Retain    bool // outbound: mqtt.retain
 }
 
 type mqttRoute struct{ Name, Filter string }
@@ -92,14 +96,23 @@ func (r mqttResource) YAML(t testing.TB) string {
 			fmt.Fprintf(&b, "    certFile: %s\n    keyFile: %s\n", r.CertFile, r.KeyFile)
 		}
 	} else {
+		if r.Retain {
+			b.WriteString("      retain: true\n")
+		}
 		fmt.Fprintf(&b, "  weida:\n    dial: %s\n", r.Endpoint)
+	}
+	if r.LastValue != "" {
+		b.WriteString("  lastValue:\n")
+		for line := range strings.SplitSeq(r.LastValue, "\n") {
+			fmt.Fprintf(&b, "    %s\n", line)
+		}
 	}
 	fmt.Fprintf(&b, "  conversion:\n    policy: %s\n", pname)
 	if r.Mount != (policy.Mount{}) {
 		fmt.Fprintf(&b, "    mount: {foreign: %q, weida: %q}\n", r.Mount.Foreign, r.Mount.Weida)
 	}
 	b.WriteString("    losses:\n")
-	for _, l := range p.Losses(r.Direction, policy.Options{QoS: r.QoS}) {
+	for _, l := range p.Losses(r.Direction, policy.Options{QoS: r.QoS, LastValue: r.LastValue != ""}) {
 		fmt.Fprintf(&b, "      - %s\n", l)
 	}
 	b.WriteString("  routes:\n")

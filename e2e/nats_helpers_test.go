@@ -35,6 +35,7 @@ type natsResource struct {
 	TLS        *brokerPKI // set: tls:// with the PKI's CA and client certificate
 	TokenFile  string     // set: credentials.token read from this file
 	Hold       bool       // spec.delivery.whenNoSubscriber: hold
+	LastValue  string     // inbound: spec.lastValue's body, e.g. "mode: retained"
 }
 
 // YAML renders the resource, declaring exactly the losses its conversion
@@ -74,12 +75,18 @@ func (r natsResource) YAML(t testing.TB) string {
 	} else {
 		fmt.Fprintf(&b, "  weida:\n    dial: %s\n", r.Endpoint)
 	}
+	if r.LastValue != "" {
+		b.WriteString("  lastValue:\n")
+		for line := range strings.SplitSeq(r.LastValue, "\n") {
+			fmt.Fprintf(&b, "    %s\n", line)
+		}
+	}
 	p := r.Policy
 	if p == nil {
 		p = policy.NATSTokensV1()
 	}
 	fmt.Fprintf(&b, "  conversion:\n    policy: %s\n    losses:\n", p.Name())
-	for _, l := range p.Losses(r.Direction, policy.Options{JetStream: r.Stream != ""}) {
+	for _, l := range p.Losses(r.Direction, policy.Options{JetStream: r.Stream != "", LastValue: r.LastValue != ""}) {
 		fmt.Fprintf(&b, "      - %s\n", l)
 	}
 	if r.Hold {

@@ -22,7 +22,9 @@ const (
 	LossAtMostOnce Loss = "at-most-once"
 	// LossRetain: MQTT retained messages are forwarded as ordinary
 	// messages; the retain flag is dropped and weida keeps nothing for
-	// subscribers that arrive later.
+	// subscribers that arrive later. An inbound resource with a
+	// last-value cache (Options.LastValue) replays them and does not
+	// incur it.
 	LossRetain Loss = "retain"
 	// LossProperties: broker metadata other than the content type and W3C
 	// trace context (MQTT 5 user properties, payload format, correlation
@@ -89,7 +91,7 @@ func lossTable() []LossInfo {
 		{LossOrdering, "messages may reach a subscriber in another order than they were published: weida sends each on its own stream"},
 		{LossDeliveryBestEffort, "weida keeps no session or retained copy: a copy that does not fit a slow subscriber's buffer, or is published while the bridge reconnects or nobody subscribes (whenNoSubscriber: drop), is dropped"},
 		{LossAtMostOnce, "the broker side neither acknowledges nor redelivers (MQTT QoS 0, core NATS): a message in flight when a connection breaks is lost"},
-		{LossRetain, "MQTT retained messages cross as ordinary messages: the retain flag is dropped and later weida subscribers get nothing"},
+		{LossRetain, "MQTT retained messages cross as ordinary messages: the retain flag is dropped and later weida subscribers get nothing (spec.lastValue replays them instead)"},
 		{LossProperties, "broker metadata other than the content type and W3C trace context (MQTT 5 user properties, payload format, correlation data; NATS headers; AMQP headers and properties) is not carried"},
 		{LossExpiry, "message expiry (MQTT Message Expiry Interval, AMQP expiration) is not carried: weida delivers late messages too"},
 		{LossReplyTo, "the reply address (MQTT Response Topic, NATS reply subject, AMQP reply_to) is not carried: request/reply does not cross"},

@@ -364,7 +364,10 @@ func (p mqttLevels) Losses(dir Direction, opts Options) []Loss {
 	}
 	switch dir {
 	case Inbound:
-		ls = append(ls, LossRetain, LossProperties, LossExpiry, LossReplyTo, LossTopicLength)
+		ls = append(ls, LossProperties, LossExpiry, LossReplyTo, LossTopicLength)
+		if !opts.LastValue {
+			ls = append(ls, LossRetain)
+		}
 		if !p.escaped {
 			ls = append(ls, LossDottedLevels)
 		}

@@ -63,6 +63,10 @@ type Options struct {
 	// JetStream is true when a NATS bridge consumes from or publishes to a
 	// JetStream stream instead of core NATS.
 	JetStream bool
+	// LastValue is true when an inbound bridge keeps a last-value cache
+	// that replays the broker's retained values to late weida
+	// subscribers, which removes LossRetain.
+	LastValue bool
 }
 
 // Grammar is one foreign protocol's topic grammar, modelled on what the real

@@ -71,6 +71,9 @@ func (b *binder) bind() {
 	if s.Weida != nil && b.dirOK {
 		b.bindWeida(s.Weida)
 	}
+	if s.LastValue != nil {
+		b.bindLastValue(s.LastValue)
+	}
 	if b.protoOK {
 		b.bindPolicy(s)
 	}
@@ -535,4 +538,46 @@ func joinLosses(ls []policy.Loss) string {
 		s[i] = string(l)
 	}
 	return strings.Join(s, ", ")
+}
+
+// bindLastValue applies spec.lastValue. It runs after the broker block, so
+// it knows whether a NATS resource uses JetStream, and before the losses
+// are checked, which depend on it (the retain loss).
+func (b *binder) bindLastValue(rl *rawLastValue) {
+	const base = "spec.lastValue"
+	c := b.c
+	b.directionOnly(base, true, "inbound",
+		"the cache replays to the weida subscribers of an endpoint the connector hosts; for an outbound MQTT resource see spec.broker.mqtt.retain")
+	// A valid mode settles the losses even when a bound is wrong, so
+	// that a bad bound is reported alone.
+	if !b.ok(base+".mode") || !b.dirOK || c.Direction != policy.Inbound {
+		return
+	}
+	lv := LastValue{Mode: rl.Mode, MaxTopics: DefaultLastValueTopics, MaxBytes: DefaultLastValueBytes}
+	if rl.MaxTopics != nil && b.ok(base+".maxTopics") {
+		lv.MaxTopics = *rl.MaxTopics
+	}
+	if rl.MaxBytes != nil && b.ok(base+".maxBytes") {
+		lv.MaxBytes = int64(*rl.MaxBytes)
+	}
+	if rl.Mode == "retained" && b.protoOK && b.optsOK {
+		keeps := c.Protocol == policy.MQTT || (c.Protocol == policy.NATS && c.PolicyOptions.JetStream)
+		if !keeps {
+			b.fail(base+".mode", b.at(base+".mode"), rl.Mode, "last-value-retained",
+				fmt.Sprintf("caches what the broker keeps for late subscribers, and %s keeps nothing (only MQTT retained messages and JetStream streams are kept)", b.describeBroker()),
+				"write mode: all to cache every message bridged")
+			return
+		}
+	}
+	c.LastValue = lv
+	c.PolicyOptions.LastValue = true
+}
+
+// describeBroker names the resource's broker kind for messages.
+func (b *binder) describeBroker() string {
+	c := b.c
+	if c.Protocol == policy.NATS {
+		return "core NATS"
+	}
+	return string(c.Protocol)
 }

@@ -55,6 +55,27 @@ type Connector struct {
 	// Delivery says what an inbound resource does with a message no weida
 	// subscriber wants.
 	Delivery Delivery
+	// LastValue is the inbound resource's last-value cache
+	// (spec.lastValue); Mode is "" when it keeps none.
+	LastValue LastValue
+}
+
+// Defaults of spec.lastValue.
+const (
+	DefaultLastValueTopics = 10000    // lastValue.maxTopics
+	DefaultLastValueBytes  = 64 << 20 // lastValue.maxBytes: 64 MiB
+)
+
+// LastValue configures an inbound resource's last-value cache: the last
+// message of each weida topic, replayed to each new weida subscription
+// whose filter selects it. Defaults are applied when Mode is set.
+type LastValue struct {
+	// Mode is "retained" (the messages the broker keeps for late
+	// subscribers: MQTT retained messages, a JetStream stream's), "all"
+	// (every message bridged), or "" (no cache).
+	Mode      string
+	MaxTopics int
+	MaxBytes  int64
 }
 
 // The choices of spec.delivery.whenNoSubscriber.

@@ -38,6 +38,7 @@ type rawSpec struct {
 	Routes     []rawRoute     `yaml:"routes" validate:"required,min=1,max=256,dive" doc:"the filters to bridge, in the broker's own grammar; at most 256"`
 	Limits     *rawLimits     `yaml:"limits" doc:"message size, buffer and in-flight bounds; defaults apply to what is left out"`
 	Delivery   *rawDelivery   `yaml:"delivery" doc:"inbound: what to do with a message no weida subscriber wants"`
+	LastValue  *rawLastValue  `yaml:"lastValue" doc:"inbound: keep the last message of each topic and replay it to new weida subscriptions"`
 }
 
 type rawDelivery struct {
@@ -104,6 +105,12 @@ type rawMount struct {
 type rawRoute struct {
 	Name   string  `yaml:"name" validate:"omitempty,dnslabel" doc:"the route's name in metrics and status; defaults to the filter"`
 	Filter *string `yaml:"filter" validate:"required" doc:"a filter in the broker's grammar; quote it when it starts with #, *, >, & or !"`
+}
+
+type rawLastValue struct {
+	Mode      string    `yaml:"mode" validate:"required,oneof=retained all"`
+	MaxTopics *int      `yaml:"maxTopics" validate:"omitempty,min=1,max=1000000"`
+	MaxBytes  *ByteSize `yaml:"maxBytes" validate:"omitempty,min=1024,max=1073741824"`
 }
 
 type rawLimits struct {

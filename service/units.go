@@ -120,6 +120,11 @@ func unit(c *resources.Connector, env Env) (connectors.Unit, error) {
 			MaxMessageBytes: int(c.Limits.MaxMessageBytes),
 			InFlight:        c.Limits.InFlight,
 			Hold:            c.Delivery.Hold(),
+			LastValue: connectors.LastValue{
+				Mode:      connectors.LastValueMode(c.LastValue.Mode),
+				MaxTopics: c.LastValue.MaxTopics,
+				MaxBytes:  c.LastValue.MaxBytes,
+			},
 		},
 		Revision: expanded.Revision(),
 	}

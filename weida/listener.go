@@ -59,6 +59,15 @@ type pathState struct {
 	// changed is closed and forgotten when a subscription is added here;
 	// nil until a Publisher asks for it. Listener.mu.
 	changed chan struct{}
+
+	// fan orders fan-out against replay: Publish holds it for reading
+	// from its record hook to its last queued copy, and a SUBSCRIBE holds
+	// it for writing from inserting its filter to queueing its last
+	// replayed copy. Lock order: serverConn.subMu, then fan, then the
+	// index's lock, the Replayer's own locks and the send queues'.
+	fan       sync.RWMutex
+	replay    Replayer   // fan; nil: nothing is replayed
+	replayPub *Publisher // fan; the publisher that set replay, which stops replaying once closed
 }
 
 // subscribedLocked wakes whoever waits for a subscription on ps. l.mu
@@ -466,7 +475,13 @@ func (sc *serverConn) subscribe(path, filter string) bool {
 		cp = &connPath{sc: sc, ps: ps}
 		sc.paths[path] = cp
 	}
-	if err := cp.ps.idx.Insert(filter, cp); err != nil {
+	cp.ps.fan.Lock()
+	err := cp.ps.idx.Insert(filter, cp)
+	if err == nil {
+		sc.replay(cp.ps, filter)
+	}
+	cp.ps.fan.Unlock()
+	if err != nil {
 		return true // unreachable: the filter was validated
 	}
 	cp.filters++

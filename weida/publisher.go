@@ -145,6 +145,22 @@ func (p *Publisher) Close() error {
 // ([ErrPayloadTooLarge]). A nil error with Matched = 0 means nobody was
 // subscribed; weida keeps nothing for later subscribers.
 func (p *Publisher) Publish(ctx context.Context, m Message) (Result, error) {
+	return p.PublishWith(ctx, m, nil)
+}
+
+// PublishWith is [Publisher.Publish] with a hook: record, when not nil, is
+// called once m has passed every check Publish makes and before its first
+// copy is queued, and no SUBSCRIBE on the path replays (see
+// [Publisher.SetReplayer]) between the start of record and the end of the
+// fan-out. A last-value cache that record updates and the Replayer reads is
+// therefore replayed either before m (the new subscription gets m live) or
+// after it (the replay holds m and the fan-out did not reach the new
+// subscription): never both, never neither, unless the copy is dropped
+// for the subscriber's full buffer (counted, as any drop). record is not
+// called when PublishWith fails. It must not call the Publisher and should
+// be quick: concurrent Publish calls on the path proceed, but a SUBSCRIBE
+// waits.
+func (p *Publisher) PublishWith(ctx context.Context, m Message, record func()) (Result, error) {
 	if err := ctx.Err(); err != nil {
 		return Result{}, err
 	}
@@ -163,7 +179,12 @@ func (p *Publisher) Publish(ctx context.Context, m Message) (Result, error) {
 	}
 	fo := fanoutPool.Get().(*fanout)
 	fo.f, fo.r = f, Result{}
+	p.ps.fan.RLock()
+	if record != nil {
+		record()
+	}
 	p.ps.idx.Match(m.Topic, fo.yield)
+	p.ps.fan.RUnlock()
 	r := fo.r
 	fo.f = nil
 	fanoutPool.Put(fo)

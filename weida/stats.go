@@ -15,7 +15,10 @@ type ListenerStats struct {
 	CopiesQueued  uint64 // copies accepted into a connection's send queue
 	CopiesWritten uint64 // copies written to their stream and finished with FIN
 	CopiesRefused uint64 // copies the subscriber stopped with STOP_SENDING
-	Dropped       DropCounts
+	// CopiesReplayed counts copies a [Replayer] supplied that were queued
+	// for a new subscription; they are not in CopiesQueued.
+	CopiesReplayed uint64
+	Dropped        DropCounts
 
 	StreamsParked       uint64 // streams that arrived before the peer's HELLO and waited for it
 	StreamsRefused      uint64 // streams refused per PROTOCOL §9.4 (UNSUPPORTED, UNKNOWN_ENDPOINT)
@@ -43,6 +46,7 @@ type listenerCounters struct {
 	subscriptions                           atomic.Int64
 	published, copiesQueued                 atomic.Uint64
 	copiesWritten, copiesRefused            atomic.Uint64
+	copiesReplayed                          atomic.Uint64
 	dropped                                 dropCounters
 	streamsParked, streamsRefused           atomic.Uint64
 	protocolViolations, negotiationFailures atomic.Uint64
@@ -65,6 +69,7 @@ func (l *Listener) Stats() ListenerStats {
 		CopiesQueued:        c.copiesQueued.Load(),
 		CopiesWritten:       c.copiesWritten.Load(),
 		CopiesRefused:       c.copiesRefused.Load(),
+		CopiesReplayed:      c.copiesReplayed.Load(),
 		Dropped: DropCounts{
 			BufferFull:       c.dropped.bufferFull.Load(),
 			HeaderTooLarge:   c.dropped.headerTooLarge.Load(),

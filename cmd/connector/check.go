@@ -196,7 +196,12 @@ func weidaSummary(c *resources.Connector) []string {
 		if !wd.Open() {
 			who = "only " + plural(len(wd.AllowedClients), "client fingerprint") + " may subscribe"
 		}
-		return []string{"hosts " + wd.Endpoint.String(), cert + "; " + who}
+		lines := []string{"hosts " + wd.Endpoint.String(), cert + "; " + who}
+		if lv := c.LastValue; lv.Mode != "" {
+			lines = append(lines, fmt.Sprintf("replays the last value of each topic to new subscriptions (%s messages; at most %d topics, %d bytes)",
+				lv.Mode, lv.MaxTopics, lv.MaxBytes))
+		}
+		return lines
 	}
 	trust := "trusts the pinned fingerprint"
 	if wd.Endpoint.Fingerprint == "" {

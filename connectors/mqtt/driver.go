@@ -28,6 +28,10 @@ type Options struct {
 	// SharedGroup, when set (inbound only), makes every subscription
 	// $share/SharedGroup/filter, so that replicas split the messages.
 	SharedGroup string
+	// Retain (outbound only) publishes every message with the retain
+	// flag, so that the broker keeps the last one of each topic for
+	// MQTT subscribers that come later.
+	Retain bool
 }
 
 // OptionsOf returns c's MQTT options; ok is false when c is not a bound
@@ -49,6 +53,7 @@ type rawOptions struct {
 	CleanStart    *bool               `yaml:"cleanStart" doc:"false (default) resumes the session named by clientID after a reconnect or restart"`
 	SessionExpiry *resources.Duration `yaml:"sessionExpiry" validate:"omitempty,sessionexpiry" doc:"how long the broker keeps the session while the connector is away, in whole seconds (default 1h)"`
 	SharedGroup   string              `yaml:"sharedGroup" validate:"omitempty,sharename" doc:"inbound only: subscribe $share/<group>/<filter> so that replicas split the messages"`
+	Retain        *bool               `yaml:"retain" doc:"outbound only: publish with the retain flag, so that late MQTT subscribers get the last value"`
 }
 
 // schema is a function so that its rules cannot be changed at run time.
@@ -97,7 +102,12 @@ func (driver) Policies() []policy.Policy {
 	return []policy.Policy{policy.MQTTLevelsV1(), policy.MQTTLevelsEscapedV1()}
 }
 
-func (driver) DescribeOptions(o policy.Options) string { return fmt.Sprintf("QoS %d", o.QoS) }
+func (driver) DescribeOptions(o policy.Options) string {
+	if o.LastValue {
+		return fmt.Sprintf("QoS %d, last-value cache", o.QoS)
+	}
+	return fmt.Sprintf("QoS %d", o.QoS)
+}
 
 func (driver) Settings() []policy.Setting {
 	return []policy.Setting{{
@@ -108,6 +118,16 @@ func (driver) Settings() []policy.Setting {
 				return fmt.Errorf("must be 0 or 1, not %s", v)
 			}
 			o.QoS = q
+			return nil
+		},
+	}, {
+		Name: "last-value", Usage: "the inbound resource keeps a last-value cache (spec.lastValue); removes the retain loss", Bool: true, Default: "false",
+		Apply: func(o *policy.Options, v string) error {
+			b, err := strconv.ParseBool(v)
+			if err != nil {
+				return fmt.Errorf("must be true or false, not %s", v)
+			}
+			o.LastValue = b
 			return nil
 		},
 	}}
@@ -144,6 +164,11 @@ func (driver) Broker(b *resources.BrokerBlock) resources.BrokerOptions {
 	m.SharedGroup = raw.SharedGroup
 	b.DirectionOnly(base+".sharedGroup", raw.SharedGroup != "", policy.Inbound,
 		"a shared subscription splits what the broker delivers among subscribers; an outbound resource only publishes")
+	if raw.Retain != nil {
+		m.Retain = *raw.Retain
+		b.DirectionOnly(base+".retain", true, policy.Outbound,
+			"an inbound resource receives retained messages; to replay them to late weida subscribers, set spec.lastValue")
+	}
 	return resources.BrokerOptions{Options: m, Policy: policy.Options{QoS: int(m.QoS)}, PolicyOK: optsOK, Hold: hold(m)}
 }
 
@@ -220,6 +245,9 @@ func (driver) Summary(c *resources.Connector) string {
 	if m.SharedGroup != "" {
 		s += ", shared group " + m.SharedGroup
 	}
+	if m.Retain {
+		s += ", retained"
+	}
 	return s
 }
 
@@ -249,6 +277,7 @@ func configOf(bc resources.BrokerConfig) Config {
 		CleanStart:    m.CleanStart,
 		SessionExpiry: m.SessionExpiry,
 		SharedGroup:   m.SharedGroup,
+		Retain:        m.Retain,
 		LoopMarker:    bc.LoopMarker,
 		Logger:        bc.Logger,
 	}

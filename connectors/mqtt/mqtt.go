@@ -20,9 +20,13 @@
 //
 // Metadata: the payload is carried unchanged; the MQTT 5 Content Type
 // property maps to weida's content_type; W3C trace context travels in the
-// user properties "traceparent" and "tracestate". Everything else (retain,
-// message expiry, response topic, correlation data, other user properties,
-// payload format) is a loss the resource declares.
+// user properties "traceparent" and "tracestate". A Source reports the
+// retain flag in Message.Retained (it subscribes with Retain As Published,
+// so a retained message published later keeps it), for a resource's
+// last-value cache; a Sink sets it when Config.Retain asks. Everything else
+// (message expiry, response topic, correlation data, other user
+// properties, payload format), and retain on a resource without a
+// last-value cache, is a loss the resource declares.
 package mqtt
 
 import (
@@ -77,6 +81,9 @@ type Config struct {
 	// SharedGroup, when set, subscribes $share/<group>/<filter> so that
 	// replicas of one resource split the messages.
 	SharedGroup string
+	// Retain (a Sink's) publishes with the retain flag: the broker keeps
+	// the last message of each topic for later subscribers.
+	Retain bool
 	// KeepAlive defaults to 30 s; ConnectTimeout to 10 s.
 	KeepAlive      time.Duration
 	ConnectTimeout time.Duration

@@ -114,7 +114,7 @@ func (s *Sink) Write(ctx context.Context, m *connectors.Message) error {
 	if s.cfg.LoopMarker != "" {
 		props.User.Add(LoopProperty, s.cfg.LoopMarker)
 	}
-	p := &paho.Publish{QoS: s.cfg.QoS, Topic: m.Topic, Payload: m.Payload, Properties: props}
+	p := &paho.Publish{QoS: s.cfg.QoS, Retain: s.cfg.Retain, Topic: m.Topic, Payload: m.Payload, Properties: props}
 	resp, err := cm.Publish(ctx, p)
 	// paho returns the PUBACK of a refusal with an error of its own; the
 	// reason code says more.

@@ -162,7 +162,10 @@ func (s *Source) Start(ctx context.Context, filters []string) error {
 func (s *Source) subscribe(ctx context.Context, cm *autopaho.ConnectionManager) error {
 	sub := &paho.Subscribe{}
 	for _, f := range s.filters {
-		sub.Subscriptions = append(sub.Subscriptions, paho.SubscribeOptions{Topic: s.subscription(f), QoS: s.cfg.QoS})
+		// Retain as published: a retained message published while
+		// subscribed keeps its flag, so that a last-value cache sees a
+		// new retained value, or its deletion, as such.
+		sub.Subscriptions = append(sub.Subscriptions, paho.SubscribeOptions{Topic: s.subscription(f), QoS: s.cfg.QoS, RetainAsPublished: true})
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout())
 	defer cancel()
@@ -242,8 +245,9 @@ func (s *Source) timeout() time.Duration {
 func (s *Source) onPublish(pr paho.PublishReceived) (bool, error) {
 	p := pr.Packet
 	m := &connectors.Message{
-		Topic:   p.Topic,
-		Payload: p.Payload,
+		Topic:    p.Topic,
+		Payload:  p.Payload,
+		Retained: p.Retain,
 	}
 	if props := p.Properties; props != nil {
 		m.ContentType = props.ContentType

@@ -492,7 +492,9 @@ func (s *Source) readJetStream(ctx context.Context) (*connectors.Message, connec
 	}
 	msg, err := it.Next(jetstream.NextContext(ctx))
 	if err == nil {
-		return toMessage(msg.Subject(), msg.Data(), msg.Headers(), s.cfg.LoopMarker), s.acker(msg), nil
+		m := toMessage(msg.Subject(), msg.Data(), msg.Headers(), s.cfg.LoopMarker)
+		m.Retained = true // the stream keeps it: a last-value cache in mode retained takes it
+		return m, s.acker(msg), nil
 	}
 	select {
 	case <-s.closed:

@@ -79,3 +79,24 @@ func ExampleIndex() {
 	// metrics.cpu [dave]
 	// 4 entries
 }
+
+// A Store as a last-value cache: the latest reading of each topic, and the
+// readings a new subscription's filter selects.
+func ExampleStore() {
+	var last topic.Store[string]
+	last.Set("room.kitchen.temp", "21.0")
+	last.Set("room.hall.temp", "19.5")
+	last.Set("room.kitchen.hum", "40%")
+	last.Set("room.kitchen.temp", "21.5") // replaces 21.0
+	last.Delete("room.hall.temp")
+
+	var got []string
+	last.MatchFilter("room.*.temp", func(t, v string) bool {
+		got = append(got, t+"="+v)
+		return true
+	})
+	slices.Sort(got) // MatchFilter reports in no particular order
+	fmt.Println(got, last.Len())
+	// Output:
+	// [room.kitchen.temp=21.5] 2
+}

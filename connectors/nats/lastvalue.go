@@ -1,0 +1,98 @@
+package nats
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"weida.dev/connector/connectors"
+)
+
+var _ connectors.LastValueSource = (*Source)(nil)
+
+// lastValuesBatch is how many stored messages one fetch of LastValues asks
+// for.
+const lastValuesBatch = 256
+
+// LastValues implements [connectors.LastValueSource]: with JetStream it
+// reads the last message of each subject the filters select from the
+// bound stream, through a short-lived ordered consumer that delivers the
+// last message per subject (DeliverLastPerSubjectPolicy) and is deleted
+// afterwards; the durable consumer Read uses is untouched. Core NATS keeps
+// nothing, so it returns nil at once. Call it after a successful Start.
+func (s *Source) LastValues(ctx context.Context, filters []string, yield func(*connectors.Message)) error {
+	if s.cfg.JetStream == nil || len(filters) == 0 {
+		return nil
+	}
+	s.mu.Lock()
+	js := s.js
+	s.mu.Unlock()
+	if js == nil {
+		return errors.New("nats: LastValues before a successful Start")
+	}
+	for _, f := range filters {
+		if err := s.lastValues(ctx, js, f, yield); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// lastValues reads the last message of each subject filter selects. One
+// consumer per filter works with servers before 2.10, which have no
+// consumers with several filter subjects; a subject two filters select is
+// yielded twice, which a cache does not mind.
+func (s *Source) lastValues(ctx context.Context, js jetstream.JetStream, filter string, yield func(*connectors.Message)) error {
+	name := s.cfg.JetStream.Stream
+	ctx, cancel := context.WithTimeout(ctx, 4*s.cfg.flushTimeout())
+	defer cancel()
+	stream, err := js.Stream(ctx, name)
+	if err != nil {
+		return fmt.Errorf("nats: jetstream stream %q: %w", name, err)
+	}
+	cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
+		FilterSubjects:    []string{filter},
+		DeliverPolicy:     jetstream.DeliverLastPerSubjectPolicy,
+		InactiveThreshold: time.Minute, // the server's clean-up, should the delete below fail
+	})
+	if err != nil {
+		return fmt.Errorf("nats: jetstream stream %q: last values of %q: %w", name, filter, err)
+	}
+	defer func() {
+		dctx, dcancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.flushTimeout())
+		defer dcancel()
+		if info := cons.CachedInfo(); info != nil {
+			_ = stream.DeleteConsumer(dctx, info.Name)
+		}
+	}()
+	if info := cons.CachedInfo(); info != nil && info.NumPending == 0 {
+		return nil // nothing stored under the filters
+	}
+	for {
+		batch, err := cons.Fetch(lastValuesBatch, jetstream.FetchMaxWait(s.cfg.flushTimeout()))
+		if err != nil {
+			return fmt.Errorf("nats: jetstream stream %q: last values of %q: %w", name, filter, err)
+		}
+		n := 0
+		for msg := range batch.Messages() {
+			n++
+			m := toMessage(msg.Subject(), msg.Data(), msg.Headers(), s.cfg.LoopMarker)
+			m.Retained = true
+			yield(m)
+			// The stored messages are fixed when the consumer starts;
+			// NumPending counts those not delivered yet.
+			if md, err := msg.Metadata(); err == nil && md.NumPending == 0 {
+				return nil
+			}
+		}
+		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
+			return fmt.Errorf("nats: jetstream stream %q: last values of %q: %w", name, filter, err)
+		}
+		if n == 0 {
+			return nil // nothing more arrived within the wait
+		}
+	}
+}

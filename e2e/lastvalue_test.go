@@ -1,0 +1,233 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"testing"
+	"time"
+
+	"github.com/eclipse/paho.golang/paho"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"weida.dev/connector/policy"
+	"weida.dev/connector/weida"
+)
+
+// retain publishes a retained MQTT message (an empty payload deletes the
+// topic's retained value) and clears it when the test ends.
+func retain(t *testing.T, c *mqttClient, topic, payload string) {
+	t.Helper()
+	if _, err := c.Publish(ctx(t, 10*time.Second), &paho.Publish{Topic: topic, QoS: 1, Retain: true, Payload: []byte(payload)}); err != nil {
+		t.Fatalf("publishing retained %s: %v", topic, err)
+	}
+	if payload != "" {
+		t.Cleanup(func() {
+			_, _ = c.Publish(context.Background(), &paho.Publish{Topic: topic, QoS: 1, Retain: true})
+		})
+	}
+}
+
+// replayed waits until the collector holds want messages, then has probe
+// send one more (not cached) message its filters select and waits for it:
+// anything replayed beyond want would have been queued before the probe.
+// It returns what arrived before the probe, topic to payload.
+func replayed(t *testing.T, c *weidaCollector, want int, probePayload string, probe func()) map[string]string {
+	t.Helper()
+	Eventually(t, 20*time.Second, fmt.Sprintf("%d replayed values", want), func() bool { return c.Len() >= want })
+	// When nothing is to be replayed, the SUBSCRIBE may not have been
+	// read yet (weida has no acknowledgement): probe until it arrives.
+	Eventually(t, 20*time.Second, "the live probe", func() bool {
+		probe()
+		time.Sleep(100 * time.Millisecond)
+		return c.hasPayload(probePayload)
+	})
+	got := map[string]string{}
+	for _, m := range c.Messages() {
+		if string(m.Payload) == probePayload {
+			continue
+		}
+		if _, dup := got[m.Topic]; dup {
+			t.Errorf("%s arrived twice", m.Topic)
+		}
+		got[m.Topic] = string(m.Payload)
+	}
+	return got
+}
+
+// TestMQTTLastValueReplay: retained values published before the connector
+// starts reach a weida subscriber that comes later (exactly those its filter
+// matches, then live ones); an empty retained message removes a topic from
+// later replays; a filter matching nothing cached replays nothing.
+func TestMQTTLastValueReplay(t *testing.T) {
+	requireTCP(t, "Mosquitto", mosquittoAddr)
+	u := unique()
+	pub := mqttConnect(t, mosquittoAddr, "pub-"+u)
+	retain(t, pub, u+"/state/kitchen", "21.5")
+	retain(t, pub, u+"/state/hall", "19.0")
+	retain(t, pub, u+"/other/door", "open")
+
+	endpoint := fmt.Sprintf("weida://127.0.0.1:%d/state", freePort(t, "udp"))
+	res := mqttResource{
+		Name: "mqtt-lv", Direction: policy.Inbound, QoS: 1, Endpoint: endpoint, CleanStart: true,
+		Routes:    []mqttRoute{{"all", u + "/#"}},
+		LastValue: "mode: retained\nmaxTopics: 100",
+	}
+	file := writeFile(t, t.TempDir(), "lv.yaml", res.YAML(t))
+	c := StartConnector(t, nil, "-f", file)
+	c.WaitReady(30 * time.Second)
+	Eventually(t, 20*time.Second, "the three retained values cached", func() bool {
+		st, _ := c.Status("mqtt-lv")
+		return st.Counters.LastValue != nil && st.Counters.LastValue.Entries == 3
+	})
+
+	sub := collectWeida(t, endpoint, weida.Limits{}, u+".state.*")
+	got := replayed(t, sub, 2, "probe-1", func() { pub.publish(t, 1, u+"/state/probe", "probe-1") })
+	if want := map[string]string{u + ".state.kitchen": "21.5", u + ".state.hall": "19.0"}; !maps.Equal(got, want) {
+		t.Fatalf("replayed %v, want %v", got, want)
+	}
+	// Then live updates.
+	retain(t, pub, u+"/state/kitchen", "22.0")
+	Eventually(t, 20*time.Second, "a live update", func() bool { return sub.Has(u+".state.kitchen", "22.0") })
+
+	// An empty retained message deletes the value: later subscribers do
+	// not get it.
+	retain(t, pub, u+"/state/hall", "")
+	Eventually(t, 20*time.Second, "the deletion applied", func() bool {
+		st, _ := c.Status("mqtt-lv")
+		return st.Counters.LastValue.Entries == 2
+	})
+	late := collectWeida(t, endpoint, weida.Limits{}, u+".state.*")
+	got = replayed(t, late, 1, "probe-2", func() { pub.publish(t, 1, u+"/state/probe", "probe-2") })
+	if want := map[string]string{u + ".state.kitchen": "22.0"}; !maps.Equal(got, want) {
+		t.Fatalf("after the deletion, replayed %v, want %v", got, want)
+	}
+
+	// A filter that matches nothing cached gets nothing but live traffic.
+	before, _ := c.Status("mqtt-lv")
+	none := collectWeida(t, endpoint, weida.Limits{}, u+".nothing.#")
+	got = replayed(t, none, 0, "probe-3", func() { pub.publish(t, 1, u+"/nothing/probe", "probe-3") })
+	if len(got) != 0 {
+		t.Fatalf("a filter matching nothing cached got %v", got)
+	}
+	after, _ := c.Status("mqtt-lv")
+	if before.Counters.LastValue.Replayed != after.Counters.LastValue.Replayed || after.Counters.LastValue.Replayed != 3 {
+		t.Fatalf("replayed counter %d then %d, want 3 throughout", before.Counters.LastValue.Replayed, after.Counters.LastValue.Replayed)
+	}
+	if v := c.Metric(`weida_connector_last_value_replayed_total{resource="mqtt-lv"}`); v != 3 {
+		t.Fatalf("last_value_replayed_total = %v, want 3", v)
+	}
+	if v := c.Metric(`weida_connector_last_value_entries{resource="mqtt-lv"}`); v != 2 {
+		t.Fatalf("last_value_entries = %v, want 2", v)
+	}
+}
+
+// TestMQTTLastValueBounded: a cache smaller than the number of retained
+// topics stays at its bound and counts every eviction.
+func TestMQTTLastValueBounded(t *testing.T) {
+	requireTCP(t, "Mosquitto", mosquittoAddr)
+	u := unique()
+	pub := mqttConnect(t, mosquittoAddr, "pub-"+u)
+	const topics = 30
+	for i := range topics {
+		retain(t, pub, fmt.Sprintf("%s/t/%d", u, i), fmt.Sprint(i))
+	}
+	endpoint := fmt.Sprintf("weida://127.0.0.1:%d/bounded", freePort(t, "udp"))
+	res := mqttResource{
+		Name: "mqtt-lv-bounded", Direction: policy.Inbound, QoS: 1, Endpoint: endpoint, CleanStart: true,
+		Routes:    []mqttRoute{{"all", u + "/#"}},
+		LastValue: "mode: retained\nmaxTopics: 10",
+	}
+	c := StartConnector(t, nil, "-f", writeFile(t, t.TempDir(), "lv.yaml", res.YAML(t)))
+	c.WaitReady(30 * time.Second)
+	Eventually(t, 20*time.Second, "every retained value read", func() bool {
+		st, _ := c.Status("mqtt-lv-bounded")
+		return st.Counters.Received >= topics
+	})
+	st, _ := c.Status("mqtt-lv-bounded")
+	if lv := st.Counters.LastValue; lv.Entries != 10 || lv.Evicted["max-topics"] != topics-10 {
+		t.Fatalf("cache %+v: want 10 entries and %d evictions", lv, topics-10)
+	}
+	sub := collectWeida(t, endpoint, weida.Limits{}, u+".#")
+	if got := replayed(t, sub, 10, "probe", func() { pub.publish(t, 1, u+"/probe", "probe") }); len(got) != 10 {
+		t.Fatalf("replayed %d values from a cache of 10", len(got))
+	}
+}
+
+// TestNATSLastValueJetStream: a late weida subscriber receives the last
+// message per subject of the bound stream's history. The durable consumer
+// exists beforehand and delivers only new messages, so the history can
+// reach the cache only through the seeding at start.
+func TestNATSLastValueJetStream(t *testing.T) {
+	requireTCP(t, "nats-server", natsAddr)
+	u := unique()
+	nc := natsConn(t, natsAddr)
+	js := createStream(t, nc, "LV"+u, u+".>")
+	for _, p := range [][2]string{{"a", "1"}, {"b", "1"}, {"a", "2"}, {"c", "1"}, {"a", "3"}, {"b", "2"}} {
+		if _, err := js.Publish(ctx(t, 5*time.Second), u+"."+p[0], []byte(p[1])); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := js.CreateConsumer(ctx(t, 5*time.Second), "LV"+u, jetstream.ConsumerConfig{
+		Durable: "lv", AckPolicy: jetstream.AckExplicitPolicy, DeliverPolicy: jetstream.DeliverNewPolicy, FilterSubject: u + ".>",
+	}); err != nil {
+		t.Fatal(err)
+	}
+	endpoint := fmt.Sprintf("weida://127.0.0.1:%d/js", freePort(t, "udp"))
+	res := natsResource{
+		Name: "nats-lv", Direction: policy.Inbound, Endpoint: endpoint,
+		Stream: "LV" + u, Durable: "lv", Routes: []string{u + ".*"},
+		LastValue: "mode: retained",
+	}
+	c := StartConnector(t, nil, "-f", writeFile(t, t.TempDir(), "lv.yaml", res.YAML(t)))
+	c.WaitReady(30 * time.Second)
+	Eventually(t, 20*time.Second, "the last values seeded", func() bool {
+		st, _ := c.Status("nats-lv")
+		return st.Counters.LastValue != nil && st.Counters.LastValue.Entries == 3
+	})
+	if st, _ := c.Status("nats-lv"); st.Counters.Received != 0 {
+		t.Fatalf("the durable consumer delivered %d old messages; the test needs it to deliver new ones only", st.Counters.Received)
+	}
+	sub := collectWeida(t, endpoint, weida.Limits{}, u+".#")
+	got := replayed(t, sub, 3, "probe", func() {
+		if _, err := js.Publish(ctx(t, 5*time.Second), u+".probe", []byte("probe")); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if want := map[string]string{u + ".a": "3", u + ".b": "2", u + ".c": "1"}; !maps.Equal(got, want) {
+		t.Fatalf("replayed %v, want the last message per subject %v", got, want)
+	}
+}
+
+// TestMQTTOutboundRetain: a message published through an outbound resource
+// with retain: true reaches an MQTT subscriber that subscribes afterwards.
+func TestMQTTOutboundRetain(t *testing.T) {
+	requireTCP(t, "Mosquitto", mosquittoAddr)
+	u := unique()
+	wpub, url := weidaPublisher(t, "/out")
+	res := mqttResource{
+		Name: "mqtt-retain", Direction: policy.Outbound, QoS: 1, Endpoint: url, Retain: true,
+		Routes: []mqttRoute{{"state", u + "/state/#"}},
+	}
+	c := StartConnector(t, nil, "-f", writeFile(t, t.TempDir(), "out.yaml", res.YAML(t)))
+	c.WaitReady(30 * time.Second)
+	waitSubscribers(t, wpub, 1, 20*time.Second)
+	cleaner := mqttConnect(t, mosquittoAddr, "clean-"+u)
+	t.Cleanup(func() {
+		_, _ = cleaner.Publish(context.Background(), &paho.Publish{Topic: u + "/state/boiler", QoS: 1, Retain: true})
+	})
+	// A weida SUBSCRIBE has no acknowledgement: publish until bridged.
+	Eventually(t, 20*time.Second, "the value bridged", func() bool {
+		if _, err := wpub.Publish(ctx(t, 5*time.Second), weida.Message{Topic: u + ".state.boiler", Payload: []byte("on")}); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(50 * time.Millisecond)
+		st, _ := c.Status("mqtt-retain")
+		return st.Counters.Bridged > 0
+	})
+	late := mqttConnect(t, mosquittoAddr, "late-"+u)
+	late.subscribe(t, 1, u+"/state/#")
+	Eventually(t, 10*time.Second, "the retained value at a late MQTT subscriber", func() bool {
+		return late.Has(u+"/state/boiler", "on")
+	})
+}

@@ -1,0 +1,87 @@
+package weida
+
+import "weida.dev/connector/weida/topic"
+
+// A Replayer supplies what a new subscription receives before live
+// traffic: typically the last message of each topic its filter selects,
+// from a cache the publishing side keeps (weida itself keeps nothing for
+// late subscribers). Install one with [Publisher.SetReplayer].
+type Replayer interface {
+	// Replay calls yield once for each message the subscription to filter
+	// (a valid filter, see [topic.ValidateFilter]) is to receive, until
+	// yield returns false (the connection is closing: stop). Messages
+	// whose Topic filter does not match are skipped, so a faulty Replayer
+	// cannot leak a topic nobody asked for. yield copies what it needs
+	// before it returns, as [Publisher.Publish] does.
+	//
+	// Replay runs on the goroutine that handles the subscriber's
+	// SUBSCRIBE, while the path's fan-out is held (see
+	// [Publisher.PublishWith]): Publish calls on the path wait for it to
+	// return, so it must not call them (it would deadlock) and should
+	// not block on anything else.
+	Replay(filter string, yield func(Message) bool)
+}
+
+// SetReplayer makes r supply the replay of every later SUBSCRIBE on the
+// publisher's path; nil stops replaying. The replay of one SUBSCRIBE goes
+// to the subscribing connection alone, and is queued on it before any live
+// copy published after the SUBSCRIBE took effect: for each topic T, no live
+// copy of T published after the subscription was added is queued on that
+// connection ahead of the replayed copy of T.
+//
+// What the subscriber sees follows from weida's per-copy streams (PROTOCOL
+// §9.5): copies are written in queue order, one uni stream each, but
+// nothing orders streams at the receiver, so a replayed copy of T may
+// still be read after a live copy of T when the network reorders them.
+// A receiver that needs the latest value must compare what the payload
+// says (a timestamp or sequence), as with any two weida copies.
+//
+// Replayed copies are charged to the connection's buffer like live ones: a
+// replay larger than Limits.SubscriberBufferBytes has its excess dropped
+// and counted in [ListenerStats].Dropped, and the replay of a SUBSCRIBE
+// already held (a repeated one) does not happen. A connection holding
+// several filters receives a replayed copy per SUBSCRIBE whose filter
+// matches, where live traffic sends it one copy per message.
+//
+// Subscriptions made before SetReplayer, including those held for the path
+// while no publisher had it, are not replayed. After [Publisher.Close]
+// nothing is replayed.
+func (p *Publisher) SetReplayer(r Replayer) {
+	ps := p.ps
+	ps.fan.Lock()
+	ps.replay, ps.replayPub = r, p
+	ps.fan.Unlock()
+}
+
+// replay queues the copies the path's Replayer supplies for filter, just
+// added for sc. ps.fan must be held for writing.
+func (sc *serverConn) replay(ps *pathState, filter string) {
+	r := ps.replay
+	if r == nil || ps.replayPub.closed.Load() {
+		return
+	}
+	l := sc.l
+	r.Replay(filter, func(m Message) bool {
+		if sc.c.ctx.Err() != nil {
+			return false
+		}
+		if !topic.Match(filter, m.Topic) {
+			return true
+		}
+		f, err := l.frames.get(ps.path, &m)
+		if err != nil {
+			l.log.Warn("weida: replay: skipping a message weida cannot send", "path", ps.path, "topic", m.Topic, "err", err)
+			return true
+		}
+		// A replayed copy lost after queueing is the publisher's to count,
+		// as a live one is.
+		f.pub = ps.replayPub
+		if f.charge() > l.limits.SubscriberBufferBytes {
+			l.stats.dropped.bufferFull.Add(1)
+		} else if sc.enqueue(f) == pushOK {
+			l.stats.copiesReplayed.Add(1)
+		}
+		f.release()
+		return true
+	})
+}
