@@ -127,9 +127,12 @@ spec:
     clientID: demo-sensors-in
     mqtt: {qos: 1, cleanStart: true, sessionExpiry: 0s}
   weida: {listen: "weida://127.0.0.1:%[3]d/sensors", certFile: %[5]s, keyFile: %[6]s}
+  # Retained readings are kept and replayed to each new weida subscriber,
+  # so retain is not among the losses.
+  lastValue: {mode: retained}
   conversion:
     policy: mqtt-levels/v1
-    losses: [delivery-best-effort, dotted-levels, expiry, ordering, properties, reply-to, retain, topic-length]
+    losses: [delivery-best-effort, dotted-levels, expiry, ordering, properties, reply-to, topic-length]
   routes:
     - {name: temperature, filter: "sensors/+/temperature"}
     - {name: factory, filter: "factory/#"}
@@ -250,6 +253,9 @@ func (d *demo) run(ctx context.Context) error {
 	}
 	for _, c := range set.Connectors() {
 		d.printf("  valid    %-22s %-3s %-8s %s\n", c.Name, c.Protocol, c.Direction, c.Policy.Name())
+		if c.LastValue.Mode != "" {
+			d.printf("           last value: %s messages are kept and replayed to new weida subscribers\n", c.LastValue.Mode)
+		}
 		if c.Mount != (policy.Mount{}) {
 			d.printf("           mount %q (broker) <-> %q (weida)\n", c.Mount.Foreign, c.Mount.Weida)
 		}
@@ -280,6 +286,27 @@ func (d *demo) run(ctx context.Context) error {
 	}
 	d.printf("2. Running: every resource is Ready (broker connected, weida side up)\n\n")
 
+	mq, err := d.mqttPublisher(ctx, mqttPort)
+	if err != nil {
+		return err
+	}
+	// A retained reading published before any weida subscriber exists:
+	// the connector keeps it and replays it to the subscriber that comes.
+	const atticTopic, atticPayload = "sensors/attic/temperature", `{"c":30.1}`
+	if _, err := mq.Publish(ctx, &paho.Publish{Topic: atticTopic, QoS: 1, Retain: true, Payload: []byte(atticPayload)}); err != nil {
+		return err
+	}
+	if err := waitFor(ctx, 5*time.Second, func() bool {
+		for _, st := range rt.Statuses() {
+			if lv := st.Counters.LastValue; st.Name == "demo-mqtt-sensors-in" && lv != nil && lv.Entries > 0 {
+				return true
+			}
+		}
+		return false
+	}); err != nil {
+		d.fail("the retained reading was not cached")
+	}
+
 	// weida subscribers on the two hosted endpoints.
 	sensors, err := d.dialWeida(ctx, fingerprint, inPort, "/sensors", "sensors.#", "factory.#")
 	if err != nil {
@@ -296,9 +323,13 @@ func (d *demo) run(ctx context.Context) error {
 	waitFor(ctx, 5*time.Second, func() bool { return alerts.Subscribers() > 0 })
 
 	d.printf("3. Traffic (foreign topic -> weida topic, or why it was dropped)\n\n")
-	mq, err := d.mqttPublisher(ctx, mqttPort)
-	if err != nil {
-		return err
+	switch got, ok := receiveWithin(ctx, sensors, 5*time.Second); {
+	case !ok:
+		d.fail("the retained %s was not replayed to the new weida subscriber", atticTopic)
+	case got.Topic != "sensors.attic.temperature" || string(got.Payload) != atticPayload:
+		d.fail("the replay brought %q %q", got.Topic, got.Payload)
+	default:
+		d.printf("  %-4s %-30s  -> weida %-28s %s  (retained before the subscriber came: replayed)\n", "MQTT", atticTopic, got.Topic, got.Payload)
 	}
 	nc, err := nats.Connect(fmt.Sprintf("nats://127.0.0.1:%d", natsPort))
 	if err != nil {
@@ -391,7 +422,11 @@ func (d *demo) run(ctx context.Context) error {
 	d.printf("\n4. Summary (also served as /status and /metrics by `connector run`)\n\n")
 	for _, st := range rt.Statuses() {
 		c := st.Counters
-		d.printf("  %-22s received %d, bridged %d, dropped %s\n", st.Name, c.Received, c.Bridged, formatDrops(c.Dropped))
+		d.printf("  %-22s received %d, bridged %d, dropped %s", st.Name, c.Received, c.Bridged, formatDrops(c.Dropped))
+		if lv := c.LastValue; lv != nil {
+			d.printf(", last values kept %d, replayed %d", lv.Entries, lv.Replayed)
+		}
+		d.printf("\n")
 	}
 	if len(d.failures) > 0 {
 		return fmt.Errorf("%d expectation(s) failed", len(d.failures))
