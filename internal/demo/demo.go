@@ -21,6 +21,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -443,6 +444,7 @@ func formatDrops(m map[string]uint64) string {
 	for k, v := range m {
 		parts = append(parts, fmt.Sprintf("%d (%s)", v, k))
 	}
+	slices.Sort(parts) // map order is random; the demo's output is not
 	return strings.Join(parts, ", ")
 }
 
