@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"runtime"
 	"strings"
 	"sync"
 	"time"
@@ -81,6 +82,41 @@ type Config struct {
 	Watch bool
 	// WatchDebounce is [WatchOptions.Debounce] when Watch is set.
 	WatchDebounce time.Duration
+	// Build names the running build in the weida_connector_build_info
+	// series of /metrics.
+	Build Build
+}
+
+// Build names a build of the program, as `connector version` prints it.
+type Build struct {
+	// Version is the release or module version; empty is exported as
+	// "(unknown)".
+	Version string
+	// Revision is the VCS revision the build was made from; empty when
+	// none was recorded.
+	Revision string
+	// GoVersion is the Go toolchain that built it; empty means
+	// runtime.Version() of the running process.
+	GoVersion string
+}
+
+// collector returns the constant weida_connector_build_info series:
+// value 1, the build in its labels, so that dashboards can join on it.
+func (b Build) collector() prometheus.Collector {
+	if b.Version == "" {
+		b.Version = "(unknown)"
+	}
+	if b.GoVersion == "" {
+		b.GoVersion = runtime.Version()
+	}
+	g := prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace:   "weida_connector",
+		Name:        "build_info",
+		Help:        "Always 1; the labels name the running build (version, VCS revision, Go version).",
+		ConstLabels: prometheus.Labels{"version": b.Version, "revision": b.Revision, "goversion": b.GoVersion},
+	})
+	g.Set(1)
+	return g
 }
 
 // AdminError is returned by [Run] when the admin listener cannot listen.
@@ -123,7 +159,8 @@ func Run[T any](ctx context.Context, cfg Config, reload <-chan T) error {
 	}
 
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		cfg.Build.collector())
 	metrics := connectors.NewMetrics(reg)
 	deps := connectors.Deps{Metrics: metrics, Logger: log, Drain: cfg.Drain}
 	if cfg.Retry.Initial > 0 {

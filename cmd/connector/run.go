@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strings"
 	"syscall"
 	"time"
@@ -110,6 +111,13 @@ func newLogger(w io.Writer, format string, level slog.Level) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, ho))
 }
 
+// buildInfo is this binary's build information, or nil when it carries
+// none.
+func buildInfo() *debug.BuildInfo {
+	bi, _ := debug.ReadBuildInfo()
+	return bi
+}
+
 func runService(ctx context.Context, opts runOptions, stateSource string, stdout, stderr io.Writer) int {
 	log := newLogger(stderr, opts.logFormat, opts.logLevel)
 	if opts.stateDir == "" {
@@ -130,6 +138,7 @@ func runService(ctx context.Context, opts runOptions, stateSource string, stdout
 		Drain: opts.drain,
 		Retry: opts.retry,
 		Watch: opts.watch,
+		Build: buildOf(version, buildInfo()),
 		Describe: func(set *resources.Set) string {
 			var b strings.Builder
 			writeCheckText(&b, set)
