@@ -111,3 +111,27 @@ func TestBuildInfoMetric(t *testing.T) {
 		t.Errorf("with no Build, /metrics lacks %s", want)
 	}
 }
+
+// TestPprofOnlyWhenAsked: /debug/pprof/ is not served unless Config.Pprof
+// is set, and then its index and a profile are.
+func TestPprofOnlyWhenAsked(t *testing.T) {
+	base := startAdmin(t, service.Config{})
+	if code, _ := get(t, base+"/debug/pprof/"); code != http.StatusNotFound {
+		t.Errorf("without Pprof, /debug/pprof/ answers %d, want 404", code)
+	}
+	if code, _ := get(t, base+"/debug/pprof/goroutine?debug=1"); code != http.StatusNotFound {
+		t.Errorf("without Pprof, /debug/pprof/goroutine answers %d, want 404", code)
+	}
+
+	base = startAdmin(t, service.Config{Pprof: true})
+	code, body := get(t, base+"/debug/pprof/")
+	if code != http.StatusOK || !strings.Contains(body, "goroutine") {
+		t.Errorf("with Pprof, /debug/pprof/ answers %d, want 200 and the index", code)
+	}
+	if code, body := get(t, base+"/debug/pprof/goroutine?debug=1"); code != http.StatusOK || !strings.Contains(body, "goroutine profile") {
+		t.Errorf("with Pprof, /debug/pprof/goroutine answers %d", code)
+	}
+	if code, _ := get(t, base+"/status"); code != http.StatusOK {
+		t.Errorf("with Pprof, /status answers %d, want 200", code)
+	}
+}

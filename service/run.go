@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	httppprof "net/http/pprof"
 	"runtime"
 	"strings"
 	"sync"
@@ -82,6 +83,11 @@ type Config struct {
 	Watch bool
 	// WatchDebounce is [WatchOptions.Debounce] when Watch is set.
 	WatchDebounce time.Duration
+	// Pprof serves net/http/pprof's profiles under /debug/pprof/ on the
+	// admin listener. They show the program's insides (goroutine stacks,
+	// command line) and a CPU profile costs CPU while it runs, so they
+	// are off unless asked for.
+	Pprof bool
 	// Build names the running build in the weida_connector_build_info
 	// series of /metrics.
 	Build Build
@@ -176,7 +182,7 @@ func Run[T any](ctx context.Context, cfg Config, reload <-chan T) error {
 		if err != nil {
 			return &AdminError{Addr: cfg.Admin, Err: err}
 		}
-		admin = &http.Server{Handler: connectors.AdminHandler(rt, reg), ReadHeaderTimeout: 5 * time.Second}
+		admin = &http.Server{Handler: adminHandler(rt, reg, cfg.Pprof), ReadHeaderTimeout: 5 * time.Second}
 		serving.Go(func() {
 			if err := admin.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				log.Error("admin listener stopped", "err", err)
@@ -210,6 +216,23 @@ func Run[T any](ctx context.Context, cfg Config, reload <-chan T) error {
 			Reload(ctx, rt, cfg)
 		}
 	}
+}
+
+// adminHandler is [connectors.AdminHandler], with net/http/pprof's
+// handlers under /debug/pprof/ when pprof is set.
+func adminHandler(rt *connectors.Runtime, g prometheus.Gatherer, pprof bool) http.Handler {
+	h := connectors.AdminHandler(rt, g)
+	if !pprof {
+		return h
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/", h)
+	mux.HandleFunc("/debug/pprof/", httppprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", httppprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", httppprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", httppprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", httppprof.Trace)
+	return mux
 }
 
 // Reload loads cfg's files again and applies them to rt when every
