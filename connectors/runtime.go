@@ -145,9 +145,20 @@ func (r *Runtime) Apply(ctx context.Context, units []Unit) error {
 	}
 	r.mu.Unlock()
 
+	// Units stop in parallel, each within the drain bound, and the
+	// series of the removed ones go in one pass once none can update
+	// them any more.
+	removed := make(map[string]bool)
+	var wg sync.WaitGroup
 	for _, ru := range stop {
-		r.stopUnit(ru, keep, carry[ru.unit.Spec.Name].bridge == nil)
+		forget := carry[ru.unit.Spec.Name].bridge == nil
+		if forget {
+			removed[ru.unit.Spec.Name] = true
+		}
+		wg.Go(func() { r.stopUnit(ru, keep, forget) })
 	}
+	wg.Wait()
+	r.deps.Metrics.forget(removed)
 
 	var errs []error
 	names := make([]string, 0, len(units))
@@ -351,17 +362,16 @@ func sameListenIdentity(a, b weida.ListenConfig) bool {
 
 // stopUnit stops a unit and releases its publisher path. Its listener is
 // closed with its last path unless keep holds the address with the same
-// identity (a reload restarting the resources on it). forget removes the
-// unit's metric series.
+// identity (a reload restarting the resources on it). forget means the
+// unit's metric series are about to be removed (by the caller, in one pass
+// for every unit it stops): nothing of the unit may update them after
+// stopUnit returns.
 func (r *Runtime) stopUnit(ru *runningUnit, keep map[string]weida.ListenConfig, forget bool) {
 	ru.cancel()
 	<-ru.done
-	if forget {
-		if ru.pub != nil {
-			// Copies still queued must not bring back its series.
-			ru.pub.OnCopiesLost(nil)
-		}
-		r.deps.Metrics.forget(ru.unit.Spec.Name)
+	if forget && ru.pub != nil {
+		// Copies still queued must not bring back its series.
+		ru.pub.OnCopiesLost(nil)
 	}
 	if ru.pub == nil {
 		return
@@ -432,11 +442,14 @@ func (r *Runtime) Stop() {
 		delete(r.running, name)
 	}
 	r.mu.Unlock()
+	names := make(map[string]bool, len(all))
 	var wg sync.WaitGroup
 	for _, ru := range all {
+		names[ru.unit.Spec.Name] = true
 		wg.Go(func() { r.stopUnit(ru, nil, true) })
 	}
 	wg.Wait()
+	r.deps.Metrics.forget(names)
 	r.mu.Lock()
 	for addr, sl := range r.listeners {
 		sl.l.Close()

@@ -606,6 +606,38 @@ func TestKubernetes(t *testing.T) {
 		}
 	})
 
+	t.Run("StateDir", func(t *testing.T) {
+		// Under a read-only root filesystem, the state directory must be
+		// a writable volume, or generated identities cannot persist.
+		if len(args["state-dir"]) != 1 {
+			t.Fatalf("want one --state-dir, got %q", args["state-dir"])
+		}
+		dir := path.Clean(args["state-dir"][0])
+		var mount *corev1.VolumeMount
+		for i := range c.VolumeMounts {
+			if path.Clean(c.VolumeMounts[i].MountPath) == dir {
+				mount = &c.VolumeMounts[i]
+			}
+		}
+		if mount == nil {
+			t.Fatalf("--state-dir %s: no volume is mounted there", dir)
+		}
+		if mount.ReadOnly {
+			t.Errorf("--state-dir %s: its volume %s is mounted read-only", dir, mount.Name)
+		}
+		for _, v := range pod.Spec.Volumes {
+			if v.Name == mount.Name && v.EmptyDir == nil && v.PersistentVolumeClaim == nil {
+				t.Errorf("--state-dir %s: volume %s is neither an emptyDir nor a PersistentVolumeClaim", dir, v.Name)
+			}
+		}
+	})
+
+	t.Run("Watch", func(t *testing.T) {
+		if _, ok := args["watch"]; !ok {
+			t.Error("no --watch: a ConfigMap update would not be picked up")
+		}
+	})
+
 	t.Run("ResourceFiles", func(t *testing.T) { checkResourceFiles(t, m, c, pod, args, bin) })
 
 	t.Run("SecretRefs", func(t *testing.T) {

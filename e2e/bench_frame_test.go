@@ -13,11 +13,11 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"weida.dev/connector/connectors"
+	"weida.dev/connector/connectors/conntest"
 	"weida.dev/connector/weida"
 )
 
@@ -34,7 +34,7 @@ type benchRig struct {
 // benchWindow bounds the messages in flight (sent, not yet received) in
 // every rig, as weida/bench does: a rig measures delivery, not drops by a
 // buffer that an unpaced publisher overfills.
-const benchWindow = 512
+const benchWindow = conntest.DefaultWindow
 
 // runRig sends n messages through rig with at most benchWindow in flight
 // and returns the rate at which they were received.
@@ -49,42 +49,9 @@ func runRig(t *testing.T, rig *benchRig, n int) float64 {
 // broker) per message.
 func runRigCPU(t *testing.T, rig *benchRig, n int) (rate float64, cpu time.Duration) {
 	t.Helper()
-	cpu0 := processCPU()
-	// One timer for the whole run: a receive that waits this long means a
-	// message was lost, which makes the measurement meaningless.
-	stuck := time.NewTimer(time.Minute)
-	defer stuck.Stop()
-	wait := func() {
-		select {
-		case <-rig.delivered:
-		case <-stuck.C:
-			t.Fatalf("%s: a message was lost (not received within a minute)", rig.name)
-		}
-	}
-	start := time.Now()
-	inFlight := 0
-	for range n {
-		if inFlight == benchWindow {
-			wait()
-			inFlight--
-		}
-		if err := rig.publish(); err != nil {
-			t.Fatalf("%s: publish: %v", rig.name, err)
-		}
-		inFlight++
-	}
-	for range inFlight {
-		wait()
-	}
-	return float64(n) / time.Since(start).Seconds(), (processCPU() - cpu0) / time.Duration(n)
-}
-
-func processCPU() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	// The measuring loop is the conformance suite's, so that a driver's
+	// BenchmarkConformance and these rigs measure alike.
+	return conntest.Measure(t, &conntest.Rig{Name: rig.name, Publish: rig.publish, Delivered: rig.delivered, Window: benchWindow}, n)
 }
 
 // signal reports one delivery unless the rig is being torn down.

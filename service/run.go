@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	httppprof "net/http/pprof"
+	"runtime"
 	"strings"
 	"sync"
 	"time"
@@ -81,6 +83,46 @@ type Config struct {
 	Watch bool
 	// WatchDebounce is [WatchOptions.Debounce] when Watch is set.
 	WatchDebounce time.Duration
+	// Pprof serves net/http/pprof's profiles under /debug/pprof/ on the
+	// admin listener. They show the program's insides (goroutine stacks,
+	// command line) and a CPU profile costs CPU while it runs, so they
+	// are off unless asked for.
+	Pprof bool
+	// Build names the running build in the weida_connector_build_info
+	// series of /metrics.
+	Build Build
+}
+
+// Build names a build of the program, as `connector version` prints it.
+type Build struct {
+	// Version is the release or module version; empty is exported as
+	// "(unknown)".
+	Version string
+	// Revision is the VCS revision the build was made from; empty when
+	// none was recorded.
+	Revision string
+	// GoVersion is the Go toolchain that built it; empty means
+	// runtime.Version() of the running process.
+	GoVersion string
+}
+
+// collector returns the constant weida_connector_build_info series:
+// value 1, the build in its labels, so that dashboards can join on it.
+func (b Build) collector() prometheus.Collector {
+	if b.Version == "" {
+		b.Version = "(unknown)"
+	}
+	if b.GoVersion == "" {
+		b.GoVersion = runtime.Version()
+	}
+	g := prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace:   "weida_connector",
+		Name:        "build_info",
+		Help:        "Always 1; the labels name the running build (version, VCS revision, Go version).",
+		ConstLabels: prometheus.Labels{"version": b.Version, "revision": b.Revision, "goversion": b.GoVersion},
+	})
+	g.Set(1)
+	return g
 }
 
 // AdminError is returned by [Run] when the admin listener cannot listen.
@@ -123,7 +165,8 @@ func Run[T any](ctx context.Context, cfg Config, reload <-chan T) error {
 	}
 
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		cfg.Build.collector())
 	metrics := connectors.NewMetrics(reg)
 	deps := connectors.Deps{Metrics: metrics, Logger: log, Drain: cfg.Drain}
 	if cfg.Retry.Initial > 0 {
@@ -139,7 +182,7 @@ func Run[T any](ctx context.Context, cfg Config, reload <-chan T) error {
 		if err != nil {
 			return &AdminError{Addr: cfg.Admin, Err: err}
 		}
-		admin = &http.Server{Handler: connectors.AdminHandler(rt, reg), ReadHeaderTimeout: 5 * time.Second}
+		admin = &http.Server{Handler: adminHandler(rt, reg, cfg.Pprof), ReadHeaderTimeout: 5 * time.Second}
 		serving.Go(func() {
 			if err := admin.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				log.Error("admin listener stopped", "err", err)
@@ -173,6 +216,23 @@ func Run[T any](ctx context.Context, cfg Config, reload <-chan T) error {
 			Reload(ctx, rt, cfg)
 		}
 	}
+}
+
+// adminHandler is [connectors.AdminHandler], with net/http/pprof's
+// handlers under /debug/pprof/ when pprof is set.
+func adminHandler(rt *connectors.Runtime, g prometheus.Gatherer, pprof bool) http.Handler {
+	h := connectors.AdminHandler(rt, g)
+	if !pprof {
+		return h
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/", h)
+	mux.HandleFunc("/debug/pprof/", httppprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", httppprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", httppprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", httppprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", httppprof.Trace)
+	return mux
 }
 
 // Reload loads cfg's files again and applies them to rt when every

@@ -14,6 +14,7 @@ import (
 	"syscall"
 
 	"weida.dev/connector/internal/cli"
+	"weida.dev/connector/service"
 	"weida.dev/connector/weida/weidacli"
 )
 
@@ -105,8 +106,7 @@ func cmdVersion(_ context.Context, args []string, _ io.Reader, stdout, stderr io
 	if code, done := parseFlags(fs, args, stdout); done {
 		return code
 	}
-	bi, _ := debug.ReadBuildInfo() // nil when the binary has none
-	fmt.Fprintln(stdout, versionLine(version, bi))
+	fmt.Fprintln(stdout, versionLine(version, buildInfo()))
 	return exitOK
 }
 
@@ -119,23 +119,42 @@ func cmdVersion(_ context.Context, args []string, _ io.Reader, stdout, stderr io
 // when recorded. bi may be nil when the binary carries no build
 // information.
 func versionLine(linked string, bi *debug.BuildInfo) string {
-	v := linked
-	if v == "" && bi != nil {
-		v = bi.Main.Version
-	}
-	if v == "" {
-		v = "(unknown)"
-	}
-	line := "connector " + v
+	line := "connector " + buildOf(linked, bi).Version
 	if bi == nil {
 		return line
 	}
 	for _, key := range []string{"vcs.revision", "vcs.modified"} {
-		for _, s := range bi.Settings {
-			if s.Key == key {
-				line += " " + key + "=" + s.Value
-			}
+		if v, ok := buildSetting(bi, key); ok {
+			line += " " + key + "=" + v
 		}
 	}
 	return line
+}
+
+// buildOf is what `connector version` prints, as the fields the admin
+// listener exports in weida_connector_build_info: the same reading of the
+// link-time version and bi (see versionLine), so that the two always
+// agree. bi may be nil.
+func buildOf(linked string, bi *debug.BuildInfo) service.Build {
+	b := service.Build{Version: linked}
+	if bi != nil {
+		if b.Version == "" {
+			b.Version = bi.Main.Version
+		}
+		b.Revision, _ = buildSetting(bi, "vcs.revision")
+		b.GoVersion = bi.GoVersion
+	}
+	if b.Version == "" {
+		b.Version = "(unknown)"
+	}
+	return b
+}
+
+func buildSetting(bi *debug.BuildInfo, key string) (string, bool) {
+	for _, s := range bi.Settings {
+		if s.Key == key {
+			return s.Value, true
+		}
+	}
+	return "", false
 }

@@ -79,3 +79,38 @@ func TestReadmeTour(t *testing.T) {
 		t.Fatalf("tour resource without the dotted route: exit %d:\n%s", code, out)
 	}
 }
+
+// TestReadmeOperating keeps README's "Operating it" section pointing at
+// what exists: each place it links to, and each thing an operator is sent
+// to look at.
+func TestReadmeOperating(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := string(readme)
+	start := strings.Index(text, "\n## Operating it\n")
+	if start < 0 {
+		t.Fatal(`README has no "Operating it" section`)
+	}
+	section := text[start+1:]
+	if end := strings.Index(section[3:], "\n## "); end >= 0 {
+		section = section[:end+3]
+	}
+	for _, want := range []string{"/status", "connector schema", "yaml-language-server", "deploy/kubernetes/", "deploy/grafana/", "No Docker engine", "--pprof"} {
+		if !strings.Contains(section, want) {
+			t.Errorf("Operating it does not mention %q", want)
+		}
+	}
+	for rest := section; ; {
+		i := strings.Index(rest, "](")
+		if i < 0 {
+			break
+		}
+		rest = rest[i+2:]
+		target := rest[:strings.Index(rest, ")")]
+		if _, err := os.Stat(filepath.Join("../..", target)); err != nil {
+			t.Errorf("Operating it links to %s: %v", target, err)
+		}
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strings"
 	"syscall"
 	"time"
@@ -29,6 +30,7 @@ type runOptions struct {
 	retry     connectors.Backoff
 	stateDir  string // "" when none could be chosen
 	watch     bool
+	pprof     bool
 }
 
 // cmdRun loads and checks every resource exactly as `check` does, then runs
@@ -37,7 +39,7 @@ type runOptions struct {
 // again and, only when all of them are valid, the difference is applied.
 // With --watch, a change to the files does the same, without a signal.
 func cmdRun(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) int {
-	fs := newFlagSet("run", "connector run -f PATH [-f PATH...] [--admin ADDR] [--log-format text|json] [--log-level LEVEL] [--instance NAME] [--drain DURATION] [--retry-initial DURATION] [--retry-max DURATION] [--state-dir DIR] [--watch]", stderr)
+	fs := newFlagSet("run", "connector run -f PATH [-f PATH...] [--admin ADDR] [--log-format text|json] [--log-level LEVEL] [--instance NAME] [--drain DURATION] [--retry-initial DURATION] [--retry-max DURATION] [--state-dir DIR] [--watch] [--pprof]", stderr)
 	var paths stringList
 	fs.Var(&paths, "f", "a resource file, or a directory whose *.yaml and *.yml files are read (not recursively); repeatable")
 	admin := fs.String("admin", "127.0.0.1:9090", "address of the admin HTTP listener (/metrics, /healthz, /readyz, /status); empty disables it")
@@ -50,10 +52,11 @@ func cmdRun(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.W
 	stateDir := fs.String("state-dir", "", "where hosted endpoints without certFile/keyFile keep their generated identity, so that its fingerprint survives restarts "+
 		"(default: $STATE_DIRECTORY, else "+systemStateDir+" when writable, else $XDG_STATE_HOME/weida-connector or ~/.local/state/weida-connector)")
 	watch := fs.Bool("watch", false, "reload when the resource files change (an edit, or a Kubernetes ConfigMap update), as SIGHUP does")
+	pprof := fs.Bool("pprof", false, "serve Go's profiles (net/http/pprof) under /debug/pprof/ on the admin listener")
 	if code, done := parseFlags(fs, args, stdout); done {
 		return code
 	}
-	opts := runOptions{paths: paths, admin: *admin, logFormat: *logFormat, instance: *instance, drain: *drain,
+	opts := runOptions{pprof: *pprof, paths: paths, admin: *admin, logFormat: *logFormat, instance: *instance, drain: *drain,
 		retry: connectors.Backoff{Initial: *retryInitial, Max: *retryMax}, stateDir: *stateDir, watch: *watch}
 	stateSource := "--state-dir"
 	if opts.stateDir == "" {
@@ -110,6 +113,13 @@ func newLogger(w io.Writer, format string, level slog.Level) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, ho))
 }
 
+// buildInfo is this binary's build information, or nil when it carries
+// none.
+func buildInfo() *debug.BuildInfo {
+	bi, _ := debug.ReadBuildInfo()
+	return bi
+}
+
 func runService(ctx context.Context, opts runOptions, stateSource string, stdout, stderr io.Writer) int {
 	log := newLogger(stderr, opts.logFormat, opts.logLevel)
 	if opts.stateDir == "" {
@@ -130,6 +140,8 @@ func runService(ctx context.Context, opts runOptions, stateSource string, stdout
 		Drain: opts.drain,
 		Retry: opts.retry,
 		Watch: opts.watch,
+		Pprof: opts.pprof,
+		Build: buildOf(version, buildInfo()),
 		Describe: func(set *resources.Set) string {
 			var b strings.Builder
 			writeCheckText(&b, set)

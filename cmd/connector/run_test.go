@@ -34,3 +34,16 @@ func TestRunLogLevel(t *testing.T) {
 		t.Error("parseLevel accepts an offset the flag does not document")
 	}
 }
+
+// TestRunPprofFlag: --pprof is a flag of run, listed in its help, and
+// off unless given.
+func TestRunPprofFlag(t *testing.T) {
+	code, out, errOut := runCLI(t, "", "run", "--help")
+	if code != exitOK || !strings.Contains(out+errOut, "-pprof") {
+		t.Errorf("run --help: exit %d, no -pprof in %q", code, out+errOut)
+	}
+	code, _, errOut = runCLI(t, "", "run", "--pprof", "-f", "missing.yaml")
+	if code != exitFailure || strings.Contains(errOut, "flag provided but not defined") {
+		t.Errorf("run --pprof -f missing.yaml: exit %d, %q; want the missing file refused, not the flag", code, errOut)
+	}
+}

@@ -7,6 +7,8 @@ import (
 	"runtime/debug"
 	"strings"
 	"testing"
+
+	"weida.dev/connector/service"
 )
 
 func TestVersionLine(t *testing.T) {
@@ -32,6 +34,32 @@ func TestVersionLine(t *testing.T) {
 	} {
 		if got := versionLine(tc.linked, tc.bi); got != tc.want {
 			t.Errorf("%s: %q, want %q", tc.name, got, tc.want)
+		}
+	}
+}
+
+// TestBuildOf: the build the admin listener exports is the one `connector
+// version` prints.
+func TestBuildOf(t *testing.T) {
+	bi := &debug.BuildInfo{GoVersion: "go1.26.8", Main: debug.Module{Version: "(devel)"}, Settings: []debug.BuildSetting{
+		{Key: "vcs.revision", Value: "0123abcd"}, {Key: "vcs.modified", Value: "false"},
+	}}
+	for _, tc := range []struct {
+		linked string
+		bi     *debug.BuildInfo
+		want   service.Build
+	}{
+		{"", bi, service.Build{Version: "(devel)", Revision: "0123abcd", GoVersion: "go1.26.8"}},
+		{"v2.0.0", bi, service.Build{Version: "v2.0.0", Revision: "0123abcd", GoVersion: "go1.26.8"}},
+		{"", nil, service.Build{Version: "(unknown)"}},
+	} {
+		got := buildOf(tc.linked, tc.bi)
+		if got != tc.want {
+			t.Errorf("buildOf(%q) = %+v, want %+v", tc.linked, got, tc.want)
+		}
+		if line := versionLine(tc.linked, tc.bi); !strings.HasPrefix(line, "connector "+got.Version) ||
+			(got.Revision != "" && !strings.Contains(line, "vcs.revision="+got.Revision)) {
+			t.Errorf("versionLine %q disagrees with buildOf %+v", line, got)
 		}
 	}
 }

@@ -90,7 +90,7 @@ func deleteQueue(t testing.TB, name string) {
 // harness runs the suite on the shared broker, or on addr with the
 // password pass when set.
 type harness struct {
-	t    *testing.T
+	t    testing.TB
 	ch   *amqp.Channel // on the shared broker; nil elsewhere
 	addr string
 	pass string
@@ -246,4 +246,14 @@ func TestConformance(t *testing.T) {
 		t.Cleanup(h.deleteQueues)
 		return h
 	})
+}
+
+// BenchmarkConformance measures the bridged path through the runtime both
+// ways on the loopback RabbitMQ (see conntest.Benchmark).
+func BenchmarkConformance(b *testing.B) {
+	requireBroker(b)
+	_, ch := directChannel(b)
+	h := &harness{t: b, ch: ch}
+	b.Cleanup(h.deleteQueues)
+	conntest.Benchmark(b, h)
 }

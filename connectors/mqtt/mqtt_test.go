@@ -31,7 +31,7 @@ func TestMain(m *testing.M) {
 	)
 }
 
-func requireBroker(t *testing.T) {
+func requireBroker(t testing.TB) {
 	t.Helper()
 	c, err := net.DialTimeout("tcp", brokerAddr, 2*time.Second)
 	if err != nil {
@@ -42,7 +42,7 @@ func requireBroker(t *testing.T) {
 
 // harness runs the suite on the shared broker, or on addr when set.
 type harness struct {
-	t    *testing.T
+	t    testing.TB
 	addr string
 }
 
@@ -161,4 +161,11 @@ func (h harness) Subscribe(ctx context.Context, filter string) (<-chan *connecto
 func TestConformance(t *testing.T) {
 	requireBroker(t)
 	conntest.Run(t, func(t *testing.T) conntest.Harness { return harness{t: t} })
+}
+
+// BenchmarkConformance measures the bridged path through the runtime both
+// ways on the loopback Mosquitto (see conntest.Benchmark).
+func BenchmarkConformance(b *testing.B) {
+	requireBroker(b)
+	conntest.Benchmark(b, harness{t: b})
 }

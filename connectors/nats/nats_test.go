@@ -45,7 +45,7 @@ func requireServer(t testing.TB) {
 // harness runs the conformance suite in core mode, or in JetStream mode
 // when stream is set.
 type harness struct {
-	t      *testing.T
+	t      testing.TB
 	stream string // JetStream stream capturing prefix.>, or ""
 	prefix string // first token of every subject
 	addr   string // the server; "" means serverAddr
@@ -223,4 +223,11 @@ func newStream(t testing.TB) (stream, prefix string) {
 		}
 	})
 	return stream, prefix
+}
+
+// BenchmarkConformance measures the bridged path through the runtime both
+// ways on the loopback NATS server, in core mode (see conntest.Benchmark).
+func BenchmarkConformance(b *testing.B) {
+	requireServer(b)
+	conntest.Benchmark(b, harness{t: b, prefix: "ct"})
 }
