@@ -180,8 +180,11 @@ func (b *Bridge) dialLoop(ctx context.Context, out outboundWriter, a *outAttempt
 // (FailFingerprintMismatch, say) is how a caller can name it.
 func dialReason(err error) string {
 	var f *Failure
-	if errors.As(err, &f) && f.Reason != "" {
+	switch {
+	case errors.As(err, &f) && f.Reason != "":
 		return f.Reason
+	case errors.Is(err, weida.ErrFingerprintMismatch):
+		return FailFingerprintMismatch
 	}
 	return FailWeidaDial
 }

@@ -580,3 +580,43 @@ func (timeoutErr) Temporary() bool { return true }
 // tlsAlert is what crypto/tls returns when the peer refuses the handshake
 // with a bad_certificate alert.
 func tlsAlert() error { return tls.AlertError(42) }
+
+// TestOutboundFingerprintMismatch: a dialled endpoint presenting another
+// certificate than the pinned one is reported as FingerprintMismatch, not
+// as any dial failure, so that an operator knows the pin is what to fix.
+func TestOutboundFingerprintMismatch(t *testing.T) {
+	l, err := weida.Listen(context.Background(), "127.0.0.1:0", weida.ListenConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	other, err := weida.Listen(context.Background(), "127.0.0.1:0", weida.ListenConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { other.Close() })
+	p := policy.NATSTokensV1()
+	url := "weida://" + other.Fingerprint() + "@" + l.Addr().String() + "/out"
+	rt, _ := newRuntime(t, func(int) time.Duration { return time.Millisecond })
+	err = rt.Apply(context.Background(), []connectors.Unit{{
+		Spec: connectors.Spec{
+			Name: "pinned", Protocol: policy.NATS, Direction: policy.Outbound, Policy: p,
+			Routes: []connectors.Route{{Name: "r", Foreign: "out.*", Weida: "out.*"}}, Endpoint: url,
+		},
+		Revision: "1",
+		Dial:     func(ctx context.Context) (*weida.Subscriber, error) { return weida.Dial(ctx, url, weida.DialConfig{}) },
+		NewSink: func(report connectors.StateFunc) (connectors.Sink, error) {
+			report(connectors.ConnState{Up: true, Reason: "Connected"})
+			return &memSink{}, nil
+		},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the mismatch to show", func() bool {
+		return condition(statusOf(rt, "pinned"), connectors.CondWeidaReady).Reason == connectors.FailFingerprintMismatch
+	})
+	if rt.Ready() {
+		t.Error("ready while the endpoint presents another certificate")
+	}
+}

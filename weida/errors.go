@@ -109,4 +109,10 @@ var (
 	// ErrNoTrust is returned by [Dial] when the URL pins no fingerprint, no
 	// CA file is configured and verification is not explicitly skipped.
 	ErrNoTrust = errors.New("weida: no way to authenticate the publisher")
+
+	// ErrFingerprintMismatch is wrapped by the error of a Dial whose
+	// publisher presented a certificate other than the pinned one: the
+	// endpoint's identity changed (a rotation, a lost state directory) or
+	// another server answers on its address.
+	ErrFingerprintMismatch = errors.New("weida: publisher fingerprint does not match the pin")
 )

@@ -344,7 +344,7 @@ func clientTLS(a address.Address, cfg *DialConfig) (*tls.Config, string, error) 
 				return err
 			}
 			if got != pin {
-				return fmt.Errorf("weida: publisher fingerprint %s does not match the pinned %s", got, pin)
+				return fmt.Errorf("%w: it presented %s, the URL pins %s", ErrFingerprintMismatch, got, pin)
 			}
 			return nil
 		}

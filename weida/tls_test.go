@@ -110,7 +110,7 @@ func TestPinning(t *testing.T) {
 	dial(t, l, "/p", DialConfig{})
 	// Wrong pin: refused in the handshake.
 	wrong := "weida://" + other.Fingerprint() + "@" + l.Addr().String() + "/p"
-	if _, err := Dial(testCtx(t), wrong, DialConfig{}); err == nil || !strings.Contains(err.Error(), "does not match the pinned") {
+	if _, err := Dial(testCtx(t), wrong, DialConfig{}); !errors.Is(err, ErrFingerprintMismatch) || !strings.Contains(err.Error(), "the URL pins "+other.Fingerprint()) {
 		t.Fatalf("Dial with a wrong pin: %v", err)
 	}
 	// A pin overrides a CA file that would not verify the server.
