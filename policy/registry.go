@@ -1,7 +1,9 @@
 package policy
 
 import (
+	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 )
 
@@ -72,4 +74,18 @@ type Setting struct {
 	// Apply stores value, as written on the command line, into o, or says
 	// why it is not a valid value ("must be 0 or 1").
 	Apply func(o *Options, value string) error
+}
+
+// BoolSetting is a boolean [Setting], false unless the flag is given; set
+// stores its value into the options.
+func BoolSetting(name, usage string, set func(o *Options, v bool)) Setting {
+	return Setting{Name: name, Usage: usage, Bool: true, Default: "false",
+		Apply: func(o *Options, v string) error {
+			b, err := strconv.ParseBool(v)
+			if err != nil {
+				return fmt.Errorf("must be true or false, not %s", v)
+			}
+			set(o, b)
+			return nil
+		}}
 }

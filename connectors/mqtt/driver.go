@@ -120,17 +120,9 @@ func (driver) Settings() []policy.Setting {
 			o.QoS = q
 			return nil
 		},
-	}, {
-		Name: "last-value", Usage: "the inbound resource keeps a last-value cache (spec.lastValue); removes the retain loss", Bool: true, Default: "false",
-		Apply: func(o *policy.Options, v string) error {
-			b, err := strconv.ParseBool(v)
-			if err != nil {
-				return fmt.Errorf("must be true or false, not %s", v)
-			}
-			o.LastValue = b
-			return nil
-		},
-	}}
+	}, policy.BoolSetting("last-value", "the inbound resource keeps a last-value cache (spec.lastValue); removes the retain loss",
+		func(o *policy.Options, v bool) { o.LastValue = v }),
+	}
 }
 
 // BrokerSchema returns what Broker decodes spec.broker.mqtt with.

@@ -4,7 +4,6 @@ import (
 	"crypto/tls"
 	"fmt"
 	"reflect"
-	"strconv"
 	"strings"
 
 	"weida.dev/connector/connectors"
@@ -97,17 +96,8 @@ func (driver) DescribeOptions(o policy.Options) string {
 }
 
 func (driver) Settings() []policy.Setting {
-	return []policy.Setting{{
-		Name: "jetstream", Usage: "the bridge would use JetStream; changes the losses", Bool: true, Default: "false",
-		Apply: func(o *policy.Options, v string) error {
-			b, err := strconv.ParseBool(v)
-			if err != nil {
-				return fmt.Errorf("must be true or false, not %s", v)
-			}
-			o.JetStream = b
-			return nil
-		},
-	}}
+	return []policy.Setting{policy.BoolSetting("jetstream", "the bridge would use JetStream; changes the losses",
+		func(o *policy.Options, v bool) { o.JetStream = v })}
 }
 
 // BrokerSchema returns what Broker decodes spec.broker.nats with.
