@@ -306,6 +306,14 @@ func (l *connectorLives) kill() {
 	l.c.WaitReady(60 * time.Second)
 }
 
+// baseline forgets what was dropped so far (probes sent before the
+// subscriber was there), so that drops counts the cell's messages only.
+func (l *connectorLives) baseline() {
+	for k, v := range chaosDrops(l.c, l.resource) {
+		l.past[k] -= v
+	}
+}
+
 func (l *connectorLives) drops() map[string]float64 {
 	sum := map[string]float64{}
 	for k, v := range l.past {
@@ -313,6 +321,11 @@ func (l *connectorLives) drops() map[string]float64 {
 	}
 	for k, v := range chaosDrops(l.c, l.resource) {
 		sum[k] += v
+	}
+	for k, v := range sum {
+		if v == 0 {
+			delete(sum, k)
+		}
 	}
 	return sum
 }
@@ -422,6 +435,8 @@ func runChaosCell(t *testing.T, m chaosMode, b *brokertest.Broker, dir policy.Di
 		}
 		bounce = func() { src.bounce(chaosWeidaAway) }
 	}
+
+	lives.baseline()
 
 	// The sender: steady rate, whatever the fault does to it.
 	senderDone := make(chan struct{})
@@ -711,7 +726,12 @@ func (s *weidaSource) bounce(d time.Duration) {
 func chaosModes() []chaosMode {
 	return []chaosMode{
 		{name: "mqtt-qos1", durable: true, start: func(t *testing.T) *brokertest.Broker {
-			return brokertest.StartMosquitto(t)
+			// Mosquitto writes its store only every autosave_interval
+			// (30 min by default) and at a clean exit: killed, it forgets
+			// every session and queued message since. Saving at each
+			// change makes the broker durable, as a persistent session
+			// meant to survive it needs.
+			return brokertest.StartMosquitto(t, "autosave_on_changes true", "autosave_interval 1")
 		}, inbound: mqttChaosIn, outbound: mqttChaosOut},
 		{name: "nats-jetstream", durable: true, start: func(t *testing.T) *brokertest.Broker {
 			return brokertest.StartNATS(t)
