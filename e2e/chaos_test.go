@@ -384,6 +384,7 @@ func runChaosCell(t *testing.T, m chaosMode, b *brokertest.Broker, dir policy.Di
 		noSub       = map[int]bool{} // weida Publish matched nobody
 		closedPub   = map[int]bool{} // weida publisher closed by the fault
 		copiesLost  atomic.Int64     // copies the test's weida publisher queued and then lost
+		unread      *atomic.Int64    // copies the test's weida subscriber discarded unread when it closed
 		faultAt     = n / 3
 		faultEnd    time.Time
 		sentCounter atomic.Int64
@@ -415,6 +416,7 @@ func runChaosCell(t *testing.T, m chaosMode, b *brokertest.Broker, dir policy.Di
 			}
 		}
 		bounce = func() { sink.bounce(chaosWeidaAway) }
+		unread = &sink.unread
 	} else {
 		src := startWeidaSource(t, port, files, &copiesLost)
 		yaml, topic := m.outbound(t, b, u, name, src.url, arr)
@@ -440,11 +442,16 @@ func runChaosCell(t *testing.T, m chaosMode, b *brokertest.Broker, dir policy.Di
 
 	// The sender: steady rate, whatever the fault does to it.
 	senderDone := make(chan struct{})
+	sendCtx, stopSending := context.WithCancel(context.Background())
+	t.Cleanup(func() { stopSending(); <-senderDone })
 	go func() {
 		defer close(senderDone)
 		interval := time.Second / time.Duration(rate)
 		start := time.Now()
 		for i := range n {
+			if sendCtx.Err() != nil {
+				return // the cell failed and ends
+			}
 			if d := time.Until(start.Add(time.Duration(i) * interval)); d > 0 {
 				time.Sleep(d)
 			}
@@ -497,6 +504,9 @@ func runChaosCell(t *testing.T, m chaosMode, b *brokertest.Broker, dir policy.Di
 		}
 		if v := copiesLost.Load(); v > 0 {
 			drops["publisher:connection-closed"] = float64(v)
+		}
+		if unread != nil && unread.Load() > 0 {
+			drops["subscriber:unread"] = float64(unread.Load())
 		}
 		total := 0.0
 		for _, v := range drops {
@@ -580,7 +590,8 @@ type weidaSink struct {
 	arr    *arrivals
 	mu     sync.Mutex
 	cur    *weida.Subscriber
-	away   time.Time // no dialling before this
+	away   time.Time    // no dialling before this
+	unread atomic.Int64 // copies that arrived and were discarded unread at a close
 	cancel context.CancelFunc
 	done   chan struct{}
 }
@@ -632,6 +643,7 @@ func (s *weidaSink) run(ctx context.Context) {
 			s.arr.add(string(m.Payload), time.Now())
 		}
 		sub.Close()
+		s.unread.Add(int64(sub.Stats().DroppedUnread))
 	}
 }
 
