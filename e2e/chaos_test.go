@@ -383,6 +383,7 @@ func runChaosCell(t *testing.T, m chaosMode, b *brokertest.Broker, dir policy.Di
 		refused     = map[int]bool{} // the test's broker publisher could not hand it over
 		noSub       = map[int]bool{} // weida Publish matched nobody
 		closedPub   = map[int]bool{} // weida publisher closed by the fault
+		pubDropped  = map[int]bool{} // weida Publish matched a subscriber but dropped its copy (buffer full, closing)
 		copiesLost  atomic.Int64     // copies the test's weida publisher queued and then lost
 		unread      *atomic.Int64    // copies the test's weida subscriber discarded unread when it closed
 		faultAt     = n / 3
@@ -433,6 +434,8 @@ func runChaosCell(t *testing.T, m chaosMode, b *brokertest.Broker, dir policy.Di
 				mark(closedPub, i)
 			case res.Matched == 0:
 				mark(noSub, i)
+			case res.Queued == 0:
+				mark(pubDropped, i)
 			}
 		}
 		bounce = func() { src.bounce(chaosWeidaAway) }
@@ -502,6 +505,9 @@ func runChaosCell(t *testing.T, m chaosMode, b *brokertest.Broker, dir policy.Di
 		if len(closedPub) > 0 {
 			drops["publisher:closed"] = float64(len(closedPub))
 		}
+		if len(pubDropped) > 0 {
+			drops["publisher:dropped"] = float64(len(pubDropped))
+		}
 		if v := copiesLost.Load(); v > 0 {
 			drops["publisher:connection-closed"] = float64(v)
 		}
@@ -539,7 +545,7 @@ func runChaosCell(t *testing.T, m chaosMode, b *brokertest.Broker, dir policy.Di
 	}
 	r.received = len(arr.count)
 	r.missing = n - r.received
-	var missingRefused, missingNoSub, missingClosed int
+	var missingRefused, missingNoSub, missingClosed, missingDropped int
 	lostMu.Lock()
 	for i := range n {
 		if arr.count[i] > 0 {
@@ -553,6 +559,9 @@ func runChaosCell(t *testing.T, m chaosMode, b *brokertest.Broker, dir policy.Di
 		}
 		if closedPub[i] {
 			missingClosed++
+		}
+		if pubDropped[i] {
+			missingDropped++
 		}
 	}
 	lostMu.Unlock()
@@ -569,6 +578,7 @@ func runChaosCell(t *testing.T, m chaosMode, b *brokertest.Broker, dir policy.Di
 	setOrDelete("publisher:broker-refused", missingRefused)
 	setOrDelete("publisher:no-subscriber", missingNoSub)
 	setOrDelete("publisher:closed", missingClosed)
+	setOrDelete("publisher:dropped", missingDropped)
 	total := 0.0
 	for _, v := range r.drops {
 		total += v
