@@ -223,8 +223,8 @@ func TestChaos(t *testing.T) {
 		// What fits CI: one cell each way on the broker that starts
 		// fastest, through the faults the issue found losses in.
 		// The stream must outlast the fault, which starts after a
-		// third of it: 400 messages at 100/s last 4 s.
-		n = chaosEnvInt(t, "WEIDA_CHAOS_N", 400)
+		// third of it and lasts about 3 s: 600 messages at 100/s last 6 s.
+		n = chaosEnvInt(t, "WEIDA_CHAOS_N", 600)
 		rate = chaosEnvInt(t, "WEIDA_CHAOS_RATE", 100)
 		modes = map[string]bool{"nats-jetstream": true}
 		cells = []cell{{policy.Inbound, faultConnectorKill}, {policy.Outbound, faultWeidaRestart}}
