@@ -8,13 +8,18 @@ BENCHCOUNT ?= 1
 # (no git) leaves the build information to speak.
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null)
 
-.PHONY: test brokers demo fuzz bench build compile
+.PHONY: test brokers demo fuzz bench build compile chaos
 
 test:
 	./scripts/test
 
 brokers:
 	./scripts/brokers
+
+# The fault suite's full matrix (docs/RELIABILITY.md); scripts/test runs a
+# short subset.
+chaos:
+	./scripts/chaos
 
 # The README's first command: the bridge on embedded brokers, needing none.
 # It is its own command so that ./connector links no broker.

@@ -162,6 +162,11 @@ func (b *Bridge) dialLoop(ctx context.Context, out outboundWriter, a *outAttempt
 		b.reportWeida(true, "Subscribed", fmt.Sprintf("%d filters on %s", len(b.out.weidaFilters), b.spec.Endpoint))
 		err = b.receiveLoop(ctx, sub, out, a)
 		sub.Close()
+		if n := sub.Stats().DroppedUnread; n > 0 {
+			// Copies that had arrived and were never read: the
+			// endpoint counted them as written.
+			b.stats.drop("", ReasonConnectionClosed, int(n), slog.LevelWarn, "the weida connection closed with copies not yet read; they are lost")
+		}
 		// weida keeps nothing for a subscriber that is away: from now
 		// until the next subscription, what the endpoint publishes is
 		// lost. A stop opens a gap too; a reload's successor closes it.

@@ -263,3 +263,34 @@ func (e *outboundEnv) waitSettled(t *testing.T, n uint64) connectors.Counters {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// TestOutboundCountsUnreadCopies: copies that reached the bridge's weida
+// connection but were never read, because the broker side held the receive
+// loop back when the resource stopped, are counted as connection-closed
+// drops: the endpoint counted them as written, so without this count they
+// would be lost without a trace.
+func TestOutboundCountsUnreadCopies(t *testing.T) {
+	const sent = 10
+	mem := &memSink{delay: 300 * time.Millisecond}
+	env := startOutbound(t, mem, 1)
+	for i := range sent {
+		env.publish(t, fmt.Sprintf("out.t%d.data", i))
+	}
+	// One write under way, one message waiting for room, the rest
+	// unread at the subscriber. The loopback delivers them in well under
+	// the time the first write takes.
+	deadline := time.Now().Add(10 * time.Second)
+	for env.bridge.Status().Counters.Received < 2 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	time.Sleep(100 * time.Millisecond)
+	env.stop()
+	c := env.bridge.Status().Counters
+	var dropped uint64
+	for _, d := range c.Dropped {
+		dropped += d
+	}
+	if c.Bridged+dropped != sent || c.Dropped[connectors.ReasonConnectionClosed] == 0 {
+		t.Errorf("after stop: %+v; want all %d bridged or dropped, some as %s", c, sent, connectors.ReasonConnectionClosed)
+	}
+}

@@ -44,6 +44,7 @@ type mqttResource struct {
 	// per line, e.g. "mode: retained"; empty means no cache.
 	LastValue string
 	Retain    bool // outbound: mqtt.retain
+	Hold      bool // inbound: spec.delivery.whenNoSubscriber: hold
 }
 
 type mqttRoute struct{ Name, Filter string }
@@ -106,6 +107,9 @@ func (r mqttResource) YAML(t testing.TB) string {
 		for line := range strings.SplitSeq(r.LastValue, "\n") {
 			fmt.Fprintf(&b, "    %s\n", line)
 		}
+	}
+	if r.Hold {
+		b.WriteString("  delivery:\n    whenNoSubscriber: hold\n")
 	}
 	fmt.Fprintf(&b, "  conversion:\n    policy: %s\n", pname)
 	if r.Mount != (policy.Mount{}) {
@@ -228,6 +232,14 @@ func mqttConnect(t testing.TB, addr, id string) *mqttClient {
 }
 
 func mqttDial(ctx context.Context, addr, id string, onMsg func(mqttMsg)) (*mqttClient, error) {
+	return mqttDialSession(ctx, addr, id, 0, onMsg)
+}
+
+// mqttDialSession is mqttDial with a session of its own: expiry 0 starts
+// clean (the session ends with the connection), above 0 resumes the
+// session the broker kept for id and keeps it that long after a
+// disconnect, so that QoS 1 messages wait for the client's return.
+func mqttDialSession(ctx context.Context, addr, id string, expiry uint32, onMsg func(mqttMsg)) (*mqttClient, error) {
 	conn, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return nil, err
@@ -265,7 +277,11 @@ func mqttDial(ctx context.Context, addr, id string, onMsg func(mqttMsg)) (*mqttC
 		}},
 	}
 	c.Client = paho.NewClient(cfg)
-	ca, err := c.Connect(ctx, &paho.Connect{ClientID: id, CleanStart: true, KeepAlive: 30})
+	cp := &paho.Connect{ClientID: id, CleanStart: expiry == 0, KeepAlive: 30}
+	if expiry > 0 {
+		cp.Properties = &paho.ConnectProperties{SessionExpiryInterval: &expiry}
+	}
+	ca, err := c.Connect(ctx, cp)
 	if err != nil {
 		conn.Close()
 		return nil, err

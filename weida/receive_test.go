@@ -214,3 +214,43 @@ func TestReadPayloadAllocs(t *testing.T) {
 		}
 	}
 }
+
+// TestDroppedUnread: copies that arrived but were never returned by
+// Receive are counted when the subscriber closes, and so is a copy whose
+// read the caller's ctx abandoned: the publisher counted all of them as
+// written, so the subscriber's count is their only record.
+func TestDroppedUnread(t *testing.T) {
+	t.Run("waiting at Close", func(t *testing.T) {
+		l := listen(t, ListenConfig{})
+		p := publisher(t, l, "/p")
+		s := dial(t, l, "/p", DialConfig{})
+		subscribe(t, l, s, 1, "#")
+		const sent = 5
+		for range sent {
+			publish(t, p, "t", []byte("x"))
+		}
+		waitFor(t, "the copies to arrive", func() bool { return s.queue.queued() == sent })
+		receive(t, s)
+		if got := s.Stats().DroppedUnread; got != 0 {
+			t.Fatalf("DroppedUnread = %d before Close, want 0", got)
+		}
+		_ = s.Close()
+		if st := s.Stats(); st.DroppedUnread != sent-1 || st.Received != 1 {
+			t.Fatalf("after Close: %+v, want DroppedUnread %d and Received 1", st, sent-1)
+		}
+	})
+	t.Run("abandoned by ctx", func(t *testing.T) {
+		s, _ := partialCopy(t)
+		ctx, cancel := context.WithCancel(context.Background())
+		res := receiveAsync(t, s, ctx)
+		// Receive takes the queued copy first, whether or not ctx has
+		// ended, then gives it up waiting for its missing bytes.
+		cancel()
+		if r := <-res; !errors.Is(r.err, context.Canceled) {
+			t.Fatalf("Receive = %v, want context.Canceled", r.err)
+		}
+		if got := s.Stats().DroppedUnread; got != 1 {
+			t.Fatalf("DroppedUnread = %d, want 1", got)
+		}
+	})
+}

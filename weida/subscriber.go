@@ -45,6 +45,7 @@ type Subscriber struct {
 	wg        sync.WaitGroup
 
 	received, tooLarge, resets, refused atomic.Uint64
+	unread                              atomic.Uint64 // see SubscriberStats.DroppedUnread
 	watched                             atomic.Uint64 // reads of a copy that had to watch ctx (see copyReader)
 }
 
@@ -152,7 +153,7 @@ func resolve(ctx context.Context, a address.Address) (*net.UDPAddr, error) {
 func (s *Subscriber) supervise() {
 	<-s.c.ctx.Done()
 	s.c.wait()
-	s.queue.clear()
+	s.unread.Add(uint64(s.queue.clear()))
 	if !s.closing.Load() {
 		s.log.Info("weida: connection to publisher lost", "cause", s.connErr())
 	}
@@ -257,7 +258,8 @@ func (s *Subscriber) sendErr(err error) error {
 //
 // A ctx that ends while Receive reads a copy whose bytes have not all
 // arrived abandons that copy: it is stopped with STOP_SENDING(CANCELED),
-// counted nowhere, and Receive returns ctx's error. Receive starts watching
+// counted in [SubscriberStats].DroppedUnread, and Receive returns ctx's
+// error. Receive starts watching
 // ctx for this only once such a read has waited 100 µs, so an end of ctx
 // within that wait takes effect when it is over; a copy whose bytes have
 // all arrived is returned even if ctx ended meanwhile.
@@ -315,9 +317,11 @@ func (s *Subscriber) read(ctx context.Context, in *inbound) (Message, error) {
 		s.resets.Add(1) // the publisher abandoned the copy: discard what was read
 		return Message{}, errDiscarded
 	case ctx.Err() != nil:
+		s.unread.Add(1)
 		in.st.CancelRead(quic.StreamErrorCode(Canceled))
 		return Message{}, ctx.Err()
 	case s.c.ctx.Err() != nil:
+		s.unread.Add(1)
 		return Message{}, s.closedErr()
 	}
 	in.st.CancelRead(quic.StreamErrorCode(Internal))
@@ -511,6 +515,13 @@ type SubscriberStats struct {
 	DroppedTooBig  uint64 // copies refused for exceeding MaxPayloadBytes
 	DroppedReset   uint64 // copies the publisher reset before FIN
 	StreamsRefused uint64 // streams refused per PROTOCOL §9.4 (wrong path, exchanges)
+	// DroppedUnread counts copies that arrived (their header was read)
+	// but were never returned by Receive: the connection ended, by Close
+	// or by a loss, while they waited or were being read, or the caller's
+	// ctx ended while Receive read one. weida has no acknowledgement, so
+	// the publisher counted them as written; this is the only record of
+	// their loss. Read it after Close to count everything.
+	DroppedUnread uint64
 }
 
 // Stats returns the subscriber's counters.
@@ -520,6 +531,7 @@ func (s *Subscriber) Stats() SubscriberStats {
 		DroppedTooBig:  s.tooLarge.Load(),
 		DroppedReset:   s.resets.Load(),
 		StreamsRefused: s.refused.Load(),
+		DroppedUnread:  s.unread.Load(),
 	}
 }
 
@@ -595,10 +607,13 @@ func (q *recvQueue) pop() (inbound, bool) {
 	return in, true
 }
 
-func (q *recvQueue) clear() {
+// clear drops every waiting copy and returns how many there were.
+func (q *recvQueue) clear() int {
 	q.mu.Lock()
+	defer q.mu.Unlock()
+	n := len(q.items) - q.head
 	q.items, q.head = nil, 0
-	q.mu.Unlock()
+	return n
 }
 
 // subscription ignores SUBSCRIBE and UNSUBSCRIBE: a subscriber registers no
