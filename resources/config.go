@@ -25,3 +25,17 @@ type BrokerConfig struct {
 	// Logger is the resource's logger (it names the resource); never nil.
 	Logger *slog.Logger
 }
+
+// BrokerTLS returns the TLS configuration of the broker connection: TLS as
+// package service built it, or, should a TLS resource come without one,
+// the system roots for the configured server name; nil for a plaintext
+// broker.
+func (bc BrokerConfig) BrokerTLS() *tls.Config {
+	if !bc.Resource.Broker.TLS.Enabled {
+		return nil
+	}
+	if bc.TLS != nil {
+		return bc.TLS
+	}
+	return &tls.Config{ServerName: bc.Resource.Broker.TLS.ServerName}
+}

@@ -1,7 +1,6 @@
 package amqp
 
 import (
-	"crypto/tls"
 	"fmt"
 	"reflect"
 	"strings"
@@ -297,7 +296,7 @@ func configOf(bc resources.BrokerConfig) Config {
 		Host:            c.Broker.Host,
 		Port:            c.Broker.Port,
 		VHost:           o.VHost,
-		TLS:             brokerTLS(bc),
+		TLS:             bc.BrokerTLS(),
 		Username:        bc.Credentials.Username,
 		Password:        bc.Credentials.Password.Reveal(),
 		Exchange:        o.Exchange,
@@ -308,17 +307,4 @@ func configOf(bc resources.BrokerConfig) Config {
 		LoopMarker:      bc.LoopMarker,
 		Logger:          bc.Logger,
 	}
-}
-
-// brokerTLS returns the TLS configuration of bc's broker connection: the
-// one package service built, or, should a TLS resource come without one,
-// the system roots; nil for a plaintext broker.
-func brokerTLS(bc resources.BrokerConfig) *tls.Config {
-	if !bc.Resource.Broker.TLS.Enabled {
-		return nil
-	}
-	if bc.TLS != nil {
-		return bc.TLS
-	}
-	return &tls.Config{ServerName: bc.Resource.Broker.TLS.ServerName}
 }

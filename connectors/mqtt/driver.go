@@ -1,7 +1,6 @@
 package mqtt
 
 import (
-	"crypto/tls"
 	"fmt"
 	"reflect"
 	"strconv"
@@ -262,7 +261,7 @@ func configOf(bc resources.BrokerConfig) Config {
 	cfg := Config{
 		Host:          c.Broker.Host,
 		Port:          c.Broker.Port,
-		TLS:           brokerTLS(bc),
+		TLS:           bc.BrokerTLS(),
 		ClientID:      c.Broker.ClientID,
 		Username:      bc.Credentials.Username,
 		QoS:           m.QoS,
@@ -277,17 +276,4 @@ func configOf(bc resources.BrokerConfig) Config {
 		cfg.Password = []byte(bc.Credentials.Password.Reveal())
 	}
 	return cfg
-}
-
-// brokerTLS returns the TLS configuration of bc's broker connection: the
-// one package service built, or, should a TLS resource come without one,
-// the system roots; nil for a plaintext broker.
-func brokerTLS(bc resources.BrokerConfig) *tls.Config {
-	if !bc.Resource.Broker.TLS.Enabled {
-		return nil
-	}
-	if bc.TLS != nil {
-		return bc.TLS
-	}
-	return &tls.Config{ServerName: bc.Resource.Broker.TLS.ServerName}
 }

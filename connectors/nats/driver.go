@@ -1,7 +1,6 @@
 package nats
 
 import (
-	"crypto/tls"
 	"fmt"
 	"reflect"
 	"strings"
@@ -243,7 +242,7 @@ func configOf(bc resources.BrokerConfig) Config {
 	cfg := Config{
 		Host:       c.Broker.Host,
 		Port:       c.Broker.Port,
-		TLS:        brokerTLS(bc),
+		TLS:        bc.BrokerTLS(),
 		Name:       c.Broker.ClientID,
 		User:       creds.Username,
 		Password:   creds.Password.Reveal(),
@@ -267,17 +266,4 @@ func configOf(bc resources.BrokerConfig) Config {
 		cfg.MaxAckPending = c.Limits.InFlight
 	}
 	return cfg
-}
-
-// brokerTLS returns the TLS configuration of bc's server connection: the
-// one package service built, or, should a TLS resource come without one,
-// the system roots; nil for a plaintext server.
-func brokerTLS(bc resources.BrokerConfig) *tls.Config {
-	if !bc.Resource.Broker.TLS.Enabled {
-		return nil
-	}
-	if bc.TLS != nil {
-		return bc.TLS
-	}
-	return &tls.Config{ServerName: bc.Resource.Broker.TLS.ServerName}
 }
