@@ -31,7 +31,7 @@ func natsDirectRig(t *testing.T, addr string) *benchRig {
 	sub := natsConn(t, addr)
 	rig := &benchRig{name: "nats-server direct", delivered: make(chan struct{}, benchWindow)}
 	done := make(chan struct{})
-	s, err := sub.Subscribe(natsBenchFilter("direct"), func(*natsgo.Msg) { signal(rig.delivered, done) })
+	s, err := sub.Subscribe(natsBenchFilter("direct"), func(m *natsgo.Msg) { rig.arrived(m.Data, done) })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,7 +41,7 @@ func natsDirectRig(t *testing.T, addr string) *benchRig {
 	if err := sub.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	rig.publish = func() error { return pub.Publish(natsBenchSubject("direct"), benchPayload) }
+	rig.publish = func(p []byte) error { return pub.Publish(natsBenchSubject("direct"), p) }
 	rig.close = func() { close(done); s.Unsubscribe() }
 	return rig
 }
@@ -68,10 +68,10 @@ func inboundRig(t *testing.T, addr string) *benchRig {
 	}, wpub, connectors.Deps{Metrics: connectors.NewMetrics(prometheus.NewRegistry())})
 	stopBridge := runBridge(t, b)
 	rig := &benchRig{name: "nats-server → bridge → weida", delivered: make(chan struct{}, benchWindow)}
-	stopRecv := weidaReceiver(t, url, rig.delivered)
+	stopRecv := weidaReceiver(t, url, rig)
 	waitSubscribers(t, wpub, 1, 10*time.Second)
 	pub := natsConn(t, addr)
-	rig.publish = func() error { return pub.Publish(natsBenchSubject("in"), benchPayload) }
+	rig.publish = func(p []byte) error { return pub.Publish(natsBenchSubject("in"), p) }
 	syncRig(t, rig, func() error { pub.Publish(natsBenchSubject("in"), benchPayload); return pub.Flush() })
 	rig.close = func() {
 		stopRecv()
@@ -95,7 +95,7 @@ func outboundRig(t *testing.T, addr string, blockingWrites bool) *benchRig {
 	}
 	sub := natsConn(t, addr)
 	done := make(chan struct{})
-	s, err := sub.Subscribe(natsBenchFilter(prefix), func(*natsgo.Msg) { signal(rig.delivered, done) })
+	s, err := sub.Subscribe(natsBenchFilter(prefix), func(m *natsgo.Msg) { rig.arrived(m.Data, done) })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,9 +121,9 @@ func outboundRig(t *testing.T, addr string, blockingWrites bool) *benchRig {
 		}, connectors.Deps{Metrics: connectors.NewMetrics(prometheus.NewRegistry())})
 	stopBridge := runBridge(t, b)
 	waitSubscribers(t, wpub, 1, 10*time.Second)
-	syncRig(t, rig, func() error { return publishWeidaTopic(wpub, natsBenchSubject(prefix)) })
-	rig.publish = func() error {
-		if err := publishWeidaTopic(wpub, natsBenchSubject(prefix)); err != nil {
+	syncRig(t, rig, func() error { return publishWeidaTopic(wpub, natsBenchSubject(prefix), benchPayload) })
+	rig.publish = func(p []byte) error {
+		if err := publishWeidaTopic(wpub, natsBenchSubject(prefix), p); err != nil {
 			return fmt.Errorf("%w; listener %+v; bridge %+v", err, l.Stats(), b.Status())
 		}
 		return nil
