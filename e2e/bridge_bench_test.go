@@ -420,8 +420,8 @@ func bridgeBenchBrokers(t *testing.T, keys []string) map[string]func(t *testing.
 			return bridgeBenchBroker{key: "nats", broker: "nats-server", pid: srv.Pid(), build: [4]func() *benchRig{
 				func() *benchRig { return natsDirectRig(t, a) },
 				func() *benchRig { return weidaDirectRig(t) },
-				func() *benchRig { return inboundRig(t, a) },
-				func() *benchRig { return outboundRig(t, a, false) },
+				func() *benchRig { return inboundRig(t, a, 1) },
+				func() *benchRig { return outboundRig(t, a, false, 1) },
 			}}
 		},
 		"mqtt": func(t *testing.T) bridgeBenchBroker {

@@ -46,20 +46,31 @@ func natsDirectRig(t *testing.T, addr string) *benchRig {
 	return rig
 }
 
-func natsBenchRoute(t *testing.T, filter string) (policy.Policy, []connectors.Route) {
+// natsBenchRoute returns the route of filter, last after routes-1 routes
+// that select nothing the rigs publish (the scale figures' worst case for
+// finding a message's route).
+func natsBenchRoute(t *testing.T, filter string, routes int) (policy.Policy, []connectors.Route) {
 	p := policy.NATSTokensV1()
-	wf, err := p.ConvertFilter(filter)
-	if err != nil {
-		t.Fatal(err)
+	var rs []connectors.Route
+	for i := range max(routes, 1) {
+		f, name := filter, "bench"
+		if i < routes-1 {
+			f, name = fmt.Sprintf("scale%d.*.data", i), fmt.Sprintf("scale%d", i)
+		}
+		wf, err := p.ConvertFilter(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rs = append(rs, connectors.Route{Name: name, Foreign: f, Weida: wf})
 	}
-	return p, []connectors.Route{{Name: "bench", Foreign: filter, Weida: wf}}
+	return p, rs
 }
 
 // inboundRig: a nats.go publisher → nats-server → connectors.Bridge with
 // the NATS Source (in this process) → the bridge's weida endpoint → a weida
 // subscriber.
-func inboundRig(t *testing.T, addr string) *benchRig {
-	p, routes := natsBenchRoute(t, natsBenchFilter("in"))
+func inboundRig(t *testing.T, addr string, nroutes int) *benchRig {
+	p, routes := natsBenchRoute(t, natsBenchFilter("in"), nroutes)
 	l, wpub, url := benchEndpoint(t)
 	spec := connectors.Spec{Name: "bench-in", Protocol: policy.NATS, Direction: policy.Inbound, Policy: p, Routes: routes, Endpoint: url}
 	host, port := brokertest.SplitAddr(t, addr)
@@ -82,12 +93,12 @@ func inboundRig(t *testing.T, addr string) *benchRig {
 
 // outboundRig: a weida publisher → connectors.Bridge with the NATS Sink
 // (dialling it, in this process) → nats-server → a nats.go subscriber.
-func outboundRig(t *testing.T, addr string, blockingWrites bool) *benchRig {
+func outboundRig(t *testing.T, addr string, blockingWrites bool, nroutes int) *benchRig {
 	prefix := "bench"
 	if blockingWrites {
 		prefix = "benchw"
 	}
-	p, routes := natsBenchRoute(t, natsBenchFilter(prefix))
+	p, routes := natsBenchRoute(t, natsBenchFilter(prefix), nroutes)
 	l, wpub, url := benchEndpoint(t)
 	rig := &benchRig{name: "weida → bridge → nats-server", delivered: make(chan struct{}, benchWindow)}
 	if blockingWrites {
@@ -159,8 +170,8 @@ func TestNATSThroughput(t *testing.T) {
 	throughput{broker: "nats-server", pid: srv.Pid(), rigs: []namedRig{
 		{short: "nats", build: func() *benchRig { return natsDirectRig(t, srv.Addr()) }},
 		{short: "weida", build: func() *benchRig { return weidaDirectRig(t) }},
-		{short: "in", build: func() *benchRig { return inboundRig(t, srv.Addr()) }},
-		{short: "out", build: func() *benchRig { return outboundRig(t, srv.Addr(), false) }},
-		{short: "out-write", build: func() *benchRig { return outboundRig(t, srv.Addr(), true) }, onRequest: true},
+		{short: "in", build: func() *benchRig { return inboundRig(t, srv.Addr(), 1) }},
+		{short: "out", build: func() *benchRig { return outboundRig(t, srv.Addr(), false, 1) }},
+		{short: "out-write", build: func() *benchRig { return outboundRig(t, srv.Addr(), true, 1) }, onRequest: true},
 	}}.run(t, envInt(t, "WEIDA_BENCH_MESSAGES", 100000), envInt(t, "WEIDA_BENCH_ROUNDS", 5))
 }
