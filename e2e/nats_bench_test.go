@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strconv"
 	"testing"
 	"time"
 
@@ -70,7 +71,13 @@ func natsBenchRoute(t *testing.T, filter string, routes int) (policy.Policy, []c
 // the NATS Source (in this process) → the bridge's weida endpoint → a weida
 // subscriber.
 func inboundRig(t *testing.T, addr string, nroutes int) *benchRig {
-	p, routes := natsBenchRoute(t, natsBenchFilter("in"), nroutes)
+	// A rig of its own subjects per route count, so that no other rig's
+	// bridge on the same server receives this one's messages.
+	prefix := "in"
+	if nroutes > 1 {
+		prefix = fmt.Sprintf("in%d", nroutes)
+	}
+	p, routes := natsBenchRoute(t, natsBenchFilter(prefix), nroutes)
 	l, wpub, url := benchEndpoint(t)
 	spec := connectors.Spec{Name: "bench-in", Protocol: policy.NATS, Direction: policy.Inbound, Policy: p, Routes: routes, Endpoint: url}
 	host, port := brokertest.SplitAddr(t, addr)
@@ -82,8 +89,8 @@ func inboundRig(t *testing.T, addr string, nroutes int) *benchRig {
 	stopRecv := weidaReceiver(t, url, rig)
 	waitSubscribers(t, wpub, 1, 10*time.Second)
 	pub := natsConn(t, addr)
-	rig.publish = func(p []byte) error { return pub.Publish(natsBenchSubject("in"), p) }
-	syncRig(t, rig, func() error { pub.Publish(natsBenchSubject("in"), benchPayload); return pub.Flush() })
+	rig.publish = func(p []byte) error { return pub.Publish(natsBenchSubject(prefix), p) }
+	syncRig(t, rig, func() error { pub.Publish(natsBenchSubject(prefix), benchPayload); return pub.Flush() })
 	rig.close = func() {
 		stopRecv()
 		closeBridgeRig(t, rig, b, stopBridge, l)
@@ -97,6 +104,9 @@ func outboundRig(t *testing.T, addr string, blockingWrites bool, nroutes int) *b
 	prefix := "bench"
 	if blockingWrites {
 		prefix = "benchw"
+	}
+	if nroutes > 1 {
+		prefix += strconv.Itoa(nroutes)
 	}
 	p, routes := natsBenchRoute(t, natsBenchFilter(prefix), nroutes)
 	l, wpub, url := benchEndpoint(t)

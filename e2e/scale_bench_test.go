@@ -12,20 +12,21 @@ import (
 	"time"
 
 	"weida.dev/connector/internal/brokertest"
+	"weida.dev/connector/weida"
 	"weida.dev/connector/weida/bench"
 )
 
-// heapNow is the live heap after a collection.
+// heapNow is the live heap and the goroutine stacks after a collection.
 func heapNow() uint64 {
 	var m runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&m)
-	return m.HeapAlloc
+	return m.HeapAlloc + m.StackInuse
 }
 
 // builtRig builds a rig and reports the time it took (connecting,
-// subscribing every route, until one message came through), and the heap
-// and goroutines it added.
+// subscribing every route, until one message came through), and the memory
+// (heap and stacks) and goroutines it added.
 func builtRig(t *testing.T, build func() *benchRig) (rig *benchRig, took time.Duration, heap int64, goroutines int) {
 	h0, g0 := heapNow(), runtime.NumGoroutine()
 	start := time.Now()
@@ -38,6 +39,9 @@ func builtRig(t *testing.T, build func() *benchRig) (rig *benchRig, took time.Du
 // (10,000) against one with a single route, inbound and outbound: the time
 // to build and start it, the heap and goroutines it adds, and the CPU per
 // message in paired rounds. The message's route is the last of the list.
+// Outbound runs only when WEIDA_SCALE_OUT_ROUTES names a count, capped at
+// weida's default MaxSubscriptions (256): each route's weida filter is one
+// subscription on the dialled connection, and the publisher refuses more.
 // It runs only with WEIDA_BENCH=1.
 func TestRouteScale(t *testing.T) {
 	if os.Getenv("WEIDA_BENCH") != "1" {
@@ -47,7 +51,15 @@ func TestRouteScale(t *testing.T) {
 	rounds := envInt(t, "WEIDA_BENCH_ROUNDS", 3)
 	sample := envDuration(t, "WEIDA_BENCH_SAMPLE", 2*time.Second)
 	srv := brokertest.StartNATS(t)
+	dirs := map[string]int{"in": routes}
+	if n := envInt(t, "WEIDA_SCALE_OUT_ROUTES", 1); n > 1 {
+		dirs["out"] = min(n, weida.DefaultMaxSubscriptions)
+	}
 	for _, dir := range []string{"in", "out"} {
+		routes, ok := dirs[dir]
+		if !ok {
+			continue
+		}
 		build := func(n int) func() *benchRig {
 			if dir == "in" {
 				return func() *benchRig { return inboundRig(t, srv.Addr(), n) }
@@ -56,8 +68,8 @@ func TestRouteScale(t *testing.T) {
 		}
 		one, took1, heap1, g1 := builtRig(t, build(1))
 		many, tookN, heapN, gN := builtRig(t, build(routes))
-		t.Logf("%s, 1 route: built in %v, heap +%.1f MiB, goroutines +%d", dir, took1.Round(time.Millisecond), float64(heap1)/(1<<20), g1)
-		t.Logf("%s, %d routes: built in %v, heap +%.1f MiB (%.0f B per route beyond the first), goroutines +%d",
+		t.Logf("%s, 1 route: built in %v, heap and stacks +%.1f MiB, goroutines +%d", dir, took1.Round(time.Millisecond), float64(heap1)/(1<<20), g1)
+		t.Logf("%s, %d routes: built in %v, heap and stacks +%.1f MiB (%.0f B per route beyond the first), goroutines +%d",
 			dir, routes, tookN.Round(time.Millisecond), float64(heapN)/(1<<20), float64(heapN-heap1)/float64(routes-1), gN)
 		rigs := []*benchRig{one, many}
 		n := make([]int, 2)
@@ -82,7 +94,7 @@ func TestRouteScale(t *testing.T) {
 		for r := range rounds {
 			ratio = append(ratio, cpu[1][r]/cpu[0][r])
 		}
-		fmt.Printf("route scale, %s: 1 route %.0f msg/s %.2f µs/msg; %d routes %.0f msg/s %.2f µs/msg; CPU ratio %.2fx (%.2f–%.2f); built in %v vs %v; heap +%.1f MiB vs +%.1f MiB\n",
+		fmt.Printf("route scale, %s: 1 route %.0f msg/s %.2f µs/msg; %d routes %.0f msg/s %.2f µs/msg; CPU ratio %.2fx (%.2f–%.2f); built in %v vs %v; heap and stacks +%.1f MiB vs +%.1f MiB\n",
 			dir, median(rate[0]), median(cpu[0])/1e3, routes, median(rate[1]), median(cpu[1])/1e3,
 			median(ratio), slices.Min(ratio), slices.Max(ratio), took1.Round(time.Millisecond), tookN.Round(time.Millisecond),
 			float64(heap1)/(1<<20), float64(heapN)/(1<<20))
