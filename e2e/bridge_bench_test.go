@@ -421,7 +421,7 @@ func bridgeBenchBrokers(t *testing.T, keys []string) map[string]func(t *testing.
 				func() *benchRig { return natsDirectRig(t, a) },
 				func() *benchRig { return weidaDirectRig(t) },
 				func() *benchRig { return inboundRig(t, a, 1) },
-				func() *benchRig { return outboundRig(t, a, false, 1) },
+				func() *benchRig { return outboundRig(t, a, false, 1, "bench") },
 			}}
 		},
 		"mqtt": func(t *testing.T) bridgeBenchBroker {

@@ -100,7 +100,8 @@ func inboundRig(t *testing.T, addr string, nroutes int) *benchRig {
 
 // outboundRig: a weida publisher → connectors.Bridge with the NATS Sink
 // (dialling it, in this process) → nats-server → a nats.go subscriber.
-func outboundRig(t *testing.T, addr string, blockingWrites bool, nroutes int) *benchRig {
+// marker is the Sink's loop marker ("" writes no header).
+func outboundRig(t *testing.T, addr string, blockingWrites bool, nroutes int, marker string) *benchRig {
 	prefix := "bench"
 	if blockingWrites {
 		prefix = "benchw"
@@ -108,11 +109,17 @@ func outboundRig(t *testing.T, addr string, blockingWrites bool, nroutes int) *b
 	if nroutes > 1 {
 		prefix += strconv.Itoa(nroutes)
 	}
+	if marker == "" {
+		prefix += "n"
+	}
 	p, routes := natsBenchRoute(t, natsBenchFilter(prefix), nroutes)
 	l, wpub, url := benchEndpoint(t)
 	rig := &benchRig{name: "weida → bridge → nats-server", delivered: make(chan struct{}, benchWindow)}
 	if blockingWrites {
 		rig.name += " (Write)"
+	}
+	if marker == "" {
+		rig.name += " (no loop marker)"
 	}
 	sub := natsConn(t, addr)
 	done := make(chan struct{})
@@ -127,14 +134,15 @@ func outboundRig(t *testing.T, addr string, blockingWrites bool, nroutes int) *b
 	spec := connectors.Spec{Name: "bench-out", Protocol: policy.NATS, Direction: policy.Outbound, Policy: p, Routes: routes,
 		Endpoint: url, InFlight: envInt(t, "WEIDA_BENCH_INFLIGHT", resourcesDefaultInFlight)}
 	// As `connector run` does, the Sink marks every message with the
-	// loop marker header.
+	// loop marker header, unless marker is empty (the out-nomarker rig,
+	// which measures what the header costs).
 	var sink *natsconn.Sink
 	host, port := brokertest.SplitAddr(t, addr)
 	b := connectors.NewOutbound(spec,
 		func(ctx context.Context) (*weida.Subscriber, error) { return weida.Dial(ctx, url, weida.DialConfig{}) },
 		func(report connectors.StateFunc) (connectors.Sink, error) {
 			var err error
-			sink, err = natsconn.NewSink(natsconn.Config{Host: host, Port: port, Name: "bench-out", LoopMarker: "bench"}, report)
+			sink, err = natsconn.NewSink(natsconn.Config{Host: host, Port: port, Name: "bench-out", LoopMarker: marker}, report)
 			if blockingWrites {
 				return struct{ connectors.Sink }{sink}, err // hides WriteAsync
 			}
@@ -167,9 +175,11 @@ func outboundRig(t *testing.T, addr string, blockingWrites bool, nroutes int) *b
 // direct rate (the goal is 80 %). It runs only with WEIDA_BENCH=1;
 // WEIDA_BENCH_MESSAGES and WEIDA_BENCH_ROUNDS change the sample size
 // (default 100000) and the number of rounds (default 5); WEIDA_BENCH_RIGS
-// (nats, weida, in, out, out-write; comma-separated) runs only the rigs
-// named, for profiling one path. out-write, the outbound bridge through the
-// runtime's path for Sinks without WriteAsync, runs only when named.
+// (nats, weida, in, out, out-write, out-nomarker; comma-separated) runs only
+// the rigs named, for profiling one path. Two rigs run only when named:
+// out-write, the outbound bridge through the runtime's path for Sinks
+// without WriteAsync, and out-nomarker, the outbound bridge writing no loop
+// marker header.
 func TestNATSThroughput(t *testing.T) {
 	if os.Getenv("WEIDA_BENCH") != "1" {
 		t.Skip("set WEIDA_BENCH=1 to run the throughput benchmark")
@@ -181,7 +191,8 @@ func TestNATSThroughput(t *testing.T) {
 		{short: "nats", build: func() *benchRig { return natsDirectRig(t, srv.Addr()) }},
 		{short: "weida", build: func() *benchRig { return weidaDirectRig(t) }},
 		{short: "in", build: func() *benchRig { return inboundRig(t, srv.Addr(), 1) }},
-		{short: "out", build: func() *benchRig { return outboundRig(t, srv.Addr(), false, 1) }},
-		{short: "out-write", build: func() *benchRig { return outboundRig(t, srv.Addr(), true, 1) }, onRequest: true},
+		{short: "out", build: func() *benchRig { return outboundRig(t, srv.Addr(), false, 1, "bench") }},
+		{short: "out-write", build: func() *benchRig { return outboundRig(t, srv.Addr(), true, 1, "bench") }, onRequest: true},
+		{short: "out-nomarker", build: func() *benchRig { return outboundRig(t, srv.Addr(), false, 1, "") }, onRequest: true},
 	}}.run(t, envInt(t, "WEIDA_BENCH_MESSAGES", 100000), envInt(t, "WEIDA_BENCH_ROUNDS", 5))
 }

@@ -64,7 +64,7 @@ func TestRouteScale(t *testing.T) {
 			if dir == "in" {
 				return func() *benchRig { return inboundRig(t, srv.Addr(), n) }
 			}
-			return func() *benchRig { return outboundRig(t, srv.Addr(), false, n) }
+			return func() *benchRig { return outboundRig(t, srv.Addr(), false, n, "bench") }
 		}
 		one, took1, heap1, g1 := builtRig(t, build(1))
 		many, tookN, heapN, gN := builtRig(t, build(routes))
