@@ -8,7 +8,7 @@ BENCHCOUNT ?= 1
 # (no git) leaves the build information to speak.
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null)
 
-.PHONY: test brokers demo fuzz bench build compile chaos
+.PHONY: test brokers demo fuzz bench bench-bridge build compile chaos
 
 test:
 	./scripts/test
@@ -39,3 +39,8 @@ fuzz:
 
 bench:
 	BENCHTIME=$(BENCHTIME) BENCHCOUNT=$(BENCHCOUNT) ./scripts/bench
+
+# The bridge's cost against the direct rigs, all six bridged rigs in paired
+# rounds; BENCHFLAGS passes flags (e.g. "-rounds 7 -json run.json").
+bench-bridge:
+	./scripts/bench-bridge $(BENCHFLAGS)

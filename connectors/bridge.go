@@ -10,6 +10,7 @@ import (
 
 	"weida.dev/connector/policy"
 	"weida.dev/connector/weida"
+	"weida.dev/connector/weida/topic"
 )
 
 // Route is one validated route of a resource: the filter in the broker's
@@ -169,6 +170,9 @@ type Bridge struct {
 	gen atomic.Uint64
 
 	routeByForeign map[string]Route // routes keyed by foreign filter
+	// routeIndex, for a resource with routeIndexMin routes or more, holds
+	// each route's position under its weida filter; nil: try each route.
+	routeIndex *topic.Index[int]
 
 	in  inbound
 	out outbound
@@ -216,7 +220,43 @@ func newBridge(spec Spec, deps Deps) *Bridge {
 	for _, r := range spec.Routes {
 		b.routeByForeign[r.Foreign] = r
 	}
+	if len(spec.Routes) >= routeIndexMin {
+		b.routeIndex = topic.NewIndex[int]()
+		for i, r := range spec.Routes {
+			if b.routeIndex.Insert(r.Weida, i) != nil {
+				b.routeIndex = nil // not a weida filter: keep trying each route
+				break
+			}
+		}
+	}
 	return b
+}
+
+// routeIndexMin is the number of routes from which a bridge finds a
+// message's route through an index of the routes' weida filters rather than
+// by trying each route in turn. A scan costs one match per route before
+// the one that selects the topic (10,000 routes: hundreds of µs per
+// message); the index walks only the trie nodes the topic can reach, and
+// costs about as much as a dozen matches.
+const routeIndexMin = 16
+
+// indexedRoute returns the first route, in the resource's order, whose weida
+// filter matches wt and whose foreign filter admits ft, where wt and ft are
+// one topic in its weida and foreign forms. By the policies' exactness
+// contract (see package policy) that is the first route whose foreign filter
+// selects ft, which a scan would find.
+func (b *Bridge) indexedRoute(wt, ft string) (Route, bool) {
+	best := -1
+	b.routeIndex.Match(wt, func(i int) bool {
+		if (best < 0 || i < best) && b.spec.Policy.Admit(b.spec.Routes[i].Foreign, ft) {
+			best = i
+		}
+		return true
+	})
+	if best < 0 {
+		return Route{}, false
+	}
+	return b.spec.Routes[best], true
 }
 
 // Spec returns the resource the bridge runs.

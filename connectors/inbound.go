@@ -128,13 +128,19 @@ func (b *Bridge) handleInbound(ctx context.Context, pub Publisher, m *Message, a
 		settle(nil)
 		return
 	}
-	route, ok := b.inboundRoute(m.Topic)
+	wt, err := b.spec.Policy.TopicToWeida(m.Topic)
+	var route Route
+	var ok bool
+	if b.routeIndex != nil && err == nil {
+		route, ok = b.indexedRoute(wt, m.Topic)
+	} else {
+		route, ok = b.inboundRoute(m.Topic)
+	}
 	if !ok {
 		b.drop("", ReasonNoRoute, slog.LevelWarn, "the broker delivered a topic no route selects", slog.String("topic", m.Topic))
 		settle(nil)
 		return
 	}
-	wt, err := b.spec.Policy.TopicToWeida(m.Topic)
 	if err != nil {
 		b.drop(route.Name, refusalRule(err), slog.LevelWarn, "topic has no exact weida form; dropped", slog.String("topic", m.Topic), slog.String("why", err.Error()))
 		settle(nil)

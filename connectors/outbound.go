@@ -221,7 +221,7 @@ func (b *Bridge) receiveLoop(ctx context.Context, sub *weida.Subscriber, out out
 			b.drop("", refusalRule(err), slog.LevelWarn, "weida topic has no exact broker form; dropped", slog.String("weida_topic", wm.Topic), slog.String("why", err.Error()))
 			continue
 		}
-		route, reason := b.outboundRoute(ft)
+		route, reason := b.outboundRouteOf(wm.Topic, ft)
 		if reason != "" {
 			b.drop("", reason, slog.LevelInfo, "no route may produce this topic; dropped", slog.String("topic", ft))
 			continue
@@ -245,6 +245,19 @@ func (b *Bridge) receiveLoop(ctx context.Context, sub *weida.Subscriber, out out
 			return err
 		}
 	}
+}
+
+// outboundRouteOf is outboundRoute for foreign topic ft, converted from
+// weida topic wt: through the route index when the resource has one. A
+// topic the index places under no route goes through the scan, which names
+// the reason.
+func (b *Bridge) outboundRouteOf(wt, ft string) (Route, string) {
+	if b.routeIndex != nil {
+		if r, ok := b.indexedRoute(wt, ft); ok {
+			return r, ""
+		}
+	}
+	return b.outboundRoute(ft)
 }
 
 // outboundRoute finds the first route that may produce foreign topic t, or

@@ -25,7 +25,7 @@ const benchPrefetch = 256 // broker-baselines.md: confirms + manual ack, prefetc
 // rabbitPublisher is a publisher in confirm mode that does not wait for each
 // confirm (the window bounds what is in flight); a goroutine drains the
 // confirms and fails the benchmark on a nack.
-func rabbitPublisher(t *testing.T, addr, exchange string) (publish func() error) {
+func rabbitPublisher(t *testing.T, addr, exchange string) (publish func(p []byte) error) {
 	t.Helper()
 	c := amqpConnect(t, addr)
 	if err := c.ch.ExchangeDeclare(exchange, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
@@ -39,14 +39,14 @@ func rabbitPublisher(t *testing.T, addr, exchange string) (publish func() error)
 			}
 		}
 	}()
-	return func() error {
-		return c.ch.Publish(exchange, benchSubject, false, false, amqp.Publishing{Body: benchPayload})
+	return func(p []byte) error {
+		return c.ch.Publish(exchange, benchSubject, false, false, amqp.Publishing{Body: p})
 	}
 }
 
 // rabbitConsumer consumes an exclusive queue bound with bench.*.data, with
-// manual acks and prefetch benchPrefetch, signalling every delivery.
-func rabbitConsumer(t *testing.T, addr, exchange string, delivered chan<- struct{}) {
+// manual acks and prefetch benchPrefetch, reporting every delivery to rig.
+func rabbitConsumer(t *testing.T, addr, exchange string, rig *benchRig) {
 	t.Helper()
 	c := amqpConnect(t, addr)
 	if err := c.ch.ExchangeDeclare(exchange, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
@@ -69,7 +69,7 @@ func rabbitConsumer(t *testing.T, addr, exchange string, delivered chan<- struct
 	go func() {
 		for d := range ds {
 			d.Ack(false)
-			delivered <- struct{}{}
+			rig.arrived(d.Body, nil)
 		}
 	}()
 }
@@ -78,9 +78,9 @@ func rabbitConsumer(t *testing.T, addr, exchange string, delivered chan<- struct
 // exchange → a consumer with manual acks, as in broker-baselines.md.
 func rabbitDirectRig(t *testing.T, addr string) *benchRig {
 	rig := &benchRig{name: "RabbitMQ direct", delivered: make(chan struct{}, benchWindow)}
-	rabbitConsumer(t, addr, "bench-direct", rig.delivered)
+	rabbitConsumer(t, addr, "bench-direct", rig)
 	rig.publish = rabbitPublisher(t, addr, "bench-direct")
-	syncRig(t, rig, rig.publish)
+	syncRig(t, rig, func() error { return rig.publish(benchPayload) })
 	rig.close = func() {}
 	return rig
 }
@@ -108,10 +108,10 @@ func amqpInboundRig(t *testing.T, addr string) *benchRig {
 	}, wpub, connectors.Deps{Metrics: connectors.NewMetrics(prometheus.NewRegistry())})
 	stopBridge := runBridge(t, b)
 	rig := &benchRig{name: "RabbitMQ → bridge → weida", delivered: make(chan struct{}, benchWindow)}
-	stopRecv := weidaReceiver(t, url, rig.delivered)
+	stopRecv := weidaReceiver(t, url, rig)
 	waitSubscribers(t, wpub, 1, 10*time.Second)
 	rig.publish = rabbitPublisher(t, addr, "bench-in")
-	syncRig(t, rig, rig.publish)
+	syncRig(t, rig, func() error { return rig.publish(benchPayload) })
 	rig.close = func() {
 		stopRecv()
 		closeBridgeRig(t, rig, b, stopBridge, l)
@@ -126,7 +126,7 @@ func amqpOutboundRig(t *testing.T, addr string) *benchRig {
 	p, routes := amqpBenchRoute(t)
 	l, wpub, url := benchEndpoint(t)
 	rig := &benchRig{name: "weida → bridge → RabbitMQ", delivered: make(chan struct{}, benchWindow)}
-	rabbitConsumer(t, addr, "bench-out", rig.delivered)
+	rabbitConsumer(t, addr, "bench-out", rig)
 	spec := connectors.Spec{Name: "bench-out", Protocol: policy.AMQP, Direction: policy.Outbound, Policy: p, Routes: routes,
 		Endpoint: url, InFlight: resourcesDefaultInFlight}
 	host, port := brokertest.SplitAddr(t, addr)
@@ -137,8 +137,8 @@ func amqpOutboundRig(t *testing.T, addr string) *benchRig {
 		connectors.Deps{Metrics: connectors.NewMetrics(prometheus.NewRegistry())})
 	stopBridge := runBridge(t, b)
 	waitSubscribers(t, wpub, 1, 10*time.Second)
-	syncRig(t, rig, func() error { return publishWeida(wpub) })
-	rig.publish = func() error { return publishWeida(wpub) }
+	syncRig(t, rig, func() error { return publishWeida(wpub, benchPayload) })
+	rig.publish = func(p []byte) error { return publishWeida(wpub, p) }
 	rig.close = func() { closeBridgeRig(t, rig, b, stopBridge, l) }
 	return rig
 }

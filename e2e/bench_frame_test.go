@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -22,13 +23,26 @@ import (
 )
 
 // benchRig is one path messages take in the throughput measurement:
-// publish sends one 256-byte message, and every message received at the far
-// end is signalled on delivered.
+// publish sends one message with payload p (256 bytes; the rig must not
+// keep p after publish returns), and every message received at the far end
+// is passed to arrived, which signals it on delivered.
 type benchRig struct {
 	name      string
-	publish   func() error
+	publish   func(p []byte) error
 	delivered chan struct{}
 	close     func()
+	// lat, while a latency sample runs, records the time each stamped
+	// payload took from publish to arrival (see stampPayload).
+	lat atomic.Pointer[latencyRecorder]
+}
+
+// arrived reports one message the far end received, with its payload,
+// unless the rig is being torn down.
+func (r *benchRig) arrived(payload []byte, done <-chan struct{}) {
+	if l := r.lat.Load(); l != nil {
+		l.record(payload)
+	}
+	signal(r.delivered, done)
 }
 
 // benchWindow bounds the messages in flight (sent, not yet received) in
@@ -51,7 +65,8 @@ func runRigCPU(t *testing.T, rig *benchRig, n int) (rate float64, cpu time.Durat
 	t.Helper()
 	// The measuring loop is the conformance suite's, so that a driver's
 	// BenchmarkConformance and these rigs measure alike.
-	return conntest.Measure(t, &conntest.Rig{Name: rig.name, Publish: rig.publish, Delivered: rig.delivered, Window: benchWindow}, n)
+	publish := func() error { return rig.publish(benchPayload) }
+	return conntest.Measure(t, &conntest.Rig{Name: rig.name, Publish: publish, Delivered: rig.delivered, Window: benchWindow}, n)
 }
 
 // signal reports one delivery unless the rig is being torn down.
@@ -74,27 +89,29 @@ var benchPayload = make([]byte, 256)
 func weidaDirectRig(t *testing.T) *benchRig {
 	l, pub, url := benchEndpoint(t)
 	rig := &benchRig{name: "weida direct", delivered: make(chan struct{}, benchWindow)}
-	stop := weidaReceiver(t, url, rig.delivered)
+	stop := weidaReceiver(t, url, rig)
 	waitSubscribers(t, pub, 1, 10*time.Second)
-	syncRig(t, rig, func() error { return publishWeida(pub) })
-	rig.publish = func() error { return publishWeida(pub) }
+	rig.publish = func(p []byte) error { return publishWeida(pub, p) }
+	syncRig(t, rig, func() error { return publishWeida(pub, benchPayload) })
 	rig.close = func() { stop(); l.Close() }
 	return rig
 }
 
-func publishWeida(pub *weida.Publisher) error { return publishWeidaTopic(pub, benchSubject) }
+func publishWeida(pub *weida.Publisher, p []byte) error {
+	return publishWeidaTopic(pub, benchSubject, p)
+}
 
-func publishWeidaTopic(pub *weida.Publisher, topic string) error {
-	r, err := pub.Publish(context.Background(), weida.Message{Topic: topic, Payload: benchPayload})
+func publishWeidaTopic(pub *weida.Publisher, topic string, p []byte) error {
+	r, err := pub.Publish(context.Background(), weida.Message{Topic: topic, Payload: p})
 	if err == nil && r.Dropped > 0 {
 		err = fmt.Errorf("weida dropped %d copies (%+v, %+v)", r.Dropped, r, pub)
 	}
 	return err
 }
 
-// weidaReceiver dials url, subscribes to every topic and signals each
-// copy on delivered until stop.
-func weidaReceiver(t *testing.T, url string, delivered chan<- struct{}) (stop func()) {
+// weidaReceiver dials url, subscribes to every topic and reports each
+// copy to rig until stop.
+func weidaReceiver(t *testing.T, url string, rig *benchRig) (stop func()) {
 	t.Helper()
 	sub, err := weida.Dial(ctx(t, 10*time.Second), url, weida.DialConfig{InsecureSkipVerifyForTesting: true})
 	if err != nil {
@@ -108,10 +125,11 @@ func weidaReceiver(t *testing.T, url string, delivered chan<- struct{}) (stop fu
 	go func() {
 		defer close(done)
 		for {
-			if _, err := sub.Receive(rctx); err != nil {
+			m, err := sub.Receive(rctx)
+			if err != nil {
 				return
 			}
-			signal(delivered, rctx.Done())
+			rig.arrived(m.Payload, rctx.Done())
 		}
 	}()
 	return func() { cancel(); sub.Close(); <-done }
