@@ -364,13 +364,18 @@ func (c *Config) dial(ctx context.Context) (*link, error) {
 	// acfg.Vhost, so that no escaping stands between it and the broker.
 	acfg.Vhost = c.vhost()
 	conn, err := amqp.DialConfig(c.brokerURL(), acfg)
+	if err != nil {
+		if stopAbort != nil {
+			stopAbort()
+		}
+		return nil, fmt.Errorf("amqp: connect to %s: %w", c.brokerURL(), err)
+	}
+	// Opening the channel takes no context either: ctx still closes the
+	// socket under it until it is open.
+	ch, err := conn.Channel()
 	if stopAbort != nil {
 		stopAbort()
 	}
-	if err != nil {
-		return nil, fmt.Errorf("amqp: connect to %s: %w", c.brokerURL(), err)
-	}
-	ch, err := conn.Channel()
 	if err != nil {
 		conn.Close()
 		return nil, fmt.Errorf("amqp: open channel: %w", err)
@@ -487,7 +492,15 @@ func (c *Config) connect(ctx context.Context, report connectors.StateFunc, log *
 		report(connectors.ConnState{Reason: reason, Detail: err.Error(), Lost: connectors.Retryable(reason, err)})
 		log.Warn("amqp: connection lost; the runtime starts a new one", "reason", reason, "err", err)
 	}
+	// The declarations, bindings and consume of setup take no context
+	// either, and a broker may leave one unanswered (a quorum queue without
+	// its majority): closing the connection is how ctx, the runtime's bound
+	// on Start, cuts them short.
+	stop := context.AfterFunc(ctx, func() { _ = l.conn.Close() })
 	detail, err := setup(l)
+	if !stop() && err == nil {
+		err = fmt.Errorf("amqp: setting up: %w", context.Cause(ctx))
+	}
 	if err != nil {
 		l.close(context.WithoutCancel(ctx), c.connectTimeout())
 		return nil, "", err
