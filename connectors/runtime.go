@@ -451,11 +451,29 @@ func (r *Runtime) Stop() {
 	wg.Wait()
 	r.deps.Metrics.forget(names)
 	r.mu.Lock()
+	listeners := make(map[string]*sharedListener, len(r.listeners))
 	for addr, sl := range r.listeners {
-		sl.l.Close()
+		listeners[addr] = sl
 		delete(r.listeners, addr)
 	}
 	r.mu.Unlock()
+	// The copies still queued for subscribers were acknowledged to their
+	// brokers: give them the drain bound to be written, and say how many
+	// were not, since no series is left to count them once the process
+	// ends.
+	for addr, sl := range listeners {
+		wg.Go(func() {
+			before := sl.l.Stats().Dropped.ConnectionClosed
+			ctx, cancel := context.WithTimeout(context.Background(), r.deps.drain())
+			defer cancel()
+			err := sl.l.Shutdown(ctx)
+			if lost := sl.l.Stats().Dropped.ConnectionClosed - before; lost > 0 || err != nil {
+				r.deps.Logger.Warn("copies still queued for weida subscribers when the drain bound ran out were dropped",
+					"listen", addr, "copies", lost, "reason", ReasonConnectionClosed)
+			}
+		})
+	}
+	wg.Wait()
 	r.deps.Logger.Log(context.Background(), slog.LevelInfo, "all resources stopped")
 }
 
