@@ -383,6 +383,7 @@ func (a *outAttempt) written(it outboundItem) {
 func (a *outAttempt) finishWrite(ctx context.Context, it outboundItem, err error) {
 	const maxAttempts = 5
 	b := a.b
+	waits := 0 // waits in a row for the driver to reconnect: they lengthen
 	for attempt := 1; ; attempt++ {
 		if err == nil {
 			a.written(it)
@@ -409,10 +410,12 @@ func (a *outAttempt) finishWrite(ctx context.Context, it outboundItem, err error
 		case errors.Is(err, ErrNotConnected):
 			// Wait for the driver to reconnect; the message is held, and
 			// the receive loop stalls once the in-flight bound is reached.
-			if !sleep(ctx, b.deps.Backoff(min(attempt, 8))) {
+			waits++
+			if !sleep(ctx, b.deps.Backoff(waits)) {
 				b.drop(it.route.Name, a.lostReason(), slog.LevelWarn, "stopping; message not published", slog.String("topic", it.msg.Topic))
 				return
 			}
+			// Waiting for a reconnect is not a failed write.
 			attempt = 0
 		case attempt >= maxAttempts:
 			b.drop(it.route.Name, ReasonPublishFailed, slog.LevelError, "the broker refused the message; dropped",
