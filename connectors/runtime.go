@@ -528,7 +528,19 @@ func (c listenerCollector) Collect(ch chan<- prometheus.Metric) {
 	for addr, sl := range c.r.listeners {
 		stats[addr] = sl.l.Stats()
 	}
+	bridges := make([]*Bridge, 0, len(c.r.running))
+	for _, ru := range c.r.running {
+		bridges = append(bridges, ru.bridge)
+	}
 	c.r.mu.Unlock()
+	// The subscriber gauges are read from the publishers at each scrape,
+	// not only when /status is: the registry gathers collectors side by
+	// side, so a scrape may still show the previous scrape's values.
+	for _, b := range bridges {
+		if pub := b.publisher(); pub != nil {
+			b.deps.Metrics.Subscribers.WithLabelValues(b.spec.Name).Set(float64(pub.Subscribers()))
+		}
+	}
 	for addr, st := range stats {
 		ch <- prometheus.MustNewConstMetric(descListenerConns, prometheus.GaugeValue, float64(st.Connections), addr)
 		ch <- prometheus.MustNewConstMetric(descListenerSubs, prometheus.GaugeValue, float64(st.Subscriptions), addr)
