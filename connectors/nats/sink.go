@@ -58,6 +58,13 @@ type Sink struct {
 	js      jetstream.JetStream
 	running bool // Start succeeded
 
+	// jsWrites counts the goroutines of JetStream WriteAsync calls, which
+	// Close waits for. Added to under mu, and only while closed is open.
+	// abandon ends their wait for a PubAck: Close closes it once the
+	// outstanding PubAcks arrived or its ctx ended.
+	jsWrites sync.WaitGroup
+	abandon  chan struct{}
+
 	// Flush rounds (core NATS).
 	fmu      sync.Mutex
 	next     *flushRound // the round not yet started, joined by new Writes
@@ -139,6 +146,7 @@ func NewSink(cfg Config, report connectors.StateFunc) (*Sink, error) {
 		tr:         newTracker(),
 		kick:       make(chan struct{}, 1),
 		stopping:   make(chan struct{}),
+		abandon:    make(chan struct{}),
 	}, nil
 }
 
@@ -322,10 +330,34 @@ func (s *Sink) WriteAsync(m *connectors.Message, done func(error)) {
 		return
 	}
 	if js != nil {
+		s.mu.Lock()
+		select {
+		case <-s.closed:
+			s.mu.Unlock()
+			done(connectors.ErrClosed)
+			return
+		default:
+		}
+		s.jsWrites.Add(1)
+		s.mu.Unlock()
 		go func() {
-			err := s.writeJetStream(context.Background(), nc, js, fromMessage(m, s.cfg.LoopMarker))
+			defer s.jsWrites.Done()
+			// Close abandons the wait for the PubAck once its own ctx ends,
+			// so that it can wait for this goroutine.
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			go func() {
+				select {
+				case <-s.abandon:
+					cancel()
+				case <-ctx.Done():
+				}
+			}()
+			err := s.writeJetStream(ctx, nc, js, fromMessage(m, s.cfg.LoopMarker))
 			if err == nil {
 				s.published.Add(1)
+			} else if ctx.Err() != nil {
+				err = connectors.ErrClosed
 			}
 			done(err)
 		}()
@@ -561,7 +593,9 @@ func (s *Sink) lost(subject string) error {
 func (s *Sink) Close(ctx context.Context) error {
 	var err error
 	s.once.Do(func() {
-		close(s.closed)
+		s.mu.Lock()
+		close(s.closed) // under mu: no JetStream write starts after it
+		s.mu.Unlock()
 		close(s.stopping)
 		s.flusher.Wait()
 		s.mu.Lock()
@@ -576,6 +610,8 @@ func (s *Sink) Close(ctx context.Context) error {
 			case <-ctx.Done():
 			}
 		}
+		close(s.abandon)
+		s.jsWrites.Wait()
 		s.tr.closing.Store(true)
 		nc.Close()
 		select {
