@@ -49,8 +49,13 @@ type Replayer interface {
 func (p *Publisher) SetReplayer(r Replayer) {
 	ps := p.ps
 	ps.fan.Lock()
+	defer ps.fan.Unlock()
+	// A publisher closed meanwhile no longer owns the path: its late call
+	// must not replace what its successor set.
+	if p.closed.Load() {
+		return
+	}
 	ps.replay, ps.replayPub = r, p
-	ps.fan.Unlock()
 }
 
 // replay queues the copies the path's Replayer supplies for filter, just
