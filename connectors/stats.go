@@ -80,16 +80,17 @@ func (s *stats) drop(route, reason string, n int, level slog.Level, msg string, 
 
 // copies counts the weida copies of one inbound message: queued ones, and
 // dropped ones, which also count as drops: those of a slow subscriber, and
-// those of a subscriber whose connection was closing when others took
-// theirs. Closing copies of a message nobody took are left to the caller,
-// which counts the message itself (no-subscriber) or publishes it again
-// (hold).
+// those of a subscriber whose connection was closing when another live one
+// took or refused its copy. Closing copies of a message only closing
+// subscribers matched are left to the caller, which counts the message
+// itself (no-subscriber) or publishes it again (hold).
 func (s *stats) copies(route string, queued, dropped, closing int) {
-	if full := dropped - closing; full > 0 {
+	full := dropped - closing
+	if full > 0 {
 		s.m.copiesDropped.Add(float64(full))
 		s.drop(route, ReasonSubscriberBuf, full, slog.LevelWarn, "a weida subscriber is too slow; its copies are dropped")
 	}
-	if queued > 0 && closing > 0 {
+	if (queued > 0 || full > 0) && closing > 0 {
 		s.m.copiesDropped.Add(float64(closing))
 		s.drop(route, ReasonConnectionClosed, closing, slog.LevelWarn, "a weida subscriber's connection was closing; its copies are dropped")
 	}
