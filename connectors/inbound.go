@@ -92,6 +92,7 @@ func (b *Bridge) runInbound(ctx context.Context) error {
 	b.in.supersedes = nil
 	b.seedLastValues(ctx, src, filters)
 	b.attemptStarted()
+	failedReads := 0
 	for {
 		m, ack, err := src.Read(ctx)
 		if err != nil {
@@ -102,8 +103,14 @@ func (b *Bridge) runInbound(ctx context.Context) error {
 				return failure(err, FailConnectionLost)
 			}
 			b.stats.rlog.Log(slog.LevelWarn, "read", "reading from the broker failed", slog.Any("err", err))
+			// A Source that keeps failing the same way must not spin.
+			failedReads++
+			if !sleep(ctx, b.deps.Backoff(failedReads)) {
+				return nil
+			}
 			continue
 		}
+		failedReads = 0
 		b.handleInbound(ctx, pub, m, ack)
 	}
 }
