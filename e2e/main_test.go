@@ -5,7 +5,6 @@ package e2e
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -17,10 +16,11 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"weida.dev/connector/internal/brokertest"
 )
 
 // connectorBin is the binary TestMain builds once for every test.
@@ -90,26 +90,13 @@ type Connector struct {
 	cmd   *exec.Cmd
 	Admin string // host:port of the admin listener
 
-	mu     sync.Mutex
-	output bytes.Buffer // stdout and stderr, interleaved
+	output brokertest.Output // stdout and stderr, interleaved
 	done   chan struct{}
 	err    error
 }
 
 // Output returns everything the process printed so far.
-func (c *Connector) Output() string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.output.String()
-}
-
-type lockedWriter struct{ c *Connector }
-
-func (w lockedWriter) Write(p []byte) (int, error) {
-	w.c.mu.Lock()
-	defer w.c.mu.Unlock()
-	return w.c.output.Write(p)
-}
+func (c *Connector) Output() string { return c.output.String() }
 
 // StartConnector runs `connector run --admin <free port> args...` with env
 // added to the process environment, and with a temporary --state-dir
@@ -125,7 +112,7 @@ func StartConnector(t testing.TB, env []string, args ...string) *Connector {
 	}
 	c.cmd = exec.Command(connectorBin, full...)
 	c.cmd.Env = append(os.Environ(), env...)
-	c.cmd.Stdout, c.cmd.Stderr = lockedWriter{c}, lockedWriter{c}
+	c.cmd.Stdout, c.cmd.Stderr = &c.output, &c.output
 	if err := c.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}

@@ -51,7 +51,7 @@ type Broker struct {
 	mu   sync.Mutex
 	cmd  *exec.Cmd
 	done chan struct{} // closed when cmd has exited
-	out  bytes.Buffer
+	out  Output
 }
 
 // FreePort returns a loopback port (network "tcp" or "udp") that was free a
@@ -270,18 +270,26 @@ func (b *Broker) Running() bool {
 }
 
 // Output returns what the broker has written to its stdout and stderr.
-func (b *Broker) Output() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.out.String()
+func (b *Broker) Output() string { return b.out.String() }
+
+// Output collects what a process writes to its stdout and stderr, which
+// exec copies from two goroutines. The zero value is ready to use.
+type Output struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
 }
 
-type outWriter struct{ b *Broker }
+func (o *Output) Write(p []byte) (int, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.buf.Write(p)
+}
 
-func (w outWriter) Write(p []byte) (int, error) {
-	w.b.mu.Lock()
-	defer w.b.mu.Unlock()
-	return w.b.out.Write(p)
+// String returns everything written so far.
+func (o *Output) String() string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.buf.String()
 }
 
 // Start starts the broker and waits until it accepts TCP connections. It
@@ -292,7 +300,7 @@ func (b *Broker) Start() {
 		return
 	}
 	cmd := b.command()
-	cmd.Stdout, cmd.Stderr = outWriter{b}, outWriter{b}
+	cmd.Stdout, cmd.Stderr = &b.out, &b.out
 	// A process group of its own, so that Kill, Pause and Resume reach
 	// every process of the broker (a start script and its children) and
 	// nothing else.
