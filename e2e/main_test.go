@@ -56,23 +56,7 @@ func requireTCP(t testing.TB, what, addr string) {
 }
 
 // freePort returns a loopback port that was free a moment ago.
-func freePort(t testing.TB, network string) int {
-	t.Helper()
-	if network == "udp" {
-		c, err := net.ListenPacket("udp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		return c.LocalAddr().(*net.UDPAddr).Port
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
+func freePort(t testing.TB, network string) int { return brokertest.FreePort(t, network) }
 
 // writeFile writes content under dir and returns its path.
 func writeFile(t testing.TB, dir, name, content string) string {
