@@ -59,7 +59,6 @@ func (s *chanSource) outcome(topic string) (settled bool, err error) {
 }
 
 type inboundEnv struct {
-	l      *weida.Listener
 	url    string
 	src    *chanSource
 	bridge *connectors.Bridge
@@ -71,21 +70,7 @@ type inboundEnv struct {
 // real weida publisher path, holding or not.
 func startInbound(t *testing.T, hold bool) *inboundEnv {
 	t.Helper()
-	l, err := weida.Listen(context.Background(), "127.0.0.1:0", weida.ListenConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l.Close() })
-	pub, err := l.Publisher("/in")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := policy.NATSTokensV1()
-	wf, err := p.ConvertFilter("in.*")
-	if err != nil {
-		t.Fatal(err)
-	}
-	url := "weida://" + l.Fingerprint() + "@" + l.Addr().String() + "/in"
+	pub, url, p, wf := weidaPath(t, "/in", "in.*")
 	spec := connectors.Spec{
 		Name: "in", Protocol: policy.NATS, Direction: policy.Inbound, Policy: p,
 		Routes: []connectors.Route{{Name: "r", Foreign: "in.*", Weida: wf}}, Endpoint: url, Hold: hold,
@@ -107,7 +92,7 @@ func startInbound(t *testing.T, hold bool) *inboundEnv {
 		})
 	}
 	t.Cleanup(stop)
-	return &inboundEnv{l: l, url: url, src: src, bridge: b, m: m, stop: stop}
+	return &inboundEnv{url: url, src: src, bridge: b, m: m, stop: stop}
 }
 
 func (e *inboundEnv) send(t *testing.T, topic string) {

@@ -187,21 +187,7 @@ type outboundEnv struct {
 // from an in-process weida publisher to sink.
 func startOutbound(t *testing.T, sink connectors.Sink, inFlight int) *outboundEnv {
 	t.Helper()
-	l, err := weida.Listen(context.Background(), "127.0.0.1:0", weida.ListenConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l.Close() })
-	pub, err := l.Publisher("/out")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := policy.NATSTokensV1()
-	wf, err := p.ConvertFilter("out.*.data")
-	if err != nil {
-		t.Fatal(err)
-	}
-	url := "weida://" + l.Fingerprint() + "@" + l.Addr().String() + "/out"
+	pub, url, p, wf := weidaPath(t, "/out", "out.*.data")
 	spec := connectors.Spec{
 		Name: "out", Protocol: policy.NATS, Direction: policy.Outbound, Policy: p,
 		Routes: []connectors.Route{{Name: "r", Foreign: "out.*.data", Weida: wf}}, Endpoint: url, InFlight: inFlight,
@@ -293,4 +279,24 @@ func TestOutboundCountsUnreadCopies(t *testing.T) {
 	if c.Bridged+dropped != sent || c.Dropped[connectors.ReasonConnectionClosed] == 0 {
 		t.Errorf("after stop: %+v; want all %d bridged or dropped, some as %s", c, sent, connectors.ReasonConnectionClosed)
 	}
+}
+
+// weidaPath hosts path on a fresh loopback weida listener and returns its
+// publisher, the pinned URL to dial it with, and the weida form of the
+// NATS-grammar route filter foreign under nats-tokens/v1.
+func weidaPath(t *testing.T, path, foreign string) (pub *weida.Publisher, url string, p policy.Policy, wf string) {
+	t.Helper()
+	l, err := weida.Listen(context.Background(), "127.0.0.1:0", weida.ListenConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	if pub, err = l.Publisher(path); err != nil {
+		t.Fatal(err)
+	}
+	p = policy.NATSTokensV1()
+	if wf, err = p.ConvertFilter(foreign); err != nil {
+		t.Fatal(err)
+	}
+	return pub, "weida://" + l.Fingerprint() + "@" + l.Addr().String() + path, p, wf
 }

@@ -427,21 +427,7 @@ func TestBackoffBounds(t *testing.T) {
 // TestOutboundSinkFailure: when a Sink fails, the writes it had under way
 // are counted as connection-lost, and a fresh Sink takes over.
 func TestOutboundSinkFailure(t *testing.T) {
-	l, err := weida.Listen(context.Background(), "127.0.0.1:0", weida.ListenConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l.Close() })
-	pub, err := l.Publisher("/out")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := policy.NATSTokensV1()
-	wf, err := p.ConvertFilter("out.*.data")
-	if err != nil {
-		t.Fatal(err)
-	}
-	url := "weida://" + l.Fingerprint() + "@" + l.Addr().String() + "/out"
+	pub, url, p, wf := weidaPath(t, "/out", "out.*.data")
 	const inFlight = 4
 	// The first Sink fails the write that fills its window; the others
 	// it holds never complete. The second one works.
@@ -449,7 +435,7 @@ func TestOutboundSinkFailure(t *testing.T) {
 	second := &memSink{}
 	var built atomic.Int32
 	rt, _ := newRuntime(t, func(int) time.Duration { return time.Millisecond })
-	err = rt.Apply(context.Background(), []connectors.Unit{{
+	err := rt.Apply(context.Background(), []connectors.Unit{{
 		Spec: connectors.Spec{
 			Name: "out", Protocol: policy.NATS, Direction: policy.Outbound, Policy: p,
 			Routes: []connectors.Route{{Name: "r", Foreign: "out.*.data", Weida: wf}}, Endpoint: url, InFlight: inFlight,
