@@ -106,8 +106,29 @@ func cmdVersion(_ context.Context, args []string, _ io.Reader, stdout, stderr io
 	if code, done := parseFlags(fs, args, stdout); done {
 		return code
 	}
-	fmt.Fprintln(stdout, versionLine(version, buildInfo()))
+	bi := buildInfo()
+	fmt.Fprintln(stdout, versionLine(version, bi))
+	if hint := versionHint(version, bi); hint != "" {
+		fmt.Fprintln(stderr, hint)
+	}
 	return exitOK
+}
+
+// versionHint explains a build that names no revision, on stderr so that
+// the version line stays one line for scripts. The usual cause is not the
+// checkout but the go command: -buildvcs=false (often set machine-wide in
+// GOFLAGS, as on this project's CI machine) or a linked git worktree leaves
+// the VCS data out of the binary, and nothing at run time can recover it.
+func versionHint(linked string, bi *debug.BuildInfo) string {
+	if bi == nil {
+		return ""
+	}
+	if _, ok := buildSetting(bi, "vcs.revision"); ok || linked != "" || bi.Main.Version != "(devel)" {
+		return ""
+	}
+	return "connector: this build recorded no VCS revision (the go command ran with -buildvcs=false" +
+		" or outside a git checkout);" +
+		" 'make build' or 'go install -buildvcs=true ./cmd/connector' records it"
 }
 
 // versionLine names the build: the version set at link time when there is

@@ -126,3 +126,22 @@ func TestVersionOfBinary(t *testing.T) {
 		t.Errorf("build with -X main.version prints %q, want %q", got, want)
 	}
 }
+
+// TestVersionHint: only a build that names neither a version nor a
+// revision gets the explanation, and it says how to get one.
+func TestVersionHint(t *testing.T) {
+	devel := &debug.BuildInfo{Main: debug.Module{Version: "(devel)"}}
+	withRev := &debug.BuildInfo{Main: debug.Module{Version: "(devel)"}, Settings: []debug.BuildSetting{{Key: "vcs.revision", Value: "0123abcd"}}}
+	released := &debug.BuildInfo{Main: debug.Module{Version: "v1.4.0"}}
+	if h := versionHint("", devel); !strings.Contains(h, "-buildvcs=true") || !strings.Contains(h, "make build") {
+		t.Errorf("hint for a devel build without revision: %q", h)
+	}
+	for name, tc := range map[string]struct {
+		linked string
+		bi     *debug.BuildInfo
+	}{"revision": {"", withRev}, "released": {"", released}, "linked": {"v2.0.0", devel}, "no build info": {"", nil}} {
+		if h := versionHint(tc.linked, tc.bi); h != "" {
+			t.Errorf("%s: unexpected hint %q", name, h)
+		}
+	}
+}
