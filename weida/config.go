@@ -21,6 +21,7 @@ const (
 	DefaultKeepAlive                = 10 * time.Second
 	DefaultListenerIdleTimeout      = 2 * time.Second
 	DefaultListenerKeepAlive        = 500 * time.Millisecond
+	DefaultProbeAfter               = 750 * time.Millisecond
 	DefaultMaxPayloadBytes          = 16 << 20
 	DefaultMaxConcurrentUniStreams  = 2048
 	DefaultMaxConcurrentBidiStreams = 1024
@@ -272,6 +273,21 @@ type DialConfig struct {
 	// InsecureSkipVerifyForTesting accepts any publisher certificate. It
 	// exists for tests only; a pinned fingerprint in the URL still wins.
 	InsecureSkipVerifyForTesting bool
+
+	// ProbeAfter is how long the subscriber's connection may receive
+	// nothing at all (no copy, no QUIC packet) before the subscriber sends
+	// a liveness probe, and again after each further ProbeAfter of
+	// silence: a re-SUBSCRIBE of a filter it holds, which a conforming
+	// publisher treats as a no-op (PROTOCOL §6.4), padded with an
+	// extension key so that its packet is large enough for a stateless
+	// reset. A publisher restarted with the stateless reset key of the
+	// process that died answers it with a reset, so the subscriber learns
+	// within about ProbeAfter of the restart that its connection is gone,
+	// instead of at its idle timeout. Probes stop while anything arrives
+	// (a weida Listener sends keep-alive PINGs every 500 ms, so a live one
+	// is never probed) and are not sent while no filter is held.
+	// Zero means DefaultProbeAfter (750 ms); negative sends no probes.
+	ProbeAfter time.Duration
 
 	Limits Limits
 

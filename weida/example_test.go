@@ -54,3 +54,57 @@ func Example() {
 	// sensors.a.temp: matched 1
 	// received sensors.a.temp 21.5 on /sensors
 }
+
+// A subscriber that leaves with Shutdown receives the copies its publisher
+// already sent it; Close would drop those still on their way.
+func ExampleSubscriber_Shutdown() {
+	ctx := context.Background()
+	l, err := weida.Listen(ctx, "127.0.0.1:0", weida.ListenConfig{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer l.Close()
+	pub, err := l.Publisher("/orders")
+	if err != nil {
+		log.Fatal(err)
+	}
+	sub, err := weida.Dial(ctx, fmt.Sprintf("weida://%s@%s/orders", l.Fingerprint(), l.Addr()), weida.DialConfig{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := sub.Subscribe(ctx, "#"); err != nil {
+		log.Fatal(err)
+	}
+	for pub.Subscribers() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+
+	// Receive runs until the subscriber is closed.
+	received := make(chan int)
+	go func() {
+		n := 0
+		for {
+			if _, err := sub.Receive(ctx); err != nil {
+				received <- n
+				return
+			}
+			n++
+		}
+	}()
+	queued := 0
+	for range 100 {
+		r, err := pub.Publish(ctx, weida.Message{Topic: "order", Payload: []byte("x")})
+		if err != nil {
+			log.Fatal(err)
+		}
+		queued += r.Queued
+	}
+	sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := sub.Shutdown(sctx); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("queued %d, received %d, dropped unread %d\n", queued, <-received, sub.Stats().DroppedUnread)
+	// Output:
+	// queued 100, received 100, dropped unread 0
+}

@@ -27,6 +27,15 @@ import (
 // Nothing survives the connection (PROTOCOL §11): once [Subscriber.Done] is
 // closed, dial again and subscribe again. Its methods are safe for
 // concurrent use. Every goroutine it starts has ended when Close returns.
+//
+// While it holds a filter and hears nothing from the publisher for
+// [DialConfig].ProbeAfter, it sends liveness probes, so that a publisher
+// restarted with its stateless reset key ends the old connection at once.
+//
+// [Subscriber.Close] drops the copies still on their way;
+// [Subscriber.Shutdown] withdraws every filter and keeps delivering until
+// the publisher has gone quiet, so that a subscriber that leaves on purpose
+// loses none of the copies the publisher already sent it.
 type Subscriber struct {
 	addr   address.Address
 	limits Limits
@@ -40,11 +49,23 @@ type Subscriber struct {
 	subMu   sync.Mutex
 	filters map[string]struct{}
 
+	// orderMu is held from deciding to send a SUBSCRIBE or UNSUBSCRIBE
+	// (by Subscribe, Unsubscribe, a probe or Shutdown) until its frame is
+	// written, so that frames leave in the order their decisions were
+	// taken: a probe's re-SUBSCRIBE of a filter can then never be opened
+	// after the UNSUBSCRIBE that withdrew it.
+	orderMu  sync.Mutex
+	shutting atomic.Bool // orderMu to set; Shutdown has begun: nothing is subscribed or probed any more
+
+	probeAfter time.Duration // silence before a liveness probe; 0: never
+	stopProbe  chan struct{} // closed by Shutdown
+
 	closing   atomic.Bool
 	closeOnce sync.Once
 	wg        sync.WaitGroup
 
 	received, tooLarge, resets, refused atomic.Uint64
+	probes                              atomic.Uint64
 	unread                              atomic.Uint64 // see SubscriberStats.DroppedUnread
 	watched                             atomic.Uint64 // reads of a copy that had to watch ctx (see copyReader)
 }
@@ -77,6 +98,13 @@ func Dial(ctx context.Context, rawURL string, cfg DialConfig) (*Subscriber, erro
 	if err != nil {
 		return nil, err
 	}
+	probeAfter := cfg.ProbeAfter
+	switch {
+	case probeAfter == 0:
+		probeAfter = DefaultProbeAfter
+	case probeAfter < 0:
+		probeAfter = 0
+	}
 	tlsConf, clientFP, err := clientTLS(a, &cfg)
 	if err != nil {
 		return nil, err
@@ -106,19 +134,24 @@ func Dial(ctx context.Context, rawURL string, cfg DialConfig) (*Subscriber, erro
 		return nil, fmt.Errorf("weida: dial %s: negotiated ALPN %q, not %q", a, p, ALPN)
 	}
 	s := &Subscriber{
-		addr:    a,
-		limits:  limits,
-		log:     loggerOrDiscard(cfg.Logger).With("url", a.String()),
-		udp:     udp,
-		tr:      tr,
-		queue:   recvQueue{ready: make(chan struct{}, 1)},
-		filters: make(map[string]struct{}),
+		addr:       a,
+		limits:     limits,
+		log:        loggerOrDiscard(cfg.Logger).With("url", a.String()),
+		udp:        udp,
+		tr:         tr,
+		queue:      recvQueue{ready: make(chan struct{}, 1)},
+		filters:    make(map[string]struct{}),
+		probeAfter: probeAfter,
+		stopProbe:  make(chan struct{}),
 	}
 	s.c = newConn(qc, &s.limits, s.log, s, &connHooks{refused: &s.refused})
 	s.c.start()
 	s.wg.Go(s.supervise)
 	select {
 	case <-s.c.helloDone:
+		if s.probeAfter > 0 {
+			s.wg.Go(s.probe)
+		}
 		return s, nil
 	case <-s.c.ctx.Done():
 		err = s.connErr()
@@ -166,7 +199,8 @@ func (s *Subscriber) Path() string { return s.addr.Path }
 // path. The filter is checked against the grammar first (an illegal filter
 // would make the publisher close the whole connection), and so is the
 // Limits.MaxSubscriptions count ([ErrTooManySubscriptions]). Subscribing to
-// a filter already held is a no-op.
+// a filter already held is a no-op. After Close, or once Shutdown has
+// begun, Subscribe fails with [ErrClosed].
 //
 // Subscribe returns once the SUBSCRIBE frame is written; weida has no
 // acknowledgement, and copies published before the publisher reads it are
@@ -176,6 +210,11 @@ func (s *Subscriber) Path() string { return s.addr.Path }
 func (s *Subscriber) Subscribe(ctx context.Context, filter string) error {
 	if err := topic.ValidateFilter(filter); err != nil {
 		return fmt.Errorf("weida: subscribe: %w", err)
+	}
+	s.orderMu.Lock()
+	defer s.orderMu.Unlock()
+	if s.shutting.Load() {
+		return fmt.Errorf("weida: subscribe %q: %w", filter, ErrClosed)
 	}
 	s.subMu.Lock()
 	if _, ok := s.filters[filter]; ok {
@@ -188,7 +227,7 @@ func (s *Subscriber) Subscribe(ctx context.Context, filter string) error {
 	}
 	s.filters[filter] = struct{}{}
 	s.subMu.Unlock()
-	if err := s.sendSubscription(ctx, wire.KindSubscribe, filter); err != nil {
+	if err := s.sendSubscription(ctx, wire.KindSubscribe, filter, 0); err != nil {
 		s.subMu.Lock()
 		delete(s.filters, filter)
 		s.subMu.Unlock()
@@ -199,7 +238,17 @@ func (s *Subscriber) Subscribe(ctx context.Context, filter string) error {
 
 // Unsubscribe withdraws a filter. Withdrawing one not held (or not valid) is
 // a no-op. Copies already on their way may still arrive.
+//
+// A liveness probe re-sends the SUBSCRIBE of a held filter (see
+// [DialConfig].ProbeAfter). Unsubscribe never sends its UNSUBSCRIBE before
+// a probe of the same filter that was already under way, but QUIC orders no
+// stream against another: should the probe's packet be lost and repeated
+// after the UNSUBSCRIBE arrived, the publisher would hold the filter again.
+// This needs a probe (so 750 ms without any packet from the publisher by
+// default), an Unsubscribe right after it, and a lost packet in between.
 func (s *Subscriber) Unsubscribe(ctx context.Context, filter string) error {
+	s.orderMu.Lock()
+	defer s.orderMu.Unlock()
 	s.subMu.Lock()
 	if _, ok := s.filters[filter]; !ok {
 		s.subMu.Unlock()
@@ -207,24 +256,34 @@ func (s *Subscriber) Unsubscribe(ctx context.Context, filter string) error {
 	}
 	delete(s.filters, filter)
 	s.subMu.Unlock()
-	if err := s.sendSubscription(ctx, wire.KindUnsubscribe, filter); err != nil {
+	if err := s.sendSubscription(ctx, wire.KindUnsubscribe, filter, 0); err != nil {
 		return fmt.Errorf("weida: unsubscribe %q: %w", filter, err)
 	}
 	return nil
 }
 
-func (s *Subscriber) sendSubscription(ctx context.Context, k wire.Kind, filter string) error {
+// sendSubscription writes one SUBSCRIBE or UNSUBSCRIBE on a stream of its
+// own, its header padded with pad bytes when the publisher's
+// max_header_bytes leaves room for them (see wire.AppendSubscribePadded).
+// s.orderMu must be held.
+func (s *Subscriber) sendSubscription(ctx context.Context, k wire.Kind, filter string, pad int) error {
 	if s.closing.Load() {
 		return ErrClosed
 	}
-	hdr := wire.AppendSubscribe(make([]byte, 0, 16+len(s.addr.Path)+len(filter)),
-		&wire.Subscribe{Endpoint: s.addr.Path, Filter: filter})
+	sub := wire.Subscribe{Endpoint: s.addr.Path, Filter: filter}
+	hdr := wire.AppendSubscribePadded(make([]byte, 0, 16+len(s.addr.Path)+len(filter)+pad), &sub, pad)
+	if pad > 0 && uint64(len(hdr)) > s.c.agreed.sendMaxHeaderBytes {
+		hdr = wire.AppendSubscribe(hdr[:0], &sub)
+	}
 	if uint64(len(hdr)) > s.c.agreed.sendMaxHeaderBytes {
 		return fmt.Errorf("header of %d bytes exceeds the publisher's max_header_bytes %d", len(hdr), s.c.agreed.sendMaxHeaderBytes)
 	}
 	st, err := s.c.qc.OpenUniStreamSync(ctx)
 	if err != nil {
 		return s.sendErr(err)
+	}
+	if d, ok := ctx.Deadline(); ok {
+		_ = st.SetWriteDeadline(d)
 	}
 	if _, err := st.Write(wire.AppendPreamble(make([]byte, 0, len(hdr)+4), k, hdr)); err != nil {
 		st.CancelWrite(quic.StreamErrorCode(Canceled))
@@ -267,6 +326,7 @@ func (s *Subscriber) Receive(ctx context.Context) (Message, error) {
 	for {
 		if in, ok := s.queue.pop(); ok {
 			m, err := s.read(ctx, &in)
+			s.queue.done()
 			if errors.Is(err, errDiscarded) {
 				continue
 			}
@@ -522,6 +582,8 @@ type SubscriberStats struct {
 	// the publisher counted them as written; this is the only record of
 	// their loss. Read it after Close to count everything.
 	DroppedUnread uint64
+	// Probes counts the liveness probes sent (see [DialConfig].ProbeAfter).
+	Probes uint64
 }
 
 // Stats returns the subscriber's counters.
@@ -532,11 +594,15 @@ func (s *Subscriber) Stats() SubscriberStats {
 		DroppedReset:   s.resets.Load(),
 		StreamsRefused: s.refused.Load(),
 		DroppedUnread:  s.unread.Load(),
+		Probes:         s.probes.Load(),
 	}
 }
 
 // Close closes the connection with NO_ERROR and waits for the subscriber's
-// goroutines. Later calls return nil.
+// goroutines. Copies still on their way from the publisher are lost, and
+// those that arrived but were not returned by Receive are counted in
+// [SubscriberStats].DroppedUnread; [Subscriber.Shutdown] receives them
+// first. Later calls return nil.
 func (s *Subscriber) Close() error {
 	s.closeOnce.Do(func() {
 		s.closing.Store(true)
@@ -546,6 +612,89 @@ func (s *Subscriber) Close() error {
 		_ = s.udp.Close()
 	})
 	return nil
+}
+
+// minQuiet is the shortest silence after which Shutdown takes the
+// publisher to be done sending; see Shutdown for the longer one.
+const minQuiet = 100 * time.Millisecond
+
+// Shutdown leaves the publisher without losing what it already sent: it
+// sends UNSUBSCRIBE for every held filter, keeps accepting copies and
+// handing them to [Subscriber.Receive] until the connection has received
+// nothing for a quiet period (the larger of 100 ms and four smoothed
+// round-trip times) and every arrived copy has been returned by Receive,
+// and then closes the connection with NO_ERROR like [Subscriber.Close].
+//
+// The copies a publisher wrote before it applied the UNSUBSCRIBE (and, for
+// a weida Listener, those still in its send queue then) arrive meanwhile,
+// so call Receive from another goroutine until it returns [ErrClosed];
+// without a reader Shutdown waits for ctx. When ctx ends first, Shutdown
+// closes at once and returns ctx's error; the copies still unread are
+// counted in [SubscriberStats].DroppedUnread, as Close counts them.
+//
+// Once Shutdown has begun, Subscribe fails with ErrClosed and no liveness
+// probe is sent. A connection already lost ends Shutdown at once (it
+// returns nil; [Subscriber.Err] says what happened). A second call waits
+// for the first, and Close ends a Shutdown in progress.
+func (s *Subscriber) Shutdown(ctx context.Context) error {
+	s.orderMu.Lock()
+	first := !s.shutting.Swap(true)
+	if !first {
+		s.orderMu.Unlock()
+		select {
+		case <-s.c.ctx.Done():
+		case <-ctx.Done():
+			_ = s.Close()
+			return ctx.Err()
+		}
+		_ = s.Close()
+		return nil
+	}
+	close(s.stopProbe)
+	s.subMu.Lock()
+	filters := make([]string, 0, len(s.filters))
+	for f := range s.filters {
+		filters = append(filters, f)
+	}
+	clear(s.filters)
+	s.subMu.Unlock()
+	for _, f := range filters {
+		// A failure means the connection or ctx is gone; drain says which.
+		if s.sendSubscription(ctx, wire.KindUnsubscribe, f, 0) != nil {
+			break
+		}
+	}
+	s.orderMu.Unlock()
+	err := s.drain(ctx)
+	_ = s.Close()
+	return err
+}
+
+// drain waits until the connection has received nothing for the quiet
+// period and no arrived copy waits for Receive or is being read, or until
+// the connection or ctx ends.
+func (s *Subscriber) drain(ctx context.Context) error {
+	quiet := max(minQuiet, 4*s.c.qc.ConnectionStats().SmoothedRTT)
+	tick := time.NewTicker(quiet / 4)
+	defer tick.Stop()
+	seen := s.c.qc.ConnectionStats().PacketsReceived
+	quietSince := time.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-s.c.ctx.Done():
+			return nil
+		case now := <-tick.C:
+			if n := s.c.qc.ConnectionStats().PacketsReceived; n != seen {
+				seen, quietSince = n, now
+				continue
+			}
+			if now.Sub(quietSince) >= quiet && s.queue.pending() == 0 {
+				return nil
+			}
+		}
+	}
 }
 
 // data takes a uni DATA stream: a copy for the dialled path is queued,
@@ -568,6 +717,10 @@ type recvQueue struct {
 	items []inbound // items[head:] wait
 	head  int
 	ready chan struct{} // capacity 1: "items may be waiting"
+	// taken counts popped copies whose read has not ended (see done). pop
+	// raises it under mu, together with taking the copy, so that pending
+	// never misses a copy between the queue and its reader.
+	taken atomic.Int64
 }
 
 func (q *recvQueue) push(in inbound) {
@@ -591,6 +744,7 @@ func (q *recvQueue) pop() (inbound, bool) {
 	in := q.items[q.head]
 	q.items[q.head] = inbound{}
 	q.head++
+	q.taken.Add(1)
 	switch {
 	case q.head == len(q.items):
 		q.head, q.items = 0, q.items[:0]
@@ -605,6 +759,16 @@ func (q *recvQueue) pop() (inbound, bool) {
 		}
 	}
 	return in, true
+}
+
+// done ends the read of a copy pop returned.
+func (q *recvQueue) done() { q.taken.Add(-1) }
+
+// pending returns how many copies wait or are being read.
+func (q *recvQueue) pending() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.items) - q.head + int(q.taken.Load())
 }
 
 // clear drops every waiting copy and returns how many there were.

@@ -558,3 +558,44 @@ func TestWeidaCAFile(t *testing.T) {
 		t.Errorf("pub: code %d, stderr %q", code, pub.stderr)
 	}
 }
+
+// TestWeidaSubDrainsOnInterrupt: interrupted right after its publisher
+// queued copies for it, sub still prints every one of them (it leaves
+// with Subscriber.Shutdown) and exits 0.
+func TestWeidaSubDrainsOnInterrupt(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	ctx, cancel := context.WithTimeout(context.Background(), guard)
+	defer cancel()
+	l, err := weida.Listen(ctx, "127.0.0.1:0", weida.ListenConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	p, err := l.Publisher("/drain")
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := "weida://" + l.Fingerprint() + "@" + l.Addr().String() + "/drain"
+	sub := startCLI(t, "sub", url, "--filter", "")
+	for deadline := time.Now().Add(guard); l.Stats().Subscriptions == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("sub did not subscribe; stderr %q", sub.stderr)
+		}
+	}
+	queued := 0
+	for i := range 200 {
+		res, err := p.Publish(ctx, weida.Message{Topic: "n", Payload: []byte(strings.Repeat("x", i))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		queued += res.Queued
+	}
+	sub.cancel() // SIGINT
+	code, out := sub.wait()
+	if code != cli.ExitOK {
+		t.Fatalf("sub: code %d, stderr %q", code, sub.stderr)
+	}
+	if len(out) != queued {
+		t.Fatalf("sub printed %d of the %d messages queued for it before the interrupt; stderr %q", len(out), queued, sub.stderr)
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -19,7 +20,7 @@ import (
 )
 
 const subSynopsis = `connector weida sub URL --filter F [--filter G...] [--count N] [--output text|json]
-           [--ca FILE] [--cert FILE --key FILE] [--insecure-skip-verify-for-testing]
+           [--ca FILE] [--cert FILE --key FILE] [--drain-timeout D] [--insecure-skip-verify-for-testing]
 
 Dials a weida publisher path, URL = weida://[sha256:<hex>@]host:port/path,
 subscribes to every --filter and prints each message it receives, one per
@@ -39,7 +40,11 @@ control characters is shown quoted ("{\n  \"a\": 1\n}"); anything else as
 JSON output: one object per line with endpoint, topic, contentType,
 traceparent, tracestate and either payload (valid UTF-8) or payloadBase64.
 
-Ends after --count messages (0: until interrupted). Exit status: 0 after
+Ends after --count messages (0: until interrupted). Interrupted (SIGINT,
+SIGTERM), it unsubscribes and keeps printing the messages the publisher had
+already sent until the publisher has been quiet briefly, for at most
+--drain-timeout; whatever arrived and was not printed by then is reported
+on stderr. Exit status: 0 after
 --count messages or, with --count 0, when interrupted; 1 when the connection
 fails or is lost (the message names the close code), or when interrupted
 before --count messages; 2 on a usage error.`
@@ -66,6 +71,7 @@ func cmdSub(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	keyFile := fs.String("key", "", "the client certificate's private key (PEM)")
 	insecure := fs.Bool("insecure-skip-verify-for-testing", false, "accept any publisher certificate; for tests only")
 	dialTimeout := fs.Duration("dial-timeout", 10*time.Second, "how long connecting and the HELLO exchange may take")
+	drainTimeout := fs.Duration("drain-timeout", 5*time.Second, "once interrupted, how long to keep printing what the publisher already sent; 0 stops at once")
 	pos, code, done := parseInterspersed(fs, args, stdout)
 	if done {
 		return code
@@ -84,6 +90,8 @@ func cmdSub(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return bad("--cert and --key go together")
 	case *dialTimeout <= 0:
 		return bad("--dial-timeout must be positive")
+	case *drainTimeout < 0:
+		return bad("--drain-timeout must be 0 or more")
 	case len(filters) == 0:
 		return bad("no --filter given; use --filter '' to receive every topic")
 	}
@@ -125,7 +133,23 @@ func cmdSub(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		return cli.ExitFailure
 	}
-	defer sub.Close()
+	// An interrupt ends ctx; the subscriber then leaves with Shutdown, which
+	// unsubscribes and lets the copies already sent arrive, while the loop
+	// below keeps receiving (Receive does not watch ctx) until Shutdown
+	// closes the connection.
+	drained := make(chan error, 1)
+	stopDrain := context.AfterFunc(ctx, func() {
+		dctx, cancel := context.WithTimeout(context.Background(), *drainTimeout)
+		defer cancel()
+		drained <- sub.Shutdown(dctx)
+	})
+	drainErr := sync.OnceValue(func() error { return <-drained })
+	defer func() {
+		_ = sub.Close()
+		if !stopDrain() {
+			drainErr()
+		}
+	}()
 	for _, f := range filters {
 		if err := sub.Subscribe(ctx, f); err != nil {
 			fmt.Fprintf(stderr, "connector weida sub: subscribing to %s: %v\n", safeText(f), err)
@@ -140,9 +164,13 @@ func cmdSub(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	var buf []byte
 	for n := 0; *count == 0 || n < *count; n++ {
-		m, err := sub.Receive(ctx)
+		m, err := sub.Receive(context.Background())
 		if err != nil {
 			if ctx.Err() != nil {
+				if drainErr() != nil {
+					fmt.Fprintf(stderr, "connector weida sub: stopped at --drain-timeout %s, before the publisher had gone quiet; dropped unread: %s\n",
+						*drainTimeout, countOf(int(sub.Stats().DroppedUnread), "message", "messages"))
+				}
 				if *count == 0 {
 					return cli.ExitOK
 				}

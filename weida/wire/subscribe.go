@@ -33,9 +33,15 @@ type Subscribe struct {
 // returns the extended slice; the same bytes serve SUBSCRIBE and UNSUBSCRIBE.
 // It does not allocate when dst has room.
 func AppendSubscribe(dst []byte, s *Subscribe) []byte {
+	return appendSubscribe(dst, s, 0)
+}
+
+// appendSubscribe writes s's keys into a map head that counts extra more
+// entries, which the caller appends after them.
+func appendSubscribe(dst []byte, s *Subscribe, extra uint64) []byte {
 	maxAge := s.HasMaxAgeMs || s.MaxAgeMs != 0
 	maxLayer := s.HasMaxLayer || s.MaxLayer != 0
-	n := uint64(2)
+	n := 2 + extra
 	if maxAge {
 		n++
 	}
@@ -50,6 +56,29 @@ func AppendSubscribe(dst []byte, s *Subscribe) []byte {
 	}
 	if maxLayer {
 		dst = appendUintKV(dst, subMaxLayer, s.MaxLayer)
+	}
+	return dst
+}
+
+// PaddingKey is the extension key [AppendSubscribePadded] writes. PROTOCOL §5
+// reserves keys 0-63 for the specification and makes every decoder skip an
+// unknown key, so a key from 64 up carries nothing a peer must understand.
+const PaddingKey = 64
+
+// AppendSubscribePadded is [AppendSubscribe] with one more entry after the
+// others: [PaddingKey] holding a byte string of pad zero bytes (none when
+// pad <= 0). A conforming decoder skips the entry (PROTOCOL §5), so the
+// header means exactly what AppendSubscribe would have written; the bytes
+// exist only to make the frame, and the QUIC packet carrying it, larger.
+func AppendSubscribePadded(dst []byte, s *Subscribe, pad int) []byte {
+	if pad <= 0 {
+		return AppendSubscribe(dst, s)
+	}
+	dst = appendSubscribe(dst, s, 1)
+	dst = appendHead(dst, majorUint, PaddingKey)
+	dst = appendHead(dst, majorBytes, uint64(pad))
+	for range pad {
+		dst = append(dst, 0)
 	}
 	return dst
 }
