@@ -46,6 +46,9 @@ type Publisher struct {
 	ps     *pathState
 	closed atomic.Bool
 	lost   atomic.Pointer[func(n int)] // see OnCopiesLost
+	// unconfirmed is the OnCopiesUnconfirmed callback; while it is nil,
+	// connections keep no copy of this publisher's.
+	unconfirmed atomic.Pointer[func(UnconfirmedCopies)]
 }
 
 // Path returns the publisher's path.
@@ -111,6 +114,48 @@ func (p *Publisher) copiesLost(n int) {
 	if fn := p.lost.Load(); fn != nil && n > 0 {
 		(*fn)(n)
 	}
+}
+
+// OnCopiesUnconfirmed sets fn to be called when a subscriber connection
+// ends without a close from either side (idle timeout, stateless reset, a
+// broken socket: the subscriber's process was killed or its host is gone),
+// with the copies of this Publisher written to that connection within the
+// unconfirmed window before the end was seen. weida v0 has no
+// acknowledgement: such a copy was handed to QUIC and counted as written,
+// and may or may not have reached the subscriber. Copies still queued at
+// the end are not among them; they go to [Publisher.OnCopiesLost].
+//
+// The window is the listener's Limits.IdleTimeout plus one second, reaching
+// back from the moment the end was seen: quic-go tells neither which
+// stream data the peer acknowledged nor when its last packet arrived, so
+// the window covers every copy written after the peer's last packet, and
+// some before it that were delivered. A copy that QUIC held back longer
+// than the window before the peer vanished (flow control against a
+// subscriber that stopped reading) escapes it.
+//
+// While fn is set, each connection keeps the copies it writes for this
+// Publisher (holding their encoded frames, not copies of them) for as long
+// as the window, at most 16384 copies and Limits.SubscriberBufferBytes of
+// them per connection; copies that do not fit are counted in
+// [UnconfirmedCopies].Unkept. While no Publisher of a listener has fn set,
+// nothing is kept. Copies written before fn was set are not reported.
+// [ListenerStats].CopiesUnconfirmed counts the copies of every publisher,
+// with or without fn.
+//
+// A close by the subscriber (its Close, an UNSUBSCRIBE, a protocol
+// error it reports) or by the listener (Close, Shutdown, a violation, a
+// limit) reports nothing: the side that closed chose what it gave up.
+//
+// fn is called once per vanished connection that had such copies, from
+// the listener's goroutines, after the connection's subscriptions are
+// gone; it must be safe for concurrent use and must not block. nil stops
+// the calls. The calls go on after Close for connections already open.
+func (p *Publisher) OnCopiesUnconfirmed(fn func(UnconfirmedCopies)) {
+	if fn == nil {
+		p.unconfirmed.Store(nil)
+		return
+	}
+	p.unconfirmed.Store(&fn)
 }
 
 // Close unregisters the path: later Publish calls return [ErrClosed], and
