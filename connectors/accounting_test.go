@@ -3,7 +3,11 @@ package connectors_test
 import (
 	"context"
 	"errors"
+	"net"
+	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -322,4 +326,120 @@ func TestOutboundGap(t *testing.T) {
 	if got := testutil.ToFloat64(m.WeidaGapSeconds.WithLabelValues("gap")); got != c.WeidaGapSeconds {
 		t.Errorf("weida_gap_seconds_total = %v, want %v", got, c.WeidaGapSeconds)
 	}
+}
+
+// udpRelay forwards datagrams between one client and a target address
+// until it is cut; then it drops them all, as a peer that was killed or cut
+// off sends nothing more, not even a CONNECTION_CLOSE.
+type udpRelay struct {
+	front, back *net.UDPConn
+	cut         atomic.Bool
+	wg          sync.WaitGroup
+}
+
+func newUDPRelay(t *testing.T, target string) *udpRelay {
+	t.Helper()
+	front, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ta, err := net.ResolveUDPAddr("udp", target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, err := net.DialUDP("udp", nil, ta)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &udpRelay{front: front, back: back}
+	var client atomic.Pointer[net.UDPAddr]
+	r.wg.Go(func() {
+		buf := make([]byte, 65536)
+		for {
+			n, from, err := front.ReadFromUDP(buf)
+			if err != nil {
+				return
+			}
+			client.Store(from)
+			if !r.cut.Load() {
+				_, _ = back.Write(buf[:n])
+			}
+		}
+	})
+	r.wg.Go(func() {
+		buf := make([]byte, 65536)
+		for {
+			n, err := back.Read(buf)
+			if err != nil {
+				return
+			}
+			if to := client.Load(); to != nil && !r.cut.Load() {
+				_, _ = front.WriteToUDP(buf[:n], to)
+			}
+		}
+	})
+	t.Cleanup(func() {
+		_ = front.Close()
+		_ = back.Close()
+		r.wg.Wait()
+	})
+	return r
+}
+
+// TestUnconfirmedCopiesCounted: a weida subscriber that vanishes (its
+// packets stop) while messages are bridged to it. Every copy published to
+// it after it vanished is accounted for once the endpoint notices: as
+// unconfirmed if it was written to the dead connection, as
+// connection-closed if it was still queued; the unconfirmed ones are shown
+// in /status and in the metric.
+func TestUnconfirmedCopiesCounted(t *testing.T) {
+	e := startInbound(t, false)
+	// The URL pins the endpoint's key, so it may name the relay's address.
+	at := strings.Index(e.url, "@") + 1
+	slash := at + strings.Index(e.url[at:], "/")
+	relay := newUDPRelay(t, e.url[at:slash])
+	s, err := weida.Dial(context.Background(), e.url[:at]+relay.front.LocalAddr().String()+e.url[slash:], weida.DialConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	if err := s.Subscribe(context.Background(), "#"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the subscription", func() bool { return e.bridge.Status().Counters.Subscribers == 1 })
+	e.send(t, "in.before")
+	if got := receiveTopic(t, s); got != "in.before" {
+		t.Fatalf("received %q", got)
+	}
+
+	relay.cut.Store(true)
+	const after = 5
+	for i := range after {
+		e.send(t, "in.after"+strconv.Itoa(i))
+	}
+	waitFor(t, "the last message settled", func() bool { ok, _ := e.src.outcome("in.after4"); return ok })
+	// The endpoint notices within its idle timeout (2 s); the wait's
+	// deadline only stops a hung test.
+	deadline := time.Now().Add(20 * time.Second)
+	for e.bridge.Status().Counters.Subscribers != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the vanished subscriber was never noticed")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	waitFor(t, "the copies accounted for", func() bool {
+		c := e.bridge.Status().Counters
+		return c.Unconfirmed+c.Dropped[connectors.ReasonConnectionClosed] >= after
+	})
+	c := e.bridge.Status().Counters
+	if c.Unconfirmed == 0 {
+		t.Errorf("no copy counted unconfirmed: %+v", c)
+	}
+	if got := testutil.ToFloat64(e.m.CopiesUnconfirmed.WithLabelValues("in")); got != float64(c.Unconfirmed) {
+		t.Errorf("copies_unconfirmed_total = %v, /status says %d", got, c.Unconfirmed)
+	}
+	if c.Bridged != after+1 {
+		t.Errorf("bridged %d, want %d: a copy was queued for each", c.Bridged, after+1)
+	}
+	t.Logf("counters: %+v", c)
 }
