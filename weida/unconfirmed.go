@@ -53,9 +53,12 @@ const unconfirmedMargin = time.Second
 // completed while the end was being noticed.
 const writtenBuckets = 32
 
-// maxKeptCopies bounds the record of one connection by count; its bytes
-// are bounded by Limits.SubscriberBufferBytes.
-const maxKeptCopies = 16384
+// maxKeptCopies bounds the record of one connection by count (its ring
+// then takes 64 KiB); its bytes are bounded by
+// Limits.SubscriberBufferBytes. A subscriber's stream credit lets far fewer
+// copies be in flight on a healthy path, and what does not fit is still
+// counted, only without its message.
+const maxKeptCopies = 4096
 
 // bucket counts the copies written in one time bucket; idx is the bucket's
 // number plus one, so that the zero value is an empty bucket.
