@@ -3,11 +3,9 @@ package connectors_test
 import (
 	"context"
 	"errors"
-	"net"
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -15,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"weida.dev/connector/connectors"
+	"weida.dev/connector/internal/brokertest"
 	"weida.dev/connector/policy"
 	"weida.dev/connector/weida"
 )
@@ -328,64 +327,6 @@ func TestOutboundGap(t *testing.T) {
 	}
 }
 
-// udpRelay forwards datagrams between one client and a target address
-// until it is cut; then it drops them all, as a peer that was killed or cut
-// off sends nothing more, not even a CONNECTION_CLOSE.
-type udpRelay struct {
-	front, back *net.UDPConn
-	cut         atomic.Bool
-	wg          sync.WaitGroup
-}
-
-func newUDPRelay(t *testing.T, target string) *udpRelay {
-	t.Helper()
-	front, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ta, err := net.ResolveUDPAddr("udp", target)
-	if err != nil {
-		t.Fatal(err)
-	}
-	back, err := net.DialUDP("udp", nil, ta)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := &udpRelay{front: front, back: back}
-	var client atomic.Pointer[net.UDPAddr]
-	r.wg.Go(func() {
-		buf := make([]byte, 65536)
-		for {
-			n, from, err := front.ReadFromUDP(buf)
-			if err != nil {
-				return
-			}
-			client.Store(from)
-			if !r.cut.Load() {
-				_, _ = back.Write(buf[:n])
-			}
-		}
-	})
-	r.wg.Go(func() {
-		buf := make([]byte, 65536)
-		for {
-			n, err := back.Read(buf)
-			if err != nil {
-				return
-			}
-			if to := client.Load(); to != nil && !r.cut.Load() {
-				_, _ = front.WriteToUDP(buf[:n], to)
-			}
-		}
-	})
-	t.Cleanup(func() {
-		_ = front.Close()
-		_ = back.Close()
-		r.wg.Wait()
-	})
-	return r
-}
-
 // TestUnconfirmedCopiesCounted: a weida subscriber that vanishes (its
 // packets stop) while messages are bridged to it. Every copy published to
 // it after it vanished is accounted for once the endpoint notices: as
@@ -397,8 +338,8 @@ func TestUnconfirmedCopiesCounted(t *testing.T) {
 	// The URL pins the endpoint's key, so it may name the relay's address.
 	at := strings.Index(e.url, "@") + 1
 	slash := at + strings.Index(e.url[at:], "/")
-	relay := newUDPRelay(t, e.url[at:slash])
-	s, err := weida.Dial(context.Background(), e.url[:at]+relay.front.LocalAddr().String()+e.url[slash:], weida.DialConfig{})
+	relay := brokertest.NewUDPRelay(t, e.url[at:slash])
+	s, err := weida.Dial(context.Background(), e.url[:at]+relay.Addr()+e.url[slash:], weida.DialConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -412,7 +353,7 @@ func TestUnconfirmedCopiesCounted(t *testing.T) {
 		t.Fatalf("received %q", got)
 	}
 
-	relay.cut.Store(true)
+	relay.Cut()
 	const after = 5
 	for i := range after {
 		e.send(t, "in.after"+strconv.Itoa(i))
