@@ -3,6 +3,8 @@ package connectors_test
 import (
 	"context"
 	"errors"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -11,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"weida.dev/connector/connectors"
+	"weida.dev/connector/internal/brokertest"
 	"weida.dev/connector/policy"
 	"weida.dev/connector/weida"
 )
@@ -322,4 +325,62 @@ func TestOutboundGap(t *testing.T) {
 	if got := testutil.ToFloat64(m.WeidaGapSeconds.WithLabelValues("gap")); got != c.WeidaGapSeconds {
 		t.Errorf("weida_gap_seconds_total = %v, want %v", got, c.WeidaGapSeconds)
 	}
+}
+
+// TestUnconfirmedCopiesCounted: a weida subscriber that vanishes (its
+// packets stop) while messages are bridged to it. Every copy published to
+// it after it vanished is accounted for once the endpoint notices: as
+// unconfirmed if it was written to the dead connection, as
+// connection-closed if it was still queued; the unconfirmed ones are shown
+// in /status and in the metric.
+func TestUnconfirmedCopiesCounted(t *testing.T) {
+	e := startInbound(t, false)
+	// The URL pins the endpoint's key, so it may name the relay's address.
+	at := strings.Index(e.url, "@") + 1
+	slash := at + strings.Index(e.url[at:], "/")
+	relay := brokertest.NewUDPRelay(t, e.url[at:slash])
+	s, err := weida.Dial(context.Background(), e.url[:at]+relay.Addr()+e.url[slash:], weida.DialConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	if err := s.Subscribe(context.Background(), "#"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the subscription", func() bool { return e.bridge.Status().Counters.Subscribers == 1 })
+	e.send(t, "in.before")
+	if got := receiveTopic(t, s); got != "in.before" {
+		t.Fatalf("received %q", got)
+	}
+
+	relay.Cut()
+	const after = 5
+	for i := range after {
+		e.send(t, "in.after"+strconv.Itoa(i))
+	}
+	waitFor(t, "the last message settled", func() bool { ok, _ := e.src.outcome("in.after4"); return ok })
+	// The endpoint notices within its idle timeout (2 s); the wait's
+	// deadline only stops a hung test.
+	deadline := time.Now().Add(20 * time.Second)
+	for e.bridge.Status().Counters.Subscribers != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the vanished subscriber was never noticed")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	waitFor(t, "the copies accounted for", func() bool {
+		c := e.bridge.Status().Counters
+		return c.Unconfirmed+c.Dropped[connectors.ReasonConnectionClosed] >= after
+	})
+	c := e.bridge.Status().Counters
+	if c.Unconfirmed == 0 {
+		t.Errorf("no copy counted unconfirmed: %+v", c)
+	}
+	if got := testutil.ToFloat64(e.m.CopiesUnconfirmed.WithLabelValues("in")); got != float64(c.Unconfirmed) {
+		t.Errorf("copies_unconfirmed_total = %v, /status says %d", got, c.Unconfirmed)
+	}
+	if c.Bridged != after+1 {
+		t.Errorf("bridged %d, want %d: a copy was queued for each", c.Bridged, after+1)
+	}
+	t.Logf("counters: %+v", c)
 }

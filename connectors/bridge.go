@@ -140,6 +140,11 @@ type Publisher interface {
 	// OnCopiesLost has fn called with the number of copies dropped after
 	// Publish queued them (their connection closed first).
 	OnCopiesLost(fn func(n int))
+	// CountCopiesUnconfirmed has fn called with the number of copies
+	// written to a subscriber connection that then vanished (no close
+	// from either side): delivered or not, nobody can tell. Counting only,
+	// so that the publisher keeps no frames for it.
+	CountCopiesUnconfirmed(fn func(weida.UnconfirmedCopies))
 }
 
 // SourceFactory builds an inbound bridge's Source, which reports its

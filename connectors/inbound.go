@@ -33,6 +33,7 @@ func (b *Bridge) setPublisher(p Publisher) {
 	if p != nil {
 		st := b.stats
 		p.OnCopiesLost(st.copiesLost)
+		p.CountCopiesUnconfirmed(st.copiesUnconfirmed)
 		b.installReplayer(p)
 	}
 }

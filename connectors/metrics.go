@@ -57,6 +57,10 @@ type Metrics struct {
 	// length: what the remote side published meanwhile is lost unseen.
 	WeidaGaps       *prometheus.CounterVec
 	WeidaGapSeconds *prometheus.CounterVec
+	// CopiesUnconfirmed counts inbound weida copies written to a
+	// subscriber connection that then vanished without a close: delivered
+	// or not, nobody can tell. Not a drop reason, since some arrived.
+	CopiesUnconfirmed *prometheus.CounterVec
 	// Last-value caches of inbound resources: topics and bytes held,
 	// topics evicted by reason (a bound, never a broker deletion), and
 	// copies replayed to new weida subscriptions.
@@ -101,6 +105,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Outbound: times the subscription at the dialled weida endpoint was lost and then held again; what was published in between is lost."}, []string{"resource"}),
 		WeidaGapSeconds: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "weida_gap_seconds_total",
 			Help: "Outbound: total length of the gaps counted by weida_gaps_total."}, []string{"resource"}),
+		CopiesUnconfirmed: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "copies_unconfirmed_total",
+			Help: "Inbound weida copies written to a subscriber connection that then vanished (idle timeout, stateless reset) within the idle timeout plus 1 s: delivered or not, nobody can tell."}, []string{"resource"}),
 		LastValueEntries: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "last_value_entries",
 			Help: "Topics held in an inbound resource's last-value cache."}, []string{"resource"}),
 		LastValueBytes: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "last_value_bytes",
@@ -112,7 +118,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	reg.MustRegister(m.Received, m.Bridged, m.Dropped, m.Acknowledged, m.InFlight, m.Reconnects, m.Up,
 		m.Subscribers, m.CopiesQueued, m.Latency, m.AttemptsFailed, m.Holding, m.Held, m.WeidaGaps, m.WeidaGapSeconds,
-		m.LastValueEntries, m.LastValueBytes, m.LastValueEvictions, m.LastValueReplayed)
+		m.CopiesUnconfirmed, m.LastValueEntries, m.LastValueBytes, m.LastValueEvictions, m.LastValueReplayed)
 	return m
 }
 
@@ -128,7 +134,7 @@ func (m *Metrics) forget(resources map[string]bool) {
 	}
 	for _, v := range []deletingCollector{m.Received, m.Bridged, m.Dropped, m.Acknowledged, m.InFlight,
 		m.Reconnects, m.Up, m.Subscribers, m.CopiesQueued, m.Latency, m.AttemptsFailed, m.Holding, m.Held,
-		m.WeidaGaps, m.WeidaGapSeconds, m.LastValueEntries, m.LastValueBytes, m.LastValueEvictions, m.LastValueReplayed} {
+		m.WeidaGaps, m.WeidaGapSeconds, m.CopiesUnconfirmed, m.LastValueEntries, m.LastValueBytes, m.LastValueEvictions, m.LastValueReplayed} {
 		forgetIn(v, resources)
 	}
 }

@@ -372,6 +372,7 @@ func (r *Runtime) stopUnit(ru *runningUnit, keep map[string]weida.ListenConfig, 
 	if forget && ru.pub != nil {
 		// Copies still queued must not bring back its series.
 		ru.pub.OnCopiesLost(nil)
+		ru.pub.CountCopiesUnconfirmed(nil)
 	}
 	if ru.pub == nil {
 		return

@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"weida.dev/connector/weida"
 )
 
 // stats is a bridge's accounting. Every event goes through one of its
@@ -35,7 +37,7 @@ func (s *stats) addRoutes(routes []Route) {
 // per message costs more than the count itself.
 type series struct {
 	received, acked, copiesQueued, copiesDropped prometheus.Counter
-	held, gaps, gapSeconds                       prometheus.Counter
+	held, gaps, gapSeconds, unconfirmed          prometheus.Counter
 	inFlight, holding                            prometheus.Gauge
 	latency                                      prometheus.Observer
 	bridged                                      map[string]prometheus.Counter // by route name
@@ -56,6 +58,7 @@ func newStats(m *Metrics, resource string, routes []Route, rlog *RateLogger) *st
 			held:          m.Held.WithLabelValues(resource),
 			gaps:          m.WeidaGaps.WithLabelValues(resource),
 			gapSeconds:    m.WeidaGapSeconds.WithLabelValues(resource),
+			unconfirmed:   m.CopiesUnconfirmed.WithLabelValues(resource),
 			latency:       m.Latency.WithLabelValues(resource),
 			bridged:       make(map[string]prometheus.Counter, len(routes)),
 		},
@@ -104,6 +107,22 @@ func (s *stats) copies(route string, queued, dropped, closing int) {
 func (s *stats) copiesLost(n int) {
 	s.m.copiesDropped.Add(float64(n))
 	s.drop("", ReasonConnectionClosed, n, slog.LevelWarn, "a weida subscriber's connection closed before its copies were written")
+}
+
+// copiesUnconfirmed counts the copies written to a weida subscriber
+// connection that then vanished (killed, cut off) before anything said
+// they arrived. They are not drops: some were delivered, so they are
+// counted apart, and the log names the subscriber.
+func (s *stats) copiesUnconfirmed(u weida.UnconfirmedCopies) {
+	n := u.Len()
+	if n == 0 {
+		return
+	}
+	s.count.unconfirmed.Add(uint64(n))
+	s.m.unconfirmed.Add(float64(n))
+	attrs := []slog.Attr{slog.Int("copies", n), slog.String("subscriber", u.Remote), slog.Any("cause", u.Cause)}
+	s.rlog.Log(slog.LevelWarn, "unconfirmed",
+		"a weida subscriber vanished without closing its connection; the copies written to it last may not have arrived", attrs...)
 }
 
 // holdStarted and holdEnded bracket a wait for a weida subscriber.

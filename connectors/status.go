@@ -47,6 +47,10 @@ type Counters struct {
 	WeidaGaps       uint64  `json:"weidaGaps,omitempty"`
 	WeidaGapSeconds float64 `json:"weidaGapSeconds,omitempty"`
 	LastWeidaGap    *Gap    `json:"lastWeidaGap,omitempty"`
+	// Unconfirmed (inbound) counts the weida copies written to a
+	// subscriber connection that then vanished without a close: some
+	// arrived, some did not, and nobody can tell which.
+	Unconfirmed uint64 `json:"weidaCopiesUnconfirmed,omitempty"`
 	// LastValue is present for an inbound resource keeping a last-value
 	// cache.
 	LastValue *LastValueCounters `json:"lastValue,omitempty"`
@@ -214,6 +218,7 @@ func (c *conditions) snapshot() ([]Condition, *FailureStatus) {
 // counters are the atomic running totals behind Counters.
 type counters struct {
 	received, bridged, acked, reconnects, held atomic.Uint64
+	unconfirmed                                atomic.Uint64
 	inFlight                                   atomic.Int64
 	mu                                         sync.Mutex
 	dropped                                    map[string]uint64
@@ -242,6 +247,7 @@ func (c *counters) snapshot(now time.Time) Counters {
 		InFlight:     c.inFlight.Load(),
 		Reconnects:   c.reconnects.Load(),
 		Held:         c.held.Load(),
+		Unconfirmed:  c.unconfirmed.Load(),
 	}
 	c.gapMu.Lock()
 	s.HoldingSince = c.holdingSince

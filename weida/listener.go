@@ -262,6 +262,7 @@ func (l *Listener) admit(qc *quic.Conn) {
 	}
 	sc.c = newConn(qc, &l.limits, log, sc, &l.hooks)
 	sc.q.init()
+	sc.wl.init(&l.limits)
 	l.conns[sc] = struct{}{}
 	if peer != "" {
 		l.perPeer[peer]++
@@ -377,7 +378,8 @@ type serverConn struct {
 	paths  map[string]*connPath
 	closed bool // subMu; no subscription is added once set
 
-	q sendQueue
+	q  sendQueue
+	wl writtenLog // the writer's; read by serve once the writer ended
 }
 
 // serve supervises the connection: it runs the writer, and once the
@@ -387,10 +389,15 @@ func (sc *serverConn) serve() {
 	var wg sync.WaitGroup
 	wg.Go(sc.writer)
 	<-sc.c.ctx.Done()
+	ended := time.Since(sc.wl.start)
 	sc.dropSubscriptions()
 	sc.q.close(&sc.l.stats)
 	wg.Wait()
 	sc.c.wait()
+	cause := context.Cause(sc.c.ctx)
+	// Reported before the connection is forgotten, so that a caller who
+	// sees it gone from Stats().Connections also sees its report.
+	sc.wl.finish(&sc.l.stats, ended, cause, sc.c.qc.RemoteAddr().String())
 	l := sc.l
 	l.mu.Lock()
 	delete(l.conns, sc)
@@ -400,7 +407,6 @@ func (sc *serverConn) serve() {
 		}
 	}
 	l.mu.Unlock()
-	cause := context.Cause(sc.c.ctx)
 	sc.c.log.Debug("weida: connection ended", "cause", cause)
 }
 
@@ -569,6 +575,7 @@ func (sc *serverConn) writer() {
 			}
 		} else {
 			st.copiesWritten.Add(1)
+			sc.wl.written(f)
 		}
 		sc.q.done(f)
 		f.release()

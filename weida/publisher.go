@@ -46,6 +46,17 @@ type Publisher struct {
 	ps     *pathState
 	closed atomic.Bool
 	lost   atomic.Pointer[func(n int)] // see OnCopiesLost
+	// unconfirmed is the OnCopiesUnconfirmed or CountCopiesUnconfirmed
+	// callback; while it is nil, or set by CountCopiesUnconfirmed,
+	// connections keep no copy of this publisher's.
+	unconfirmed atomic.Pointer[unconfirmedCallback]
+}
+
+// unconfirmedCallback is a Publisher's unconfirmed-copies callback and
+// whether it wants the copies themselves or only their number.
+type unconfirmedCallback struct {
+	fn   func(UnconfirmedCopies)
+	keep bool
 }
 
 // Path returns the publisher's path.
@@ -111,6 +122,62 @@ func (p *Publisher) copiesLost(n int) {
 	if fn := p.lost.Load(); fn != nil && n > 0 {
 		(*fn)(n)
 	}
+}
+
+// OnCopiesUnconfirmed sets fn to be called when a subscriber connection
+// ends without a close from either side (idle timeout, stateless reset, a
+// broken socket: the subscriber's process was killed or its host is gone),
+// with the copies of this Publisher written to that connection within the
+// unconfirmed window before the end was seen. weida v0 has no
+// acknowledgement: such a copy was handed to QUIC and counted as written,
+// and may or may not have reached the subscriber. Copies still queued at
+// the end are not among them; they go to [Publisher.OnCopiesLost].
+//
+// The window is the listener's Limits.IdleTimeout plus one second, reaching
+// back from the moment the end was seen: quic-go tells neither which
+// stream data the peer acknowledged nor when its last packet arrived, so
+// the window covers every copy written after the peer's last packet, and
+// some before it that were delivered. A copy that QUIC held back longer
+// than the window before the peer vanished (flow control against a
+// subscriber that stopped reading) escapes it.
+//
+// While fn is set, each connection keeps the copies it writes for this
+// Publisher (holding their encoded frames, not copies of them) for as long
+// as the window, at most 4096 copies and Limits.SubscriberBufferBytes of
+// them per connection; copies that do not fit are counted in
+// [UnconfirmedCopies].Unkept. While no Publisher of a listener has fn set,
+// nothing is kept. Copies written before fn was set are not reported.
+// [ListenerStats].CopiesUnconfirmed counts the copies of every publisher,
+// with or without fn.
+//
+// A close by the subscriber (its Close, an UNSUBSCRIBE, a protocol
+// error it reports) or by the listener (Close, Shutdown, a violation, a
+// limit) reports nothing: the side that closed chose what it gave up.
+//
+// fn is called once per vanished connection that had such copies, from
+// the listener's goroutines, after the connection's subscriptions are
+// gone; it must be safe for concurrent use and must not block. nil stops
+// the calls. The calls go on after Close for connections already open.
+func (p *Publisher) OnCopiesUnconfirmed(fn func(UnconfirmedCopies)) {
+	p.setUnconfirmed(fn, true)
+}
+
+// CountCopiesUnconfirmed is [Publisher.OnCopiesUnconfirmed] for a caller
+// that needs only how many copies are at risk: fn gets every one of them
+// in [UnconfirmedCopies].Unkept and no Messages, and connections hold no
+// frame for it, so that publishing costs what it costs without a callback
+// but for one map lookup per written copy. It replaces a callback set by
+// OnCopiesUnconfirmed, and the other way round.
+func (p *Publisher) CountCopiesUnconfirmed(fn func(UnconfirmedCopies)) {
+	p.setUnconfirmed(fn, false)
+}
+
+func (p *Publisher) setUnconfirmed(fn func(UnconfirmedCopies), keep bool) {
+	if fn == nil {
+		p.unconfirmed.Store(nil)
+		return
+	}
+	p.unconfirmed.Store(&unconfirmedCallback{fn: fn, keep: keep})
 }
 
 // Close unregisters the path: later Publish calls return [ErrClosed], and

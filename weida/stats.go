@@ -15,6 +15,10 @@ type ListenerStats struct {
 	CopiesQueued  uint64 // copies accepted into a connection's send queue
 	CopiesWritten uint64 // copies written to their stream and finished with FIN
 	CopiesRefused uint64 // copies the subscriber stopped with STOP_SENDING
+	// CopiesUnconfirmed counts written copies (among CopiesWritten) whose
+	// connection then vanished within the unconfirmed window: delivered
+	// or not, nobody can tell (see [Publisher.OnCopiesUnconfirmed]).
+	CopiesUnconfirmed uint64
 	// CopiesReplayed counts copies a [Replayer] supplied that were queued
 	// for a new subscription; they are not in CopiesQueued.
 	CopiesReplayed uint64
@@ -46,6 +50,7 @@ type listenerCounters struct {
 	subscriptions                           atomic.Int64
 	published, copiesQueued                 atomic.Uint64
 	copiesWritten, copiesRefused            atomic.Uint64
+	copiesUnconfirmed                       atomic.Uint64
 	copiesReplayed                          atomic.Uint64
 	dropped                                 dropCounters
 	streamsParked, streamsRefused           atomic.Uint64
@@ -69,6 +74,7 @@ func (l *Listener) Stats() ListenerStats {
 		CopiesQueued:        c.copiesQueued.Load(),
 		CopiesWritten:       c.copiesWritten.Load(),
 		CopiesRefused:       c.copiesRefused.Load(),
+		CopiesUnconfirmed:   c.copiesUnconfirmed.Load(),
 		CopiesReplayed:      c.copiesReplayed.Load(),
 		Dropped: DropCounts{
 			BufferFull:       c.dropped.bufferFull.Load(),

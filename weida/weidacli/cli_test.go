@@ -25,6 +25,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"weida.dev/connector/internal/brokertest"
 	"weida.dev/connector/internal/cli"
 	"weida.dev/connector/weida"
 )
@@ -381,6 +382,55 @@ func TestWeidaSubEnds(t *testing.T) {
 	code, _ := lost.wait()
 	if errOut := lost.stderr.String(); code != cli.ExitFailure || !strings.Contains(errOut, "ended after 1 message") || !strings.Contains(errOut, "SHUTDOWN") {
 		t.Errorf("lost connection: code %d, stderr %q", code, errOut)
+	}
+}
+
+// TestWeidaPubUnconfirmed: a subscriber vanishes without closing (its
+// packets stop at a relay); pub's summary counts the copies written to it
+// as unconfirmed once the endpoint noticed, which the lines published
+// meanwhile show by matching nobody.
+func TestWeidaPubUnconfirmed(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	pub, url := startPub(t, "--path", "/p", "--wait-subscribers", "1")
+	at := strings.Index(url, "@") + 1
+	slash := at + strings.Index(url[at:], "/")
+	relay := brokertest.NewUDPRelay(t, url[at:slash])
+	defer relay.Close()
+	s, err := weida.Dial(context.Background(), url[:at]+relay.Addr()+url[slash:], weida.DialConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.Subscribe(context.Background(), ""); err != nil {
+		t.Fatal(err)
+	}
+	pub.write("a\tone\n")
+	pub.waitLine("^line 1: a: matched 1, queued 1")
+	ctx, cancel := context.WithTimeout(context.Background(), guard)
+	defer cancel()
+	if m, err := s.Receive(ctx); err != nil || string(m.Payload) != "one" {
+		t.Fatalf("Receive: %q, %v", m.Payload, err)
+	}
+
+	relay.Cut()
+	// Each line is written to the vanished subscriber until the endpoint
+	// gives up on it (its idle timeout) and the next matches nobody.
+	for line := 2; ; line++ {
+		pub.write("a\tafter\n")
+		if m := pub.waitLine(`^line \d+: a: matched (\d+)`); m[1] == "0" {
+			break
+		}
+		if line > 1000 {
+			t.Fatal("the vanished subscriber was never noticed")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	_ = pub.stdin.Close()
+	code, out := pub.wait()
+	summary := out[len(out)-1]
+	m := regexp.MustCompile(`copies written to QUIC, (\d+) of them unconfirmed \(their subscriber vanished\)$`).FindStringSubmatch(summary)
+	if code != cli.ExitOK || m == nil || m[1] == "0" {
+		t.Errorf("pub: code %d, summary %q, stderr %q", code, summary, pub.stderr)
 	}
 }
 

@@ -49,7 +49,9 @@ certificate with a listed fingerprint may subscribe.
 At the end of input it waits up to --drain for queued copies to be handed to
 QUIC, then --linger for them to cross the network (weida v0 has no
 acknowledgement: bytes still in flight when the endpoint closes are lost),
-and exits 0. Interrupting it does the same. Exit status: 0 at the end of
+and exits 0. The summary counts the copies written to subscribers that
+vanished without closing (killed, cut off) as unconfirmed: they may or may
+not have arrived. Interrupting it does the same. Exit status: 0 at the end of
 input or when interrupted while publishing; 1 when it cannot listen, with
 --strict on an invalid line, or when interrupted while waiting for
 subscribers; 2 on a usage error.`
@@ -294,6 +296,11 @@ func (pp *pubRun) finish(ctx context.Context, drain, linger time.Duration) {
 	fmt.Fprintf(pp.stdout, "published %s: matched %d, queued %d, dropped %d; %s written to QUIC",
 		countOf(pp.published, "message", "messages"), pp.matched, pp.queued, pp.dropped,
 		countOf(int(st.CopiesWritten), "copy", "copies"))
+	if st.CopiesUnconfirmed > 0 {
+		// Written to a subscriber that vanished without closing: the
+		// copies it may or may not have received.
+		fmt.Fprintf(pp.stdout, ", %d of them unconfirmed (their subscriber vanished)", st.CopiesUnconfirmed)
+	}
 	if pp.invalid > 0 {
 		fmt.Fprintf(pp.stdout, "; %s", countOf(pp.invalid, "invalid line", "invalid lines"))
 	}

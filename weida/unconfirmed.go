@@ -1,0 +1,306 @@
+package weida
+
+import (
+	"errors"
+	"math"
+	"time"
+
+	"github.com/quic-go/quic-go"
+
+	"weida.dev/connector/weida/wire"
+)
+
+// UnconfirmedCopies is what [Publisher.OnCopiesUnconfirmed] reports for one
+// subscriber connection that ended without either side closing it: the
+// copies of one Publisher written to it within the unconfirmed window
+// before the end was seen. Some of them may have been delivered; nobody
+// can tell which.
+type UnconfirmedCopies struct {
+	// Messages are the copies as published (Endpoint is the path), oldest
+	// first, from the record the connection keeps while a callback is
+	// set. The slice and every Payload are fresh: the callback may keep
+	// them.
+	Messages []Message
+	// Unkept counts further copies written within the window that the
+	// record had no room for (see [Publisher.OnCopiesUnconfirmed]); they
+	// are as unconfirmed as Messages, only without their content.
+	Unkept int
+	// Remote is the subscriber's address, Cause how its connection ended
+	// (a *quic.IdleTimeoutError, a *quic.StatelessResetError...).
+	Remote string
+	Cause  error
+}
+
+// Len is the number of unconfirmed copies: len(Messages) + Unkept.
+func (u UnconfirmedCopies) Len() int { return len(u.Messages) + u.Unkept }
+
+// unconfirmedMargin is added to the idle timeout to form the window. A
+// connection ends by idle timeout one idle timeout after the last packet
+// from the peer arrived; copies written before that packet were in all
+// likelihood acknowledged by the peer's QUIC stack, those written after it
+// may not have been. quic-go does not tell when the last packet arrived,
+// nor which stream data the peer acknowledged, so the window reaches back
+// the whole idle timeout from the end, and the margin covers what the
+// timeout itself does not: the acknowledgement delay and a round trip for
+// copies written just before the last packet, and the end's detection. A
+// stateless reset is seen within a keep-alive period and a round trip of
+// the peer's restart, well inside the same window.
+const unconfirmedMargin = time.Second
+
+// writtenBuckets is the number of time buckets the written copies of a
+// connection are counted in. The window spans writtenBuckets-2 of them,
+// plus the one the end falls into and one spare for copies whose write
+// completed while the end was being noticed.
+const writtenBuckets = 32
+
+// maxKeptCopies bounds the record of one connection by count (its ring
+// then takes 64 KiB); its bytes are bounded by
+// Limits.SubscriberBufferBytes. A subscriber's stream credit lets far fewer
+// copies be in flight on a healthy path, and what does not fit is still
+// counted, only without its message.
+const maxKeptCopies = 4096
+
+// bucket counts the copies written in one time bucket; idx is the bucket's
+// number plus one, so that the zero value is an empty bucket.
+type bucket struct {
+	idx int64
+	n   uint64
+}
+
+type buckets [writtenBuckets]bucket
+
+func (bs *buckets) add(idx int64, n uint64) {
+	b := &bs[idx%writtenBuckets]
+	if b.idx != idx+1 {
+		b.idx, b.n = idx+1, 0
+	}
+	b.n += n
+}
+
+// since sums the buckets numbered first or later.
+func (bs *buckets) since(first int64) uint64 {
+	var n uint64
+	for _, b := range bs {
+		if b.idx != 0 && b.idx-1 >= first {
+			n += b.n
+		}
+	}
+	return n
+}
+
+// keptCopy is one written copy held for a possible report.
+type keptCopy struct {
+	f   *frame
+	idx int64 // the bucket it was written in
+}
+
+// writtenLog is what one subscriber connection remembers of the copies it
+// wrote, so that those at risk can be reported if it vanishes. Counting
+// costs a clock read per copy and nothing else; copies of a Publisher with
+// an [Publisher.OnCopiesUnconfirmed] callback are also kept, their frame
+// held, in a ring bounded by time, count and bytes. Only the connection's
+// writer calls written; finish is called once the writer has ended, so
+// nothing here is locked.
+type writtenLog struct {
+	start    time.Time // monotonic origin of the bucket numbers
+	width    time.Duration
+	span     int64 // buckets the window reaches back from the end's
+	maxBytes int64
+
+	counts buckets
+
+	ring    []keptCopy // ring[head:head+n], modulo len(ring)
+	head, n int
+	bytes   int64
+	unkept  map[*Publisher]*buckets // copies that fell out of a full ring, or were never kept
+	lastPub *Publisher              // the last lookup in unkept, cached
+	lastBs  *buckets
+	maxKept int                     // maxKeptCopies; lowered by tests
+}
+
+func (w *writtenLog) init(limits *Limits) {
+	window := limits.IdleTimeout + unconfirmedMargin
+	w.start = time.Now()
+	w.span = writtenBuckets - 2
+	w.width = max((window+time.Duration(w.span)-1)/time.Duration(w.span), time.Millisecond)
+	w.maxBytes = limits.SubscriberBufferBytes
+	w.maxKept = maxKeptCopies
+}
+
+func (w *writtenLog) bucketOf(d time.Duration) int64 { return int64(d / w.width) }
+
+// written notes f, just written and finished with FIN.
+func (w *writtenLog) written(f *frame) {
+	idx := w.bucketOf(time.Since(w.start))
+	w.counts.add(idx, 1)
+	if f.pub == nil {
+		return
+	}
+	cb := f.pub.unconfirmed.Load()
+	if cb == nil {
+		return
+	}
+	if !cb.keep {
+		w.unkeptBuckets(f.pub).add(idx, 1)
+		return
+	}
+	// Forget what no end from now on can reach: one bucket more than the
+	// span, for a copy noted after the end's bucket.
+	for w.n > 0 && w.ring[w.head].idx < idx-w.span-1 {
+		w.dropOldest(false)
+	}
+	c := f.charge()
+	for w.n > 0 && (w.n >= w.maxKept || w.bytes+c > w.maxBytes) {
+		w.dropOldest(true)
+	}
+	if w.n == len(w.ring) {
+		w.grow()
+	}
+	f.retain()
+	w.ring[(w.head+w.n)%len(w.ring)] = keptCopy{f: f, idx: idx}
+	w.n++
+	w.bytes += c
+}
+
+func (w *writtenLog) grow() {
+	size := min(max(2*len(w.ring), 64), w.maxKept)
+	ring := make([]keptCopy, size)
+	for i := range w.n {
+		ring[i] = w.ring[(w.head+i)%len(w.ring)]
+	}
+	w.ring, w.head = ring, 0
+}
+
+// dropOldest releases the oldest kept copy; unkept means it leaves while
+// still possibly at risk, so it is counted for its publisher.
+func (w *writtenLog) dropOldest(unkept bool) {
+	k := w.ring[w.head]
+	w.ring[w.head] = keptCopy{}
+	w.head = (w.head + 1) % len(w.ring)
+	w.n--
+	w.bytes -= k.f.charge()
+	if unkept {
+		w.unkeptBuckets(k.f.pub).add(k.idx, 1)
+	}
+	k.f.release()
+}
+
+// unkeptBuckets are the counts of p's copies written without being kept.
+func (w *writtenLog) unkeptBuckets(p *Publisher) *buckets {
+	if p == w.lastPub && w.lastBs != nil {
+		return w.lastBs // a connection mostly writes for one publisher
+	}
+	defer func() { w.lastPub, w.lastBs = p, w.unkept[p] }()
+	if w.unkept == nil {
+		w.unkept = make(map[*Publisher]*buckets)
+	}
+	bs := w.unkept[p]
+	if bs == nil {
+		bs = new(buckets)
+		w.unkept[p] = bs
+	}
+	return bs
+}
+
+// finish settles the log of a connection whose end was seen ended after
+// its start: when cause says the peer vanished, the copies written within
+// the window are counted in st and reported to their publishers'
+// callbacks. Every kept frame is released.
+func (w *writtenLog) finish(st *listenerCounters, ended time.Duration, cause error, remote string) {
+	defer func() {
+		for w.n > 0 {
+			w.dropOldest(false)
+		}
+		w.ring, w.unkept, w.lastPub, w.lastBs = nil, nil, nil, nil
+	}()
+	if !vanished(cause) {
+		return
+	}
+	first := w.bucketOf(ended) - w.span
+	total := w.counts.since(first)
+	if total == 0 {
+		return
+	}
+	st.copiesUnconfirmed.Add(total)
+	var reports []*pubReport
+	report := func(p *Publisher) *pubReport {
+		for _, r := range reports {
+			if r.pub == p {
+				return r
+			}
+		}
+		r := &pubReport{pub: p}
+		reports = append(reports, r)
+		return r
+	}
+	for i := range w.n {
+		k := w.ring[(w.head+i)%len(w.ring)]
+		if k.idx < first {
+			continue
+		}
+		r := report(k.f.pub)
+		r.u.Messages = append(r.u.Messages, k.f.message())
+	}
+	for p, bs := range w.unkept {
+		if n := bs.since(first); n > 0 {
+			report(p).u.Unkept += int(n)
+		}
+	}
+	for _, r := range reports {
+		if cb := r.pub.unconfirmed.Load(); cb != nil {
+			r.u.Remote, r.u.Cause = remote, cause
+			cb.fn(r.u)
+		}
+	}
+}
+
+type pubReport struct {
+	pub *Publisher
+	u   UnconfirmedCopies
+}
+
+// message decodes the frame back into the message it was encoded from.
+func (f *frame) message() Message {
+	_, hdr, n, err := wire.ParsePreamble(f.buf, math.MaxUint32)
+	if err != nil {
+		return Message{} // unreachable: the frame was encoded here
+	}
+	d, err := wire.DecodeData(hdr)
+	if err != nil {
+		return Message{}
+	}
+	return Message{
+		Endpoint:    d.Endpoint,
+		Topic:       d.Topic,
+		ContentType: d.ContentType,
+		Traceparent: d.Traceparent,
+		Tracestate:  d.Tracestate,
+		Payload:     append([]byte(nil), f.buf[n:]...),
+	}
+}
+
+// vanished reports whether a connection that ended with cause ended
+// without a CONNECTION_CLOSE from either side: by idle timeout, by a
+// stateless reset, or by anything else that is not a close (a broken
+// socket). Then nobody can tell what the peer received of what was
+// written to it last.
+//
+// A close by the peer (an application close such as Subscriber.Close, or
+// its QUIC stack's transport close) is the peer's decision: it knows what
+// it took and what it gave up. A close of ours (Listener.Close or Shutdown,
+// a protocol violation, a limit) is reported to the peer with a code, and
+// what QUIC had not delivered when it went out is abandoned by a choice
+// made here, not lost to an unseen failure; Shutdown waits until the
+// queued copies are handed to QUIC before it closes, and weida v0 has no
+// acknowledgement that would let it wait longer. Neither is reported as
+// unconfirmed.
+func vanished(cause error) bool {
+	var idle *quic.IdleTimeoutError
+	var reset *quic.StatelessResetError
+	if errors.As(cause, &idle) || errors.As(cause, &reset) {
+		return true
+	}
+	var app *quic.ApplicationError
+	var te *quic.TransportError
+	return !errors.As(cause, &app) && !errors.As(cause, &te)
+}
