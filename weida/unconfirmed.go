@@ -115,7 +115,7 @@ type writtenLog struct {
 	unkept  map[*Publisher]*buckets // copies that fell out of a full ring, or were never kept
 	lastPub *Publisher              // the last lookup in unkept, cached
 	lastBs  *buckets
-	maxKept int                     // maxKeptCopies; lowered by tests
+	maxKept int // maxKeptCopies; lowered by tests
 }
 
 func (w *writtenLog) init(limits *Limits) {
