@@ -385,6 +385,8 @@ func runChaosCell(t *testing.T, m chaosMode, b *brokertest.Broker, dir policy.Di
 		closedPub   = map[int]bool{} // weida publisher closed by the fault
 		pubDropped  = map[int]bool{} // weida Publish matched a subscriber but dropped its copy (buffer full, closing)
 		copiesLost  atomic.Int64     // copies the test's weida publisher queued and then lost
+		unconfirmed = map[int]bool{} // copies the test's weida publisher wrote to a connection that vanished
+		unkept      atomic.Int64     // such copies it counted without keeping which they were
 		unread      *atomic.Int64    // copies the test's weida subscriber discarded unread when it closed
 		faultAt     = n / 3
 		faultEnd    time.Time
@@ -419,7 +421,14 @@ func runChaosCell(t *testing.T, m chaosMode, b *brokertest.Broker, dir policy.Di
 		bounce = func() { sink.bounce(chaosWeidaAway) }
 		unread = &sink.unread
 	} else {
-		src := startWeidaSource(t, port, files, &copiesLost)
+		src := startWeidaSource(t, port, files, &copiesLost, func(u weida.UnconfirmedCopies) {
+			for _, m := range u.Messages {
+				if i, err := strconv.Atoi(strings.TrimPrefix(string(m.Payload), prefix)); err == nil {
+					mark(unconfirmed, i)
+				}
+			}
+			unkept.Add(int64(u.Unkept))
+		})
 		yaml, topic := m.outbound(t, b, u, name, src.url, arr)
 		lives = startLives(t, amqpEnv, name, "-f", writeFile(t, files, "r.yaml", yaml), "--state-dir", state, "--instance", "chaos-"+u)
 		Eventually(t, 30*time.Second, "the probe across the bridge", func() bool {
@@ -511,6 +520,12 @@ func runChaosCell(t *testing.T, m chaosMode, b *brokertest.Broker, dir policy.Di
 		if v := copiesLost.Load(); v > 0 {
 			drops["publisher:connection-closed"] = float64(v)
 		}
+		if len(unconfirmed) > 0 {
+			drops["publisher:unconfirmed"] = float64(len(unconfirmed))
+		}
+		if v := unkept.Load(); v > 0 {
+			drops["publisher:unconfirmed-unkept"] = float64(v)
+		}
 		if unread != nil && unread.Load() > 0 {
 			drops["subscriber:unread"] = float64(unread.Load())
 		}
@@ -545,7 +560,7 @@ func runChaosCell(t *testing.T, m chaosMode, b *brokertest.Broker, dir policy.Di
 	}
 	r.received = len(arr.count)
 	r.missing = n - r.received
-	var missingRefused, missingNoSub, missingClosed, missingDropped int
+	var missingRefused, missingNoSub, missingClosed, missingDropped, missingUnconfirmed int
 	lostMu.Lock()
 	for i := range n {
 		if arr.count[i] > 0 {
@@ -563,6 +578,9 @@ func runChaosCell(t *testing.T, m chaosMode, b *brokertest.Broker, dir policy.Di
 		if pubDropped[i] {
 			missingDropped++
 		}
+		if unconfirmed[i] {
+			missingUnconfirmed++
+		}
 	}
 	lostMu.Unlock()
 	arr.mu.Unlock()
@@ -579,6 +597,7 @@ func runChaosCell(t *testing.T, m chaosMode, b *brokertest.Broker, dir policy.Di
 	setOrDelete("publisher:no-subscriber", missingNoSub)
 	setOrDelete("publisher:closed", missingClosed)
 	setOrDelete("publisher:dropped", missingDropped)
+	setOrDelete("publisher:unconfirmed", missingUnconfirmed)
 	total := 0.0
 	for _, v := range r.drops {
 		total += v
@@ -664,7 +683,12 @@ func (s *weidaSink) bounce(d time.Duration) {
 	sub := s.cur
 	s.mu.Unlock()
 	if sub != nil {
-		sub.Close()
+		// A subscriber that leaves cleanly, as a well-behaved process on
+		// SIGTERM does: UNSUBSCRIBE, take what is in flight, then close.
+		// The run loop goes on receiving meanwhile.
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		sub.Shutdown(ctx)
+		cancel()
 	}
 	time.Sleep(d)
 }
@@ -678,14 +702,15 @@ type weidaSource struct {
 	cfg        weida.ListenConfig
 	url        string
 	copiesLost *atomic.Int64
+	onUnconf   func(weida.UnconfirmedCopies)
 	mu         sync.Mutex
 	l          *weida.Listener
 	pub        *weida.Publisher
 }
 
-func startWeidaSource(t *testing.T, port int, dir string, copiesLost *atomic.Int64) *weidaSource {
+func startWeidaSource(t *testing.T, port int, dir string, copiesLost *atomic.Int64, onUnconfirmed func(weida.UnconfirmedCopies)) *weidaSource {
 	cert, key, fp := weidaCert(t, dir)
-	s := &weidaSource{t: t, addr: fmt.Sprintf("127.0.0.1:%d", port), cfg: weida.ListenConfig{CertFile: cert, KeyFile: key}, copiesLost: copiesLost}
+	s := &weidaSource{t: t, addr: fmt.Sprintf("127.0.0.1:%d", port), cfg: weida.ListenConfig{CertFile: cert, KeyFile: key}, copiesLost: copiesLost, onUnconf: onUnconfirmed}
 	s.url = "weida://" + fp + "@" + s.addr + "/chaos"
 	s.listen()
 	t.Cleanup(func() {
@@ -716,6 +741,7 @@ func (s *weidaSource) listen() {
 		s.t.Fatal(err)
 	}
 	pub.OnCopiesLost(func(n int) { s.copiesLost.Add(int64(n)) })
+	pub.OnCopiesUnconfirmed(s.onUnconf)
 	s.mu.Lock()
 	s.l, s.pub = l, pub
 	s.mu.Unlock()
