@@ -649,7 +649,7 @@ func chaosRuns(nums []int, sentAt []time.Time, t0 time.Time) string {
 			break
 		}
 		first, last := sentAt[nums[k]].Sub(t0), sentAt[nums[j]].Sub(t0)
-		fmt.Fprintf(&sb, "  %d-%d (%d): sent %+.2fs .. %+.2fs\n", nums[k], nums[j], j-k+1, first.Seconds(), last.Seconds())
+		fmt.Fprintf(&sb, "  %d-%d (%d): sent %+.3fs .. %+.3fs\n", nums[k], nums[j], j-k+1, first.Seconds(), last.Seconds())
 		runs++
 		k = j + 1
 	}
