@@ -63,6 +63,30 @@ const (
 
 var chaosFaults = []chaosFault{faultBrokerKill, faultBrokerPause, faultWeidaRestart, faultConnectorKill}
 
+// Reasons the test's own peers count per message number. A missing message
+// is counted under the first of these it carries, and only if it is
+// missing: a publish reported refused may have landed anyway.
+const (
+	// The broker said that no subscription matched the message, so it
+	// discarded it: core NATS's 503 "no responders" reply.
+	reasonNoInterest = "broker:no-interest"
+	// The test's broker publisher could not hand the message over.
+	reasonBrokerRefused = "publisher:broker-refused"
+	// Outbound: weida Publish matched nobody.
+	reasonNoSubscriber = "publisher:no-subscriber"
+	// Outbound: the weida publisher was closed by the fault.
+	reasonPublisherClosed = "publisher:closed"
+	// Outbound: Publish matched a subscriber but dropped its copy (buffer
+	// full, closing).
+	reasonPublisherDropped = "publisher:dropped"
+	// outbound: the weida publisher wrote the copy to the connector's
+	// connection, which then vanished (Publisher.OnCopiesUnconfirmed):
+	// delivered or not, nobody could tell, and it is missing.
+	reasonPublisherUnconfirmed = "publisher:unconfirmed"
+)
+
+var chaosPeerReasons = []string{reasonNoInterest, reasonBrokerRefused, reasonNoSubscriber, reasonPublisherClosed, reasonPublisherDropped, reasonPublisherUnconfirmed}
+
 // chaosMode is one way of using a broker: how to start it, how the
 // connector's resource reads it, how the test publishes into it and reads
 // from it.
@@ -72,8 +96,12 @@ type chaosMode struct {
 	start   func(t *testing.T) *brokertest.Broker
 	// inbound renders the inbound resource and returns a function that
 	// publishes payload into the broker (retrying where the protocol lets
-	// a retry be told apart), reporting whether the broker took it.
-	inbound func(t *testing.T, b *brokertest.Broker, u, name, endpoint string) (yaml string, send func(payload string) bool)
+	// a retry be told apart), reporting whether the broker took it. A
+	// broker that tells the publisher later what became of a message
+	// reports it through lost, by payload and reason (one of
+	// chaosPeerReasons); settle, when not nil, returns once every such
+	// report for what send sent has been made.
+	inbound func(t *testing.T, b *brokertest.Broker, u, name, endpoint string, lost func(payload, reason string)) (yaml string, send func(payload string) bool, settle func())
 	// outbound renders the outbound resource and starts a reader of what
 	// the connector publishes; it returns the weida topic to publish on.
 	outbound func(t *testing.T, b *brokertest.Broker, u, name, dial string, arr *arrivals) (yaml, topic string)
@@ -282,6 +310,7 @@ type connectorLives struct {
 	resource string
 	c        *Connector
 	past     map[string]float64
+	killedAt time.Time // when the last kill sent SIGKILL
 }
 
 func startLives(t *testing.T, env []string, resource string, args ...string) *connectorLives {
@@ -297,6 +326,7 @@ func (l *connectorLives) kill() {
 	for k, v := range chaosDrops(l.c, l.resource) {
 		l.past[k] += v
 	}
+	l.killedAt = time.Now()
 	l.c.Signal(syscall.SIGKILL)
 	if _, ok := l.c.Wait(10 * time.Second); !ok {
 		l.t.Fatal("the connector survived SIGKILL")
@@ -377,35 +407,50 @@ func runChaosCell(t *testing.T, m chaosMode, b *brokertest.Broker, dir policy.Di
 	r := chaosResult{mode: m.name, direction: string(dir), fault: fault, durable: m.durable && dir == policy.Inbound, sent: n}
 	deadline := time.Now().Add(chaosCellLimit)
 
-	// Accounted losses the test itself sees, per message number.
+	// Accounted losses the test itself sees.
 	var (
 		lostMu      sync.Mutex
-		refused     = map[int]bool{} // the test's broker publisher could not hand it over
-		noSub       = map[int]bool{} // weida Publish matched nobody
-		closedPub   = map[int]bool{} // weida publisher closed by the fault
-		pubDropped  = map[int]bool{} // weida Publish matched a subscriber but dropped its copy (buffer full, closing)
-		copiesLost  atomic.Int64     // copies the test's weida publisher queued and then lost
-		unconfirmed = map[int]bool{} // copies the test's weida publisher wrote to a connection that vanished
-		unkept      atomic.Int64     // such copies it counted without keeping which they were
-		unread      *atomic.Int64    // copies the test's weida subscriber discarded unread when it closed
+		lost        = map[string]map[int]bool{} // by reason in chaosPeerReasons, the message numbers
+		copiesLost  atomic.Int64                // copies the test's weida publisher queued and then lost
+		unkept      atomic.Int64                // copies it wrote to a connection that vanished, without knowing which
+		unread      *atomic.Int64               // copies the test's weida subscriber discarded unread when it closed
 		faultAt     = n / 3
+		faultStart  time.Time
 		faultEnd    time.Time
+		sentAt      = make([]time.Time, n) // written by the sender only, read once it is done
 		sentCounter atomic.Int64
 	)
-	mark := func(set map[int]bool, i int) {
+	mark := func(reason string, i int) {
 		lostMu.Lock()
-		set[i] = true
+		if lost[reason] == nil {
+			lost[reason] = map[int]bool{}
+		}
+		lost[reason][i] = true
 		lostMu.Unlock()
 	}
 
 	var (
 		lives  *connectorLives
 		send   func(i int)
+		settle func() // inbound: waits for the broker's late reports
 		bounce func() // the weida peer's fault
 	)
 	if dir == policy.Inbound {
 		endpoint := fmt.Sprintf("weida://127.0.0.1:%d/chaos", port)
-		yaml, sendBroker := m.inbound(t, b, u, name, endpoint)
+		brokerLost := func(payload, reason string) {
+			rest, ok := strings.CutPrefix(payload, prefix)
+			if !ok {
+				return
+			}
+			if i, err := strconv.Atoi(rest); err == nil && i >= 0 && i < n {
+				mark(reason, i)
+			} // else a probe
+		}
+		var (
+			yaml       string
+			sendBroker func(string) bool
+		)
+		yaml, sendBroker, settle = m.inbound(t, b, u, name, endpoint, brokerLost)
 		lives = startLives(t, amqpEnv, name, "-f", writeFile(t, files, "r.yaml", yaml), "--state-dir", state, "--instance", "chaos-"+u)
 		sink := startWeidaSink(t, endpoint, arr)
 		Eventually(t, 30*time.Second, "the probe across the bridge", func() bool {
@@ -415,7 +460,7 @@ func runChaosCell(t *testing.T, m chaosMode, b *brokertest.Broker, dir policy.Di
 		})
 		send = func(i int) {
 			if !sendBroker(prefix + strconv.Itoa(i)) {
-				mark(refused, i)
+				mark(reasonBrokerRefused, i)
 			}
 		}
 		bounce = func() { sink.bounce(chaosWeidaAway) }
@@ -424,7 +469,7 @@ func runChaosCell(t *testing.T, m chaosMode, b *brokertest.Broker, dir policy.Di
 		src := startWeidaSource(t, port, files, &copiesLost, func(u weida.UnconfirmedCopies) {
 			for _, m := range u.Messages {
 				if i, err := strconv.Atoi(strings.TrimPrefix(string(m.Payload), prefix)); err == nil {
-					mark(unconfirmed, i)
+					mark(reasonPublisherUnconfirmed, i)
 				}
 			}
 			unkept.Add(int64(u.Unkept))
@@ -440,11 +485,11 @@ func runChaosCell(t *testing.T, m chaosMode, b *brokertest.Broker, dir policy.Di
 			res, err := src.publish(topic, prefix+strconv.Itoa(i))
 			switch {
 			case err != nil:
-				mark(closedPub, i)
+				mark(reasonPublisherClosed, i)
 			case res.Matched == 0:
-				mark(noSub, i)
+				mark(reasonNoSubscriber, i)
 			case res.Queued == 0:
-				mark(pubDropped, i)
+				mark(reasonPublisherDropped, i)
 			}
 		}
 		bounce = func() { src.bounce(chaosWeidaAway) }
@@ -467,6 +512,7 @@ func runChaosCell(t *testing.T, m chaosMode, b *brokertest.Broker, dir policy.Di
 			if d := time.Until(start.Add(time.Duration(i) * interval)); d > 0 {
 				time.Sleep(d)
 			}
+			sentAt[i] = time.Now()
 			send(i)
 			sentCounter.Add(1)
 		}
@@ -478,6 +524,7 @@ func runChaosCell(t *testing.T, m chaosMode, b *brokertest.Broker, dir policy.Di
 	}
 
 	waitSent(faultAt)
+	faultStart = time.Now()
 	switch fault {
 	case faultBrokerKill:
 		b.Kill()
@@ -491,6 +538,9 @@ func runChaosCell(t *testing.T, m chaosMode, b *brokertest.Broker, dir policy.Di
 		bounce()
 	case faultConnectorKill:
 		lives.kill()
+		// Reading the counters first takes a moment; what was sent
+		// meanwhile still met the old process.
+		faultStart = lives.killedAt
 	}
 	faultEnd = time.Now()
 	select {
@@ -499,29 +549,17 @@ func runChaosCell(t *testing.T, m chaosMode, b *brokertest.Broker, dir policy.Di
 		t.Fatalf("the sender did not finish within %s (%d of %d sent)", chaosCellLimit, sentCounter.Load(), n)
 	}
 
-	// Wait until everything is accounted for, or nothing has moved for
-	// chaosSettle.
+	if settle != nil {
+		settle()
+	}
+
+	// accounted returns how many messages are received or counted as
+	// dropped, and the drops by reason. The test's per-message reasons
+	// count only missing messages, each under the first reason it carries.
 	accounted := func() (int, map[string]float64) {
 		drops := lives.drops()
-		lostMu.Lock()
-		defer lostMu.Unlock()
-		if dir == policy.Inbound && len(refused) > 0 {
-			drops["publisher:broker-refused"] = float64(len(refused))
-		}
-		if len(noSub) > 0 {
-			drops["publisher:no-subscriber"] = float64(len(noSub))
-		}
-		if len(closedPub) > 0 {
-			drops["publisher:closed"] = float64(len(closedPub))
-		}
-		if len(pubDropped) > 0 {
-			drops["publisher:dropped"] = float64(len(pubDropped))
-		}
 		if v := copiesLost.Load(); v > 0 {
 			drops["publisher:connection-closed"] = float64(v)
-		}
-		if len(unconfirmed) > 0 {
-			drops["publisher:unconfirmed"] = float64(len(unconfirmed))
 		}
 		if v := unkept.Load(); v > 0 {
 			drops["publisher:unconfirmed-unkept"] = float64(v)
@@ -529,12 +567,30 @@ func runChaosCell(t *testing.T, m chaosMode, b *brokertest.Broker, dir policy.Di
 		if unread != nil && unread.Load() > 0 {
 			drops["subscriber:unread"] = float64(unread.Load())
 		}
+		arr.mu.Lock()
+		defer arr.mu.Unlock()
+		lostMu.Lock()
+		defer lostMu.Unlock()
+		for i := range n {
+			if arr.count[i] > 0 {
+				continue
+			}
+			for _, reason := range chaosPeerReasons {
+				if lost[reason][i] {
+					drops[reason]++
+					break
+				}
+			}
+		}
 		total := 0.0
 		for _, v := range drops {
 			total += v
 		}
-		return arr.distinct() + int(total), drops
+		return len(arr.count) + int(total), drops
 	}
+
+	// Wait until everything is accounted for, or nothing has moved for
+	// chaosSettle.
 	last, lastMove := -1, time.Now()
 	for time.Now().Before(deadline) {
 		got, _ := accounted()
@@ -549,55 +605,17 @@ func runChaosCell(t *testing.T, m chaosMode, b *brokertest.Broker, dir policy.Di
 		time.Sleep(200 * time.Millisecond)
 	}
 
-	// The result. Broker refusals are per message and may have arrived
-	// anyway (a publish whose confirm was lost): count only those missing.
+	// The result.
+	_, r.drops = accounted()
 	arr.mu.Lock()
-	for i, k := range arr.count {
+	for _, k := range arr.count {
 		if k > 1 {
 			r.duplicates += k - 1
 		}
-		_ = i
 	}
 	r.received = len(arr.count)
-	r.missing = n - r.received
-	var missingRefused, missingNoSub, missingClosed, missingDropped, missingUnconfirmed int
-	lostMu.Lock()
-	for i := range n {
-		if arr.count[i] > 0 {
-			continue
-		}
-		if refused[i] {
-			missingRefused++
-		}
-		if noSub[i] {
-			missingNoSub++
-		}
-		if closedPub[i] {
-			missingClosed++
-		}
-		if pubDropped[i] {
-			missingDropped++
-		}
-		if unconfirmed[i] {
-			missingUnconfirmed++
-		}
-	}
-	lostMu.Unlock()
 	arr.mu.Unlock()
-	_, r.drops = accounted()
-	// Per-message publisher counts are replaced by those actually missing.
-	setOrDelete := func(k string, v int) {
-		if v > 0 {
-			r.drops[k] = float64(v)
-		} else {
-			delete(r.drops, k)
-		}
-	}
-	setOrDelete("publisher:broker-refused", missingRefused)
-	setOrDelete("publisher:no-subscriber", missingNoSub)
-	setOrDelete("publisher:closed", missingClosed)
-	setOrDelete("publisher:dropped", missingDropped)
-	setOrDelete("publisher:unconfirmed", missingUnconfirmed)
+	r.missing = n - r.received
 	total := 0.0
 	for _, v := range r.drops {
 		total += v
@@ -607,7 +625,50 @@ func runChaosCell(t *testing.T, m chaosMode, b *brokertest.Broker, dir policy.Di
 	if r.unaccounted < 0 {
 		t.Logf("more drops counted (%v) than messages missing (%d): a copy counted lost also arrived, or a drop was counted twice", r.drops, r.missing)
 	}
+	if r.unaccounted > 0 {
+		// The connector's counts are not per message, so the unaccounted
+		// ones hide among these; when each was sent, against the fault,
+		// tells where they were lost.
+		var unexplained []int
+		arr.mu.Lock()
+		lostMu.Lock()
+		for i := range n {
+			if arr.count[i] > 0 {
+				continue
+			}
+			if !slices.ContainsFunc(chaosPeerReasons, func(reason string) bool { return lost[reason][i] }) {
+				unexplained = append(unexplained, i)
+			}
+		}
+		lostMu.Unlock()
+		arr.mu.Unlock()
+		t.Logf("%d unaccounted; the %d missing messages without a per-message reason (connector drops %v are among them), by number, with when each run was sent relative to the fault's start (the fault lasted %s):\n%s",
+			r.unaccounted, len(unexplained), lives.drops(), faultEnd.Sub(faultStart).Round(time.Millisecond), chaosRuns(unexplained, sentAt, faultStart))
+	}
 	return r
+}
+
+// chaosRuns renders ascending message numbers as runs of consecutive ones,
+// each with the send times of its first and last message relative to t0.
+func chaosRuns(nums []int, sentAt []time.Time, t0 time.Time) string {
+	const most = 40
+	var sb strings.Builder
+	runs := 0
+	for k := 0; k < len(nums); {
+		j := k
+		for j+1 < len(nums) && nums[j+1] == nums[j]+1 {
+			j++
+		}
+		if runs == most {
+			fmt.Fprintf(&sb, "  ... and %d more messages\n", len(nums)-k)
+			break
+		}
+		first, last := sentAt[nums[k]].Sub(t0), sentAt[nums[j]].Sub(t0)
+		fmt.Fprintf(&sb, "  %d-%d (%d): sent %+.3fs .. %+.3fs\n", nums[k], nums[j], j-k+1, first.Seconds(), last.Seconds())
+		runs++
+		k = j + 1
+	}
+	return sb.String()
 }
 
 // weidaSink is the inbound cell's weida subscriber: it dials again whenever
@@ -870,7 +931,7 @@ func (s *mqttSession) close() {
 	}
 }
 
-func mqttChaosIn(t *testing.T, b *brokertest.Broker, u, name, endpoint string) (string, func(string) bool) {
+func mqttChaosIn(t *testing.T, b *brokertest.Broker, u, name, endpoint string, _ func(string, string)) (string, func(string) bool, func()) {
 	res := mqttResource{Name: name, Direction: policy.Inbound, Broker: b.Addr(), QoS: 1, SessionExpiry: "300s", Hold: true,
 		Endpoint: endpoint, Routes: []mqttRoute{{"r", u + "/#"}}}
 	pub := &mqttSession{t: t, addr: b.Addr(), id: "pub-" + u}
@@ -892,7 +953,7 @@ func mqttChaosIn(t *testing.T, b *brokertest.Broker, u, name, endpoint string) (
 			}
 			return err
 		})
-	}
+	}, nil
 }
 
 func mqttChaosOut(t *testing.T, b *brokertest.Broker, u, name, dial string, arr *arrivals) (string, string) {
@@ -953,7 +1014,7 @@ func jsSetup(t *testing.T, b *brokertest.Broker, u string) (*natsgo.Conn, jetstr
 	return nc, createStream(t, nc, stream, u+".>"), stream
 }
 
-func jsChaosIn(t *testing.T, b *brokertest.Broker, u, name, endpoint string) (string, func(string) bool) {
+func jsChaosIn(t *testing.T, b *brokertest.Broker, u, name, endpoint string, _ func(string, string)) (string, func(string) bool, func()) {
 	_, js, stream := jsSetup(t, b, u)
 	durable := "bridge-" + u
 	cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -974,7 +1035,7 @@ func jsChaosIn(t *testing.T, b *brokertest.Broker, u, name, endpoint string) (st
 			_, err := js.Publish(ctx, u+".m", []byte(payload), jetstream.WithMsgID(payload))
 			return err
 		})
-	}
+	}, nil
 }
 
 func jsChaosOut(t *testing.T, b *brokertest.Broker, u, name, dial string, arr *arrivals) (string, string) {
@@ -1012,18 +1073,70 @@ func jsChaosOut(t *testing.T, b *brokertest.Broker, u, name, dial string, arr *a
 	return res.YAML(t), weidaTopic(t, policy.NATSTokensV1(), u+".m")
 }
 
-func coreChaosIn(t *testing.T, b *brokertest.Broker, u, name, endpoint string) (string, func(string) bool) {
+func coreChaosIn(t *testing.T, b *brokertest.Broker, u, name, endpoint string, lost func(payload, reason string)) (string, func(string) bool, func()) {
 	nc := natsConn(t, b.Addr(), natsgo.MaxReconnects(-1), natsgo.ReconnectWait(50*time.Millisecond))
+	// Core NATS discards a message no subscription matches, but it tells
+	// a publisher that asks: a message published with a reply subject by
+	// a connection that announced headers and no_responders (nats.go does
+	// by default) draws a status 503 "no responders" message on that reply
+	// subject when nobody was interested. That is how the messages sent
+	// while the connector holds no subscription at the server (the server
+	// or the connector restarting) are counted. The 503 carries no
+	// payload, so each message's reply subject ends in its payload. The
+	// server answers only on the publishing connection, and nats.go
+	// subscribes again after a reconnect, before it sends what it buffered
+	// meanwhile.
+	replies := "chaos-reply." + u
+	const settleMark = "settle"
+	settled := make(chan struct{})
+	var settleOnce sync.Once
+	if _, err := nc.Subscribe(replies+".*", func(m *natsgo.Msg) {
+		if m.Header.Get("Status") != "503" {
+			return
+		}
+		payload := strings.TrimPrefix(m.Subject, replies+".")
+		if payload == settleMark {
+			settleOnce.Do(func() { close(settled) })
+			return
+		}
+		lost(payload, reasonNoInterest)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.FlushTimeout(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
 	res := natsResource{Name: name, Direction: policy.Inbound, Broker: b.Addr(), Endpoint: endpoint, Routes: []string{u + ".m"}}
-	return res.YAML(t), func(payload string) bool {
+	send := func(payload string) bool {
 		// At most once: one attempt. A failed flush may still have
 		// delivered the message; the accounting counts refusals only
 		// among the missing.
-		if err := nc.Publish(u+".m", []byte(payload)); err != nil {
+		if err := nc.PublishMsg(&natsgo.Msg{Subject: u + ".m", Reply: replies + "." + payload, Data: []byte(payload)}); err != nil {
 			return false
 		}
 		return nc.FlushTimeout(time.Second) == nil
 	}
+	// One subscription's messages reach its handler in order, and the
+	// server answers one connection's publishes in order: once the 503 for
+	// a last publish on a subject nobody reads has been handled, so has
+	// every 503 before it, including those for messages nats.go held
+	// across a reconnect and sent late.
+	settle := func() {
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			_ = nc.PublishMsg(&natsgo.Msg{Subject: u + ".nobody", Reply: replies + "." + settleMark})
+			select {
+			case <-settled:
+				return
+			case <-time.After(time.Second):
+			}
+			if time.Now().After(deadline) {
+				t.Errorf("core NATS: no 503 for the settling publish on %s.nobody in 30 s; late no-interest reports may be missing from the count", u)
+				return
+			}
+		}
+	}
+	return res.YAML(t), send, settle
 }
 
 func coreChaosOut(t *testing.T, b *brokertest.Broker, u, name, dial string, arr *arrivals) (string, string) {
@@ -1073,7 +1186,7 @@ func (s *amqpSession) close() {
 	}
 }
 
-func amqpChaosIn(t *testing.T, b *brokertest.Broker, u, name, endpoint string) (string, func(string) bool) {
+func amqpChaosIn(t *testing.T, b *brokertest.Broker, u, name, endpoint string, _ func(string, string)) (string, func(string) bool, func()) {
 	queue := "chaos-" + u
 	exclusive := false
 	res := amqpResource{Name: name, Direction: policy.Inbound, Broker: b.Addr(), Endpoint: endpoint, QueueName: queue, Durable: true,
@@ -1082,7 +1195,7 @@ func amqpChaosIn(t *testing.T, b *brokertest.Broker, u, name, endpoint string) (
 	t.Cleanup(pub.close)
 	return res.YAML(t), func(payload string) bool {
 		return sendUntil(func() error { return pub.publish(u+".m", payload) })
-	}
+	}, nil
 }
 
 func amqpChaosOut(t *testing.T, b *brokertest.Broker, u, name, dial string, arr *arrivals) (string, string) {
