@@ -827,7 +827,10 @@ func (s *weidaSource) bounce(d time.Duration) {
 	l := s.l
 	s.l, s.pub = nil, nil
 	s.mu.Unlock()
-	l.Close()
+	// A publisher process that stops cleanly: its queues go out first.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	l.Shutdown(ctx)
+	cancel()
 	time.Sleep(d)
 	s.listen()
 }

@@ -311,9 +311,11 @@ func (l *Listener) Close() error {
 
 // Shutdown stops accepting connections and publishes, waits until every
 // connection's queued copies have been handed to QUIC or ctx is done, and
-// then closes like [Listener.Close]. It returns ctx's error when copies were
+// then, after a few round trips for QUIC to send them (see flushGrace),
+// closes like [Listener.Close]. It returns ctx's error when copies were
 // still queued. Bytes QUIC has not yet delivered when the connections close
-// may be lost: weida v0 has no application acknowledgement to wait for.
+// may still be lost: weida v0 has no application acknowledgement to wait
+// for.
 func (l *Listener) Shutdown(ctx context.Context) error {
 	l.mu.Lock()
 	if !l.closed {
@@ -338,8 +340,35 @@ wait:
 		case <-tick.C:
 		}
 	}
+	if err == nil {
+		// The queues are with QUIC now, not yet on the wire: a
+		// CONNECTION_CLOSE sent at once would discard the stream data
+		// still unsent (the chaos suite lost such a copy when its weida
+		// publisher closed). A few round trips let QUIC send it and hear
+		// the acknowledgements.
+		select {
+		case <-time.After(l.flushGrace()):
+		case <-ctx.Done():
+			err = ctx.Err()
+		}
+	}
 	_ = l.Close()
 	return err
+}
+
+// flushGrace is how long Shutdown gives QUIC to deliver what the writers
+// handed it: four smoothed round trips and their deviation on the slowest
+// connection, at least 20 ms (timer and scheduling slack on a busy
+// machine), at most a second.
+func (l *Listener) flushGrace() time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	grace := 20 * time.Millisecond
+	for sc := range l.conns {
+		st := sc.c.qc.ConnectionStats()
+		grace = max(grace, 4*st.SmoothedRTT+st.MeanDeviation)
+	}
+	return min(grace, time.Second)
 }
 
 // drained reports whether no connection has a copy queued or in writing.
