@@ -27,7 +27,10 @@ type outAttempt struct {
 	sink Sink
 	// cancel ends the attempt with a cause; the first *Failure wins.
 	cancel context.CancelCauseFunc
-	lost   atomic.Bool // the Sink failed: writes still under way are lost
+	// endWrites ends the writes under way, and those the receive loop
+	// still submits, at once.
+	endWrites context.CancelFunc
+	lost      atomic.Bool // the Sink failed: writes still under way are lost
 	// closing is set before the runtime closes the Sink, so that the
 	// ErrClosed it then returns is not taken for a failure.
 	closing atomic.Bool
@@ -36,6 +39,7 @@ type outAttempt struct {
 // fail ends the attempt because the Sink failed with err.
 func (a *outAttempt) fail(err error) {
 	a.lost.Store(true)
+	a.endWrites()
 	a.cancel(failure(err, FailConnectionLost))
 }
 
@@ -52,7 +56,25 @@ func (a *outAttempt) lostReason() string {
 func (b *Bridge) runOutbound(ctx context.Context) error {
 	actx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	a := &outAttempt{b: b, cancel: cancel}
+	// Writes outlive ctx by the drain bound, so that a stop finishes the
+	// writes already taken from weida instead of dropping them. A failed
+	// Sink ends them at once (fail): they are counted as lost.
+	writeCtx, cancelWrites := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelWrites()
+	stopDrain := context.AfterFunc(ctx, func() {
+		time.AfterFunc(b.deps.drain(), cancelWrites)
+	})
+	defer stopDrain()
+	// Receiving outlives the attempt by the drain bound too, whether it
+	// ends by a stop or by a failed Sink: the weida subscription leaves
+	// with Shutdown meanwhile (see leaveWhenDone).
+	recvCtx, cancelRecv := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelRecv()
+	stopRecvDrain := context.AfterFunc(actx, func() {
+		time.AfterFunc(b.deps.drain(), cancelRecv)
+	})
+	defer stopRecvDrain()
+	a := &outAttempt{b: b, cancel: cancel, endWrites: cancelWrites}
 	report, retire := b.newAttempt(a.fail)
 	defer retire()
 	sink, err := b.out.newSink(report)
@@ -78,18 +100,6 @@ func (b *Bridge) runOutbound(ctx context.Context) error {
 	// The in-flight bound caps the broker writes under way; when it is
 	// reached the weida receive loop stops reading, and QUIC flow control
 	// pushes back on the remote publisher.
-	// Writes outlive ctx by the drain bound, so that a stop finishes the
-	// writes already taken from weida instead of dropping them. A failed
-	// Sink ends them at once: they are counted as lost.
-	writeCtx, cancelWrites := context.WithCancel(context.WithoutCancel(ctx))
-	stopDrain := context.AfterFunc(ctx, func() {
-		time.AfterFunc(b.deps.drain(), cancelWrites)
-	})
-	stopLost := context.AfterFunc(actx, func() {
-		if a.lost.Load() {
-			cancelWrites()
-		}
-	})
 	limit := b.spec.inFlight()
 	if w, ok := sink.(Windowed); ok {
 		if n := w.Window(); n > 0 && n < limit {
@@ -109,12 +119,9 @@ func (b *Bridge) runOutbound(ctx context.Context) error {
 			closeSink()
 		}
 		out.wait()
-		stopDrain()
-		stopLost()
-		cancelWrites()
 	}
 
-	b.dialLoop(actx, out, a)
+	b.dialLoop(actx, recvCtx, out, a)
 	finish()
 	if ctx.Err() != nil {
 		return nil
@@ -131,8 +138,10 @@ func (b *Bridge) runOutbound(ctx context.Context) error {
 }
 
 // dialLoop dials the weida endpoint, subscribes and receives until ctx
-// ends, re-dialling after every loss with a backoff.
-func (b *Bridge) dialLoop(ctx context.Context, out outboundWriter, a *outAttempt) {
+// ends, re-dialling after every loss with a backoff. The subscription
+// then held leaves the endpoint with Shutdown, received from until that
+// is over or recvCtx ends.
+func (b *Bridge) dialLoop(ctx, recvCtx context.Context, out outboundWriter, a *outAttempt) {
 	attempt := 0
 	for ctx.Err() == nil {
 		sub, err := b.out.dial(ctx)
@@ -160,7 +169,9 @@ func (b *Bridge) dialLoop(ctx context.Context, out outboundWriter, a *outAttempt
 		attempt = 0
 		b.stats.weidaSubscribed(b.deps.Now())
 		b.reportWeida(true, "Subscribed", fmt.Sprintf("%d filters on %s", len(b.out.weidaFilters), b.spec.Endpoint))
-		err = b.receiveLoop(ctx, sub, out, a)
+		left := leaveWhenDone(ctx, recvCtx, sub)
+		err = b.receiveLoop(recvCtx, sub, out, a)
+		left()
 		sub.Close()
 		if n := sub.Stats().DroppedUnread; n > 0 {
 			// Copies that had arrived and were never read: the
@@ -176,6 +187,35 @@ func (b *Bridge) dialLoop(ctx context.Context, out outboundWriter, a *outAttempt
 		}
 		b.reportWeida(false, FailConnectionLost, err.Error())
 		b.log.Warn("weida connection lost; re-dialling", "err", err)
+	}
+}
+
+// leaveWhenDone has sub leave the endpoint with Shutdown, bounded by
+// bound, once ctx ends; the receive loop keeps taking what arrives until
+// Shutdown closes sub. The returned func waits for a Shutdown that began.
+//
+// Close would lose, counted nowhere, the copies the publisher had already
+// written and that were still between the two QUIC stacks: weida has no
+// acknowledgement, so the publisher counted them as delivered. Shutdown
+// receives them, and they are then written or dropped under a reason.
+//
+// It does so when the Sink failed too, although nothing received then can
+// be written: every copy Shutdown receives is counted (connection-lost)
+// where Close would have lost some without a trace, and the cost is the
+// quiet period Shutdown waits for (about 100 ms on a near endpoint,
+// never more than the drain bound) before the next attempt starts, which
+// is shorter than the backoff the supervisor waits anyway. A stop or
+// failure while dialling has nothing to leave.
+func leaveWhenDone(ctx, bound context.Context, sub *weida.Subscriber) (wait func()) {
+	done := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		defer close(done)
+		_ = sub.Shutdown(bound)
+	})
+	return func() {
+		if !stop() {
+			<-done
+		}
 	}
 }
 
@@ -237,6 +277,12 @@ func (b *Bridge) receiveLoop(ctx context.Context, sub *weida.Subscriber, out out
 			Traceparent:      wm.Traceparent,
 			Tracestate:       wm.Tracestate,
 			ReceivedUnixNano: now.UnixNano(),
+		}
+		if a.lost.Load() {
+			// Received while leaving after the Sink failed: there is
+			// nothing to write it to.
+			b.drop(route.Name, ReasonConnectionLost, slog.LevelWarn, "the broker connection failed; message not published", slog.String("topic", ft))
+			continue
 		}
 		b.stats.taken()
 		if err := out.submit(ctx, outboundItem{route: route, msg: m}); err != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -178,16 +179,23 @@ func TestOutboundStopWaitsForWrites(t *testing.T) {
 }
 
 type outboundEnv struct {
-	bridge *connectors.Bridge
-	pub    *weida.Publisher
-	stop   func()
+	bridge   *connectors.Bridge
+	listener *weida.Listener // the remote endpoint's
+	pub      *weida.Publisher
+	stop     func()
 }
 
 // startOutbound runs an outbound NATS-grammar bridge with route out.*.data
 // from an in-process weida publisher to sink.
 func startOutbound(t *testing.T, sink connectors.Sink, inFlight int) *outboundEnv {
 	t.Helper()
-	pub, url, p, wf := weidaPath(t, "/out", "out.*.data")
+	return startOutboundDrain(t, sink, inFlight, 0)
+}
+
+// startOutboundDrain is startOutbound with Deps.Drain set to drain.
+func startOutboundDrain(t *testing.T, sink connectors.Sink, inFlight int, drain time.Duration) *outboundEnv {
+	t.Helper()
+	l, pub, url, p, wf := weidaListenerPath(t, "/out", "out.*.data")
 	spec := connectors.Spec{
 		Name: "out", Protocol: policy.NATS, Direction: policy.Outbound, Policy: p,
 		Routes: []connectors.Route{{Name: "r", Foreign: "out.*.data", Weida: wf}}, Endpoint: url, InFlight: inFlight,
@@ -198,6 +206,7 @@ func startOutbound(t *testing.T, sink connectors.Sink, inFlight int) *outboundEn
 		connectors.Deps{
 			Metrics: connectors.NewMetrics(prometheus.NewRegistry()),
 			Backoff: func(int) time.Duration { return time.Millisecond },
+			Drain:   drain,
 		})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -219,7 +228,7 @@ func startOutbound(t *testing.T, sink connectors.Sink, inFlight int) *outboundEn
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	return &outboundEnv{bridge: b, pub: pub, stop: stop}
+	return &outboundEnv{bridge: b, listener: l, pub: pub, stop: stop}
 }
 
 func (e *outboundEnv) publish(t *testing.T, topic string) {
@@ -255,10 +264,13 @@ func (e *outboundEnv) waitSettled(t *testing.T, n uint64) connectors.Counters {
 // loop back when the resource stopped, are counted as connection-closed
 // drops: the endpoint counted them as written, so without this count they
 // would be lost without a trace.
+//
+// The drain bound is shorter than one write, so that the stop cannot
+// receive and write them all before it runs out.
 func TestOutboundCountsUnreadCopies(t *testing.T) {
 	const sent = 10
 	mem := &memSink{delay: 300 * time.Millisecond}
-	env := startOutbound(t, mem, 1)
+	env := startOutboundDrain(t, mem, 1, 200*time.Millisecond)
 	for i := range sent {
 		env.publish(t, fmt.Sprintf("out.t%d.data", i))
 	}
@@ -286,6 +298,13 @@ func TestOutboundCountsUnreadCopies(t *testing.T) {
 // NATS-grammar route filter foreign under nats-tokens/v1.
 func weidaPath(t *testing.T, path, foreign string) (pub *weida.Publisher, url string, p policy.Policy, wf string) {
 	t.Helper()
+	_, pub, url, p, wf = weidaListenerPath(t, path, foreign)
+	return pub, url, p, wf
+}
+
+// weidaListenerPath is weidaPath that returns the listener too.
+func weidaListenerPath(t *testing.T, path, foreign string) (l *weida.Listener, pub *weida.Publisher, url string, p policy.Policy, wf string) {
+	t.Helper()
 	l, err := weida.Listen(context.Background(), "127.0.0.1:0", weida.ListenConfig{})
 	if err != nil {
 		t.Fatal(err)
@@ -298,5 +317,73 @@ func weidaPath(t *testing.T, path, foreign string) (pub *weida.Publisher, url st
 	if wf, err = p.ConvertFilter(foreign); err != nil {
 		t.Fatal(err)
 	}
-	return pub, "weida://" + l.Fingerprint() + "@" + l.Addr().String() + path, p, wf
+	return l, pub, "weida://" + l.Fingerprint() + "@" + l.Addr().String() + path, p, wf
+}
+
+// TestOutboundStopLosesNothing: an outbound resource stopped while its
+// remote weida publisher publishes steadily accounts for every copy the
+// publisher queued for it: written to the broker, or dropped under a
+// reason, by the bridge or by the endpoint. A stop that closed the weida
+// connection at once would lose the copies between the two QUIC stacks,
+// counted by neither side.
+func TestOutboundStopLosesNothing(t *testing.T) {
+	for _, async := range []bool{false, true} {
+		t.Run(fmt.Sprintf("async=%v", async), func(t *testing.T) {
+			mem := &memSink{}
+			env := startOutbound(t, mem.shaped(async), 8)
+			var queued atomic.Int64
+			halt := make(chan struct{})
+			var publishing sync.WaitGroup
+			publishing.Go(func() {
+				payload := make([]byte, 256)
+				for i := 0; ; i++ {
+					select {
+					case <-halt:
+						return
+					default:
+					}
+					r, err := env.pub.Publish(context.Background(), weida.Message{Topic: fmt.Sprintf("out.m%d.data", i), Payload: payload})
+					if err != nil {
+						t.Errorf("Publish: %v", err)
+						return
+					}
+					queued.Add(int64(r.Queued))
+					time.Sleep(50 * time.Microsecond)
+				}
+			})
+			waitUntil(t, "messages to flow", func() bool { return env.bridge.Status().Counters.Bridged >= 500 })
+
+			env.stop()
+			// The endpoint counts the copies it still held for the
+			// connection once it knows the connection closed.
+			waitUntil(t, "the endpoint to drop the connection", func() bool { return env.listener.Stats().Connections == 0 })
+			close(halt)
+			publishing.Wait()
+
+			c := env.bridge.Status().Counters
+			var dropped uint64
+			for _, d := range c.Dropped {
+				dropped += d
+			}
+			written := mem.writtenTopics()
+			endpointDropped := env.listener.Stats().Dropped.ConnectionClosed
+			accounted := int64(len(written)) + int64(dropped) + int64(endpointDropped)
+			t.Logf("queued %d: written %d, dropped by the bridge %v, by the endpoint as connection-closed %d; unaccounted %d",
+				queued.Load(), len(written), c.Dropped, endpointDropped, queued.Load()-accounted)
+			if accounted != queued.Load() {
+				t.Errorf("the endpoint queued %d copies for the bridge; %d are written or counted: %d lost without a count",
+					queued.Load(), accounted, queued.Load()-accounted)
+			}
+			if c.Bridged != uint64(len(written)) {
+				t.Errorf("bridged = %d, the broker has %d", c.Bridged, len(written))
+			}
+			seen := make(map[string]bool, len(written))
+			for _, topic := range written {
+				if seen[topic] {
+					t.Errorf("%s written twice", topic)
+				}
+				seen[topic] = true
+			}
+		})
+	}
 }
