@@ -61,15 +61,21 @@ func (b *Bridge) runOutbound(ctx context.Context) error {
 	// Sink ends them at once (fail): they are counted as lost.
 	writeCtx, cancelWrites := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelWrites()
-	stopDrain := context.AfterFunc(ctx, func() {
-		time.AfterFunc(b.deps.drain(), cancelWrites)
-	})
-	defer stopDrain()
 	// Receiving outlives the attempt by the drain bound too, whether it
 	// ends by a stop or by a failed Sink: the weida subscription leaves
 	// with Shutdown meanwhile (see leaveWhenDone).
 	recvCtx, cancelRecv := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelRecv()
+	stopDrain := context.AfterFunc(ctx, func() {
+		time.AfterFunc(b.deps.drain(), func() {
+			// Receiving ends first: a copy taken once writes are cut
+			// could only be dropped, while one left unread is counted
+			// as connection-closed, the reason that says where it was.
+			cancelRecv()
+			cancelWrites()
+		})
+	})
+	defer stopDrain()
 	stopRecvDrain := context.AfterFunc(actx, func() {
 		time.AfterFunc(b.deps.drain(), cancelRecv)
 	})
@@ -250,6 +256,10 @@ type outboundItem struct {
 
 func (b *Bridge) receiveLoop(ctx context.Context, sub *weida.Subscriber, out outboundWriter, a *outAttempt) error {
 	for {
+		// Receive returns a copy that has arrived even after ctx ended.
+		if err := ctx.Err(); err != nil {
+			return err
+		}
 		wm, err := sub.Receive(ctx)
 		if err != nil {
 			return err
