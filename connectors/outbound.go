@@ -207,11 +207,11 @@ func (b *Bridge) dialLoop(ctx, recvCtx context.Context, out outboundWriter, a *o
 //
 // It does so when the Sink failed too, although nothing received then can
 // be written: every copy Shutdown receives is counted (connection-lost)
-// where Close would have lost some without a trace, and the cost is the
-// quiet period Shutdown waits for (about 100 ms on a near endpoint,
-// never more than the drain bound) before the next attempt starts, which
-// is shorter than the backoff the supervisor waits anyway. A stop or
-// failure while dialling has nothing to leave.
+// where Close would have lost some without a trace. The cost is the
+// quiet period Shutdown waits for (about 100 ms on a near endpoint, never
+// more than the drain bound), added to the backoff before the next
+// attempt, whose shortest wait is of the same order. A stop or failure
+// while dialling has nothing to leave.
 func leaveWhenDone(ctx, bound context.Context, sub *weida.Subscriber) (wait func()) {
 	done := make(chan struct{})
 	stop := context.AfterFunc(ctx, func() {
