@@ -402,6 +402,10 @@ func (w *asyncWrites) submit(ctx context.Context, it outboundItem) error {
 	case w.slots <- struct{}{}:
 	case <-ctx.Done():
 		return ctx.Err()
+	case <-w.ctx.Done():
+		// The writes were ended (a failed Sink): its window may never
+		// free a slot until it is closed, which waits for this loop.
+		return w.ctx.Err()
 	}
 	w.pending.Add(1)
 	w.aw.WriteAsync(it.msg, func(err error) {

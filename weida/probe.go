@@ -20,7 +20,7 @@ const probePadding = 32
 // Shutdown begins. Any packet counts, a keep-alive PING included: this is
 // about the publisher process being there, not about copies.
 func (s *Subscriber) probe() {
-	tick := time.NewTicker(s.probeAfter / 4)
+	tick := time.NewTicker(max(s.probeAfter/4, time.Millisecond))
 	defer tick.Stop()
 	seen := s.c.qc.ConnectionStats().PacketsReceived
 	quietSince := time.Now()

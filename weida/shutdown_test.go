@@ -3,10 +3,13 @@ package weida
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"weida.dev/connector/internal/brokertest"
 )
 
 // steadyPublisher publishes on p until stopped and counts the copies each
@@ -157,5 +160,36 @@ func TestShutdownAfterLoss(t *testing.T) {
 	}
 	if err := s.Shutdown(testCtx(t)); err != nil {
 		t.Fatalf("second Shutdown: %v", err)
+	}
+}
+
+// TestShutdownOnLongPath: on a path whose four round trips exceed the gap
+// between a Listener's keep-alive PINGs, packets never fall quiet; the
+// quiet period is about copies, so Shutdown still ends, and loses nothing.
+func TestShutdownOnLongPath(t *testing.T) {
+	l := listen(t, ListenConfig{})
+	p := publisher(t, l, "/far")
+	relay := brokertest.NewUDPRelay(t, l.Addr().String())
+	relay.SetDelay(120 * time.Millisecond) // a round trip of 240 ms or more
+	s, err := Dial(testCtx(t), fmt.Sprintf("weida://%s@%s/far", l.Fingerprint(), relay.Addr()), DialConfig{ProbeAfter: -1})
+	if err != nil {
+		t.Fatalf("Dial through the relay: %v", err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	subscribe(t, l, s, 1, "#")
+	var got atomic.Int64
+	end := receiveAll(s, &got)
+	sp := publishSteadily(t, p)
+	waitFor(t, "copies to flow", func() bool { return got.Load() >= 50 })
+
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := s.Shutdown(ctx); err != nil {
+		t.Fatalf("Shutdown on a long path: %v (it should end once copies stop, whatever the keep-alives do)", err)
+	}
+	queued := sp.halt()
+	<-end
+	if accounted := got.Load() + int64(s.Stats().DroppedUnread); accounted != queued {
+		t.Errorf("the publisher queued %d copies; %d received, %d unread", queued, got.Load(), s.Stats().DroppedUnread)
 	}
 }

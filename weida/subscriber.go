@@ -67,6 +67,7 @@ type Subscriber struct {
 	received, tooLarge, resets, refused atomic.Uint64
 	probes                              atomic.Uint64
 	unread                              atomic.Uint64 // see SubscriberStats.DroppedUnread
+	arrived                             atomic.Uint64 // copies taken from the connection, for Shutdown's quiet period
 	watched                             atomic.Uint64 // reads of a copy that had to watch ctx (see copyReader)
 }
 
@@ -620,9 +621,9 @@ const minQuiet = 100 * time.Millisecond
 
 // Shutdown leaves the publisher without losing what it already sent: it
 // sends UNSUBSCRIBE for every held filter, keeps accepting copies and
-// handing them to [Subscriber.Receive] until the connection has received
-// nothing for a quiet period (the larger of 100 ms and four smoothed
-// round-trip times) and every arrived copy has been returned by Receive,
+// handing them to [Subscriber.Receive] until no copy has arrived for a
+// quiet period (the larger of 100 ms and four smoothed round-trip times)
+// with none waiting to be returned by Receive,
 // and then closes the connection with NO_ERROR like [Subscriber.Close].
 //
 // The copies a publisher wrote before it applied the UNSUBSCRIBE (and, for
@@ -670,14 +671,19 @@ func (s *Subscriber) Shutdown(ctx context.Context) error {
 	return err
 }
 
-// drain waits until the connection has received nothing for the quiet
-// period and no arrived copy waits for Receive or is being read, or until
-// the connection or ctx ends.
+// drain waits until no copy has arrived for the quiet period while no
+// arrived copy waited for Receive or was being read, or until the
+// connection or ctx ends. Quiet is about copies, not packets: a Listener's
+// keep-alive PINGs arrive every 500 ms or so, and on a path whose four
+// round trips exceed that gap, packets would never fall quiet. The quiet
+// period restarts while copies wait, because reading them returns stream
+// credit, and the copies the publisher held back for it come a round trip
+// later.
 func (s *Subscriber) drain(ctx context.Context) error {
 	quiet := max(minQuiet, 4*s.c.qc.ConnectionStats().SmoothedRTT)
-	tick := time.NewTicker(quiet / 4)
+	tick := time.NewTicker(max(quiet/4, time.Millisecond))
 	defer tick.Stop()
-	seen := s.c.qc.ConnectionStats().PacketsReceived
+	seen := s.arrived.Load()
 	quietSince := time.Now()
 	for {
 		select {
@@ -686,11 +692,11 @@ func (s *Subscriber) drain(ctx context.Context) error {
 		case <-s.c.ctx.Done():
 			return nil
 		case now := <-tick.C:
-			if n := s.c.qc.ConnectionStats().PacketsReceived; n != seen {
+			if n := s.arrived.Load(); n != seen || s.queue.pending() > 0 {
 				seen, quietSince = n, now
 				continue
 			}
-			if now.Sub(quietSince) >= quiet && s.queue.pending() == 0 {
+			if now.Sub(quietSince) >= quiet {
 				return nil
 			}
 		}
@@ -707,6 +713,7 @@ func (s *Subscriber) data(c *conn, st *quic.ReceiveStream, n int, d wire.Data) {
 		c.refuse(st, UnknownEndpoint)
 		return
 	}
+	s.arrived.Add(1)
 	s.queue.push(inbound{st: st, n: n, d: d})
 }
 

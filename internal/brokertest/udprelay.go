@@ -5,6 +5,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // UDPRelay forwards datagrams between one client and a target address on
@@ -16,7 +17,28 @@ type UDPRelay struct {
 	front, back *net.UDPConn
 	client      atomic.Pointer[net.UDPAddr]
 	cut         atomic.Bool
+	delay       atomic.Int64 // nanoseconds each datagram is held, each way
 	wg          sync.WaitGroup
+}
+
+// SetDelay holds every later datagram for d in each direction, as a long
+// path does (a round trip then takes at least 2d). Datagrams may come out
+// of order, as on a real path; QUIC copes.
+func (r *UDPRelay) SetDelay(d time.Duration) { r.delay.Store(int64(d)) }
+
+// send writes b through write now, or after the relay's delay on a copy.
+func (r *UDPRelay) send(b []byte, write func([]byte)) {
+	d := time.Duration(r.delay.Load())
+	if d <= 0 {
+		write(b)
+		return
+	}
+	c := append([]byte(nil), b...)
+	time.AfterFunc(d, func() {
+		if !r.cut.Load() {
+			write(c)
+		}
+	})
 }
 
 // NewUDPRelay starts a relay to target ("host:port") on a free loopback
@@ -66,7 +88,7 @@ func (r *UDPRelay) forward() {
 		}
 		r.client.Store(from)
 		if !r.cut.Load() {
-			_, _ = r.back.Write(buf[:n])
+			r.send(buf[:n], func(b []byte) { _, _ = r.back.Write(b) })
 		}
 	}
 }
@@ -79,7 +101,7 @@ func (r *UDPRelay) backward() {
 			return
 		}
 		if to := r.client.Load(); to != nil && !r.cut.Load() {
-			_, _ = r.front.WriteToUDP(buf[:n], to)
+			r.send(buf[:n], func(b []byte) { _, _ = r.front.WriteToUDP(b, to) })
 		}
 	}
 }
