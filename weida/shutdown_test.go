@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"weida.dev/connector/internal/brokertest"
+	"weida.dev/connector/weida/wire"
 )
 
 // steadyPublisher publishes on p until stopped and counts the copies each
@@ -186,6 +187,42 @@ func TestShutdownOnLongPath(t *testing.T) {
 	defer cancel()
 	if err := s.Shutdown(ctx); err != nil {
 		t.Fatalf("Shutdown on a long path: %v (it should end once copies stop, whatever the keep-alives do)", err)
+	}
+	queued := sp.halt()
+	<-end
+	if accounted := got.Load() + int64(s.Stats().DroppedUnread); accounted != queued {
+		t.Errorf("the publisher queued %d copies; %d received, %d unread", queued, got.Load(), s.Stats().DroppedUnread)
+	}
+}
+
+// TestShutdownAfterLateResubscribe: a liveness probe sent just before
+// Shutdown is a SUBSCRIBE of a held filter; if QUIC resent it after the
+// UNSUBSCRIBE arrived, the publisher would hold the filter again and, under
+// steady publishing, copies would never stop. Shutdown resends its
+// UNSUBSCRIBEs while copies keep coming, so it still ends, losing nothing.
+func TestShutdownAfterLateResubscribe(t *testing.T) {
+	l := listen(t, ListenConfig{})
+	p := publisher(t, l, "/late")
+	s := dial(t, l, "/late", DialConfig{ProbeAfter: -1})
+	subscribe(t, l, s, 1, "#")
+	var got atomic.Int64
+	end := receiveAll(s, &got)
+	sp := publishSteadily(t, p)
+	waitFor(t, "copies to flow", func() bool { return got.Load() >= 100 })
+
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		done <- s.Shutdown(ctx)
+	}()
+	waitFor(t, "the UNSUBSCRIBE to be applied", func() bool { return l.Stats().Subscriptions == 0 })
+	// The late probe: the same SUBSCRIBE arriving after the UNSUBSCRIBE.
+	if err := s.sendSubscription(testCtx(t), wire.KindSubscribe, "#", probePadding); err != nil {
+		t.Fatalf("the late SUBSCRIBE: %v", err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("Shutdown after a late re-SUBSCRIBE: %v (the publisher kept the filter)", err)
 	}
 	queued := sp.halt()
 	<-end

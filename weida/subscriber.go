@@ -666,7 +666,7 @@ func (s *Subscriber) Shutdown(ctx context.Context) error {
 		}
 	}
 	s.orderMu.Unlock()
-	err := s.drain(ctx)
+	err := s.drain(ctx, filters)
 	_ = s.Close()
 	return err
 }
@@ -679,12 +679,20 @@ func (s *Subscriber) Shutdown(ctx context.Context) error {
 // period restarts while copies wait, because reading them returns stream
 // credit, and the copies the publisher held back for it come a round trip
 // later.
-func (s *Subscriber) drain(ctx context.Context) error {
+//
+// While copies keep coming, the UNSUBSCRIBEs go again every eight quiet
+// periods: a liveness probe sent before Shutdown is a SUBSCRIBE of a held
+// filter, and if its packet was lost and QUIC resent it after the
+// UNSUBSCRIBE arrived, the publisher holds the filter again and the copies
+// would never stop. An UNSUBSCRIBE of a filter no longer held is ignored
+// (PROTOCOL §6.4), so resending costs nothing else.
+func (s *Subscriber) drain(ctx context.Context, filters []string) error {
 	quiet := max(minQuiet, 4*s.c.qc.ConnectionStats().SmoothedRTT)
 	tick := time.NewTicker(max(quiet/4, time.Millisecond))
 	defer tick.Stop()
 	seen := s.arrived.Load()
 	quietSince := time.Now()
+	resendAt := quietSince.Add(8 * quiet)
 	for {
 		select {
 		case <-ctx.Done():
@@ -694,11 +702,26 @@ func (s *Subscriber) drain(ctx context.Context) error {
 		case now := <-tick.C:
 			if n := s.arrived.Load(); n != seen || s.queue.pending() > 0 {
 				seen, quietSince = n, now
+				if now.After(resendAt) {
+					resendAt = now.Add(8 * quiet)
+					s.unsubscribeAgain(ctx, filters)
+				}
 				continue
 			}
 			if now.Sub(quietSince) >= quiet {
 				return nil
 			}
+		}
+	}
+}
+
+// unsubscribeAgain resends the UNSUBSCRIBEs of a Shutdown (see drain).
+func (s *Subscriber) unsubscribeAgain(ctx context.Context, filters []string) {
+	s.orderMu.Lock()
+	defer s.orderMu.Unlock()
+	for _, f := range filters {
+		if s.sendSubscription(ctx, wire.KindUnsubscribe, f, 0) != nil {
+			return
 		}
 	}
 }
