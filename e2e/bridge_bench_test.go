@@ -584,8 +584,10 @@ func bridgeBenchTable(res []bridgedResult) string {
 // WEIDA_BENCH_ROUNDS (3), WEIDA_BENCH_SAMPLE (2s per throughput sample),
 // WEIDA_BENCH_LATENCY (1s per latency sample), WEIDA_BENCH_BROKERS (nats,
 // mqtt, amqp; comma-separated; all by default), WEIDA_BENCH_ONLY (one rig
-// alone, e.g. nats-out, for -cpuprofile) and WEIDA_BENCH_JSON (a file for
-// the results, to compare commits).
+// alone, e.g. nats-out, for -cpuprofile), WEIDA_BENCH_PACE (with
+// WEIDA_BENCH_ONLY: that rig paced at so many msgs/s), WEIDA_BENCH_JSON (a
+// file for the results, to compare commits) and, set by hand,
+// WEIDA_BENCH_LATENCY_DUMP (a directory for every latency sample).
 func TestBridgeBench(t *testing.T) {
 	if os.Getenv("WEIDA_BENCH") != "1" {
 		t.Skip("set WEIDA_BENCH=1 (or run scripts/bench-bridge) to run the bridge benchmark")
