@@ -85,43 +85,14 @@ func stampedPayload() []byte {
 	return p
 }
 
-// runPaced sends n stamped messages through rig at pace msgs/s (and at most
-// benchWindow in flight) and returns the p50 and p99 of publish to arrival.
-// Go's sleeps are coarse here (about 1 ms), so a paced sender emits small
-// bursts, as in broker-baselines.md.
+// runPaced sends n stamped messages through rig at pace msgs/s (see
+// sendPaced) and returns the p50 and p99 of publish to arrival.
 func runPaced(t *testing.T, rig *benchRig, n int, pace float64) (p50, p99 time.Duration) {
 	t.Helper()
 	rec := newLatencyRecorder(n)
 	rig.lat.Store(rec)
 	defer rig.lat.Store(nil)
-	stuck := time.NewTimer(time.Minute)
-	defer stuck.Stop()
-	wait := func() {
-		select {
-		case <-rig.delivered:
-		case <-stuck.C:
-			t.Fatalf("%s: a message was lost (not received within a minute)", rig.name)
-		}
-	}
-	start := time.Now()
-	inFlight := 0
-	for i := range n {
-		due := time.Duration(float64(i) / pace * float64(time.Second))
-		for time.Since(start) < due {
-			time.Sleep(100 * time.Microsecond)
-		}
-		if inFlight == benchWindow {
-			wait()
-			inFlight--
-		}
-		if err := rig.publish(stampedPayload()); err != nil {
-			t.Fatalf("%s: publish: %v", rig.name, err)
-		}
-		inFlight++
-	}
-	for range inFlight {
-		wait()
-	}
+	sendPaced(t, rig, n, pace, stampedPayload)
 	ps := rec.percentiles(50, 99)
 	rec.dump(t, rig.name, pace)
 	return ps[0], ps[1]
@@ -150,11 +121,22 @@ func (l *latencyRecorder) dump(t *testing.T, rig string, pace float64) {
 }
 
 // runPacedCPU sends n unstamped messages through rig at pace msgs/s (and
-// at most benchWindow in flight), as runPaced does, and returns the rate
-// reached and this process's CPU per message.
+// at most benchWindow in flight) and returns the rate reached and this
+// process's CPU per message.
 func runPacedCPU(t *testing.T, rig *benchRig, n int, pace float64) (rate float64, cpu time.Duration) {
 	t.Helper()
 	cpu0 := conntest.ProcessCPU()
+	elapsed := sendPaced(t, rig, n, pace, func() []byte { return benchPayload })
+	return float64(n) / elapsed.Seconds(), (conntest.ProcessCPU() - cpu0) / time.Duration(max(n, 1))
+}
+
+// sendPaced sends n messages with payloads from payload through rig at
+// pace msgs/s, with at most benchWindow in flight, waits until all have
+// arrived and returns how long that took. Go's sleeps are coarse here
+// (about 1 ms when idle), so a paced sender emits small bursts, as in
+// broker-baselines.md.
+func sendPaced(t *testing.T, rig *benchRig, n int, pace float64, payload func() []byte) time.Duration {
+	t.Helper()
 	stuck := time.NewTimer(time.Minute)
 	defer stuck.Stop()
 	wait := func() {
@@ -175,7 +157,7 @@ func runPacedCPU(t *testing.T, rig *benchRig, n int, pace float64) (rate float64
 			wait()
 			inFlight--
 		}
-		if err := rig.publish(benchPayload); err != nil {
+		if err := rig.publish(payload()); err != nil {
 			t.Fatalf("%s: publish: %v", rig.name, err)
 		}
 		inFlight++
@@ -183,7 +165,7 @@ func runPacedCPU(t *testing.T, rig *benchRig, n int, pace float64) (rate float64
 	for range inFlight {
 		wait()
 	}
-	return float64(n) / time.Since(start).Seconds(), (conntest.ProcessCPU() - cpu0) / time.Duration(max(n, 1))
+	return time.Since(start)
 }
 
 // mqttAsyncPublisher publishes at QoS 1 on c from 32 goroutines, so that
