@@ -27,6 +27,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"weida.dev/connector/connectors"
+	"weida.dev/connector/connectors/conntest"
 	"weida.dev/connector/connectors/mqtt"
 	"weida.dev/connector/internal/brokertest"
 	"weida.dev/connector/policy"
@@ -36,12 +37,13 @@ import (
 // latencyRecorder keeps the publish-to-arrival time of every stamped
 // payload of one latency sample. Safe for concurrent use.
 type latencyRecorder struct {
-	n   atomic.Int64
-	lat []time.Duration
+	n    atomic.Int64
+	lat  []time.Duration
+	sent []int64 // send times, Unix ns, for the dump (WEIDA_BENCH_LATENCY_DUMP)
 }
 
 func newLatencyRecorder(n int) *latencyRecorder {
-	return &latencyRecorder{lat: make([]time.Duration, n)}
+	return &latencyRecorder{lat: make([]time.Duration, n), sent: make([]int64, n)}
 }
 
 // record takes the send time from the first 8 bytes of payload; payloads
@@ -57,6 +59,7 @@ func (l *latencyRecorder) record(payload []byte) {
 	d := time.Duration(time.Now().UnixNano() - sent)
 	if i := l.n.Add(1) - 1; i < int64(len(l.lat)) {
 		l.lat[i] = d
+		l.sent[i] = sent
 	}
 }
 
@@ -82,15 +85,58 @@ func stampedPayload() []byte {
 	return p
 }
 
-// runPaced sends n stamped messages through rig at pace msgs/s (and at most
-// benchWindow in flight) and returns the p50 and p99 of publish to arrival.
-// Go's sleeps are coarse here (about 1 ms), so a paced sender emits small
-// bursts, as in broker-baselines.md.
+// runPaced sends n stamped messages through rig at pace msgs/s (see
+// sendPaced) and returns the p50 and p99 of publish to arrival.
 func runPaced(t *testing.T, rig *benchRig, n int, pace float64) (p50, p99 time.Duration) {
 	t.Helper()
 	rec := newLatencyRecorder(n)
 	rig.lat.Store(rec)
 	defer rig.lat.Store(nil)
+	sendPaced(t, rig, n, pace, stampedPayload)
+	ps := rec.percentiles(50, 99)
+	rec.dump(t, rig.name, pace)
+	return ps[0], ps[1]
+}
+
+// dump writes, when WEIDA_BENCH_LATENCY_DUMP names a directory, one line
+// per message of the sample (send time relative to the first send and
+// latency, both in ns, in arrival order), so that a tail can be traced to
+// where in the paced bursts, or when in the sample, it happened.
+func (l *latencyRecorder) dump(t *testing.T, rig string, pace float64) {
+	dir := os.Getenv("WEIDA_BENCH_LATENCY_DUMP")
+	if dir == "" {
+		return
+	}
+	n := min(int(l.n.Load()), len(l.lat))
+	first := slices.Min(l.sent[:n])
+	var b strings.Builder
+	fmt.Fprintf(&b, "# %s at %.0f msg/s\n", rig, pace)
+	for i := range n {
+		fmt.Fprintf(&b, "%d %d\n", l.sent[i]-first, int64(l.lat[i]))
+	}
+	name := fmt.Sprintf("%s/lat-%d.txt", dir, time.Now().UnixNano())
+	if err := os.WriteFile(name, []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// runPacedCPU sends n unstamped messages through rig at pace msgs/s (and
+// at most benchWindow in flight) and returns the rate reached and this
+// process's CPU per message.
+func runPacedCPU(t *testing.T, rig *benchRig, n int, pace float64) (rate float64, cpu time.Duration) {
+	t.Helper()
+	cpu0 := conntest.ProcessCPU()
+	elapsed := sendPaced(t, rig, n, pace, func() []byte { return benchPayload })
+	return float64(n) / elapsed.Seconds(), (conntest.ProcessCPU() - cpu0) / time.Duration(max(n, 1))
+}
+
+// sendPaced sends n messages with payloads from payload through rig at
+// pace msgs/s, with at most benchWindow in flight, waits until all have
+// arrived and returns how long that took. Go's sleeps are coarse here
+// (about 1 ms when idle), so a paced sender emits small bursts, as in
+// broker-baselines.md.
+func sendPaced(t *testing.T, rig *benchRig, n int, pace float64, payload func() []byte) time.Duration {
+	t.Helper()
 	stuck := time.NewTimer(time.Minute)
 	defer stuck.Stop()
 	wait := func() {
@@ -111,7 +157,7 @@ func runPaced(t *testing.T, rig *benchRig, n int, pace float64) (p50, p99 time.D
 			wait()
 			inFlight--
 		}
-		if err := rig.publish(stampedPayload()); err != nil {
+		if err := rig.publish(payload()); err != nil {
 			t.Fatalf("%s: publish: %v", rig.name, err)
 		}
 		inFlight++
@@ -119,8 +165,7 @@ func runPaced(t *testing.T, rig *benchRig, n int, pace float64) (p50, p99 time.D
 	for range inFlight {
 		wait()
 	}
-	ps := rec.percentiles(50, 99)
-	return ps[0], ps[1]
+	return time.Since(start)
 }
 
 // mqttAsyncPublisher publishes at QoS 1 on c from 32 goroutines, so that
@@ -239,6 +284,11 @@ type bridgeBenchConfig struct {
 	// Only, when set, runs one rig alone ("nats-in", "mqtt-out", ...), for
 	// a CPU profile of it; nothing is compared.
 	Only string
+	// Pace, when above zero, paces the throughput samples at that many
+	// msgs/s instead of running the rigs flat out: CPU per message depends
+	// on the rate (batching, wake-ups), so a direct rig paced at a bridged
+	// rig's rate tells how much of the bridge's excess is the rate alone.
+	Pace float64
 }
 
 // rigStats is one rig's per-round samples.
@@ -280,18 +330,22 @@ type bridgedResult struct {
 	// CPU per message in ns: the bridged rig's test process and broker,
 	// the direct broker rig's, and the direct rigs' totals (test process
 	// and broker).
-	SelfCPU         spread  `json:"self_ns"`
-	BrokerCPU       spread  `json:"broker_ns"`
-	DirectSelfCPU   spread  `json:"direct_broker_self_ns"`
-	DirectBrokerCPU spread  `json:"direct_broker_broker_ns"`
-	DirectCPU       spread  `json:"direct_broker_ns"`
-	WeidaCPU        spread  `json:"direct_weida_ns"`
-	CPURatio        spread  `json:"cpu_ratio"`  // bridged ÷ (direct broker + direct weida), per round
-	RateRatio       spread  `json:"rate_ratio"` // bridged ÷ min(direct broker, direct weida), per round
-	AddedP50        spread  `json:"added_p50_ns"`
-	AddedP99        spread  `json:"added_p99_ns"`
-	LatencyPace     float64 `json:"latency_pace"`
-	Rounds          int     `json:"rounds"`
+	SelfCPU         spread `json:"self_ns"`
+	BrokerCPU       spread `json:"broker_ns"`
+	DirectSelfCPU   spread `json:"direct_broker_self_ns"`
+	DirectBrokerCPU spread `json:"direct_broker_broker_ns"`
+	DirectCPU       spread `json:"direct_broker_ns"`
+	WeidaCPU        spread `json:"direct_weida_ns"`
+	CPURatio        spread `json:"cpu_ratio"`  // bridged ÷ (direct broker + direct weida), per round
+	RateRatio       spread `json:"rate_ratio"` // bridged ÷ min(direct broker, direct weida), per round
+	AddedP50        spread `json:"added_p50_ns"`
+	AddedP99        spread `json:"added_p99_ns"`
+	// The direct weida rig's own latency at the same pace: not added
+	// by the bridge, but part of what it adds to the broker's.
+	WeidaP50    spread  `json:"weida_p50_ns"`
+	WeidaP99    spread  `json:"weida_p99_ns"`
+	LatencyPace float64 `json:"latency_pace"`
+	Rounds      int     `json:"rounds"`
 }
 
 // bridgeBenchBroker is one broker's four rigs, in the order direct broker,
@@ -335,6 +389,9 @@ func (bb bridgeBenchBroker) run(t *testing.T, cfg bridgeBenchConfig) []bridgedRe
 	for i, r := range rigs {
 		// Warm-up, which also sizes the samples.
 		rate := runRig(t, r, cmpOr(cfg.Messages, 5000))
+		if cfg.Pace > 0 {
+			rate = cfg.Pace
+		}
 		stats[i] = &rigStats{Name: r.name, Messages: cfg.sampleSize(rate, cfg.Sample)}
 	}
 	for round := range cfg.Rounds {
@@ -346,7 +403,13 @@ func (bb bridgeBenchBroker) run(t *testing.T, cfg bridgeBenchConfig) []bridgedRe
 			s := stats[i]
 			runtime.GC()
 			b0 := cpuTime(t, bb.pid)
-			rate, cpu := runRigCPU(t, rigs[i], s.Messages)
+			var rate float64
+			var cpu time.Duration
+			if cfg.Pace > 0 {
+				rate, cpu = runPacedCPU(t, rigs[i], s.Messages, cfg.Pace)
+			} else {
+				rate, cpu = runRigCPU(t, rigs[i], s.Messages)
+			}
 			broker := float64(cpuTime(t, bb.pid)-b0) / float64(s.Messages)
 			s.Rate = append(s.Rate, rate)
 			s.SelfCPU = append(s.SelfCPU, float64(cpu))
@@ -365,18 +428,24 @@ func (bb bridgeBenchBroker) run(t *testing.T, cfg bridgeBenchConfig) []bridgedRe
 		pace := median(s.Rate) / 2
 		n := cfg.sampleSize(pace, cfg.Latency)
 		s.LatencyAt, s.LatencyN = pace, n
-		var p50d, p99d []float64
+		var p50d, p99d, p50w, p99w []float64
 		for round := range cfg.Rounds {
-			pair := []int{0, b}
+			// The direct weida rig at the same pace too: the bridged
+			// rig's added latency holds a weida hop, whose own share
+			// this shows.
+			order := []int{0, 1, b}
 			if round%2 == 1 {
-				pair = []int{b, 0}
+				slices.Reverse(order)
 			}
-			for _, i := range pair {
+			for _, i := range order {
 				p50, p99 := runPaced(t, rigs[i], n, pace)
 				t.Logf("%s latency round %d at %.0f msg/s: %-30s p50 %v, p99 %v", bb.key, round+1, pace, rigs[i].name, p50, p99)
-				if i == 0 {
+				switch i {
+				case 0:
 					p50d, p99d = append(p50d, float64(p50)), append(p99d, float64(p99))
-				} else {
+				case 1:
+					p50w, p99w = append(p50w, float64(p50)), append(p99w, float64(p99))
+				default:
 					s.P50, s.P99 = append(s.P50, float64(p50)), append(s.P99, float64(p99))
 				}
 			}
@@ -398,6 +467,7 @@ func (bb bridgeBenchBroker) run(t *testing.T, cfg bridgeBenchConfig) []bridgedRe
 		res.DirectSelfCPU, res.DirectBrokerCPU = spreadOf(direct.SelfCPU), spreadOf(direct.BrokerCPU)
 		res.CPURatio, res.RateRatio = spreadOf(cpuRatio), spreadOf(rateRatio)
 		res.AddedP50, res.AddedP99 = spreadOf(a50), spreadOf(a99)
+		res.WeidaP50, res.WeidaP99 = spreadOf(p50w), spreadOf(p99w)
 		out = append(out, res)
 	}
 	for _, s := range stats {
@@ -479,13 +549,14 @@ func bridgeBenchTable(res []bridgedResult) string {
 	us := func(s spread) string { return fmt.Sprintf("%.1f (%.1f–%.1f)", s.Median/1e3, s.Min/1e3, s.Max/1e3) }
 	x := func(s spread) string { return fmt.Sprintf("**%.2fx** (%.2f–%.2f)", s.Median, s.Min, s.Max) }
 	var b strings.Builder
-	b.WriteString("| rig | bridged msg/s | bridged CPU/msg µs: test process + broker | direct broker rig CPU/msg µs: test process + broker = total | direct weida CPU/msg µs | CPU ratio bridged ÷ (broker + weida) | rate ratio bridged ÷ min(direct) | added latency p50 / p99 µs at half bridged max |\n")
-	b.WriteString("| --- | ---: | --- | --- | --- | --- | --- | --- |\n")
+	b.WriteString("| rig | bridged msg/s | bridged CPU/msg µs: test process + broker | direct broker rig CPU/msg µs: test process + broker = total | direct weida CPU/msg µs | CPU ratio bridged ÷ (broker + weida) | rate ratio bridged ÷ min(direct) | added latency p50 / p99 µs at half bridged max | direct weida p50 / p99 µs at that pace |\n")
+	b.WriteString("| --- | ---: | --- | --- | --- | --- | --- | --- | --- |\n")
 	for _, r := range res {
-		fmt.Fprintf(&b, "| %s | %.0f (%.0f–%.0f) | %.1f + %.1f | %.1f + %.1f = %s | %s | %s | %.2f (%.2f–%.2f) | %.0f / %.0f (p99 %.0f–%.0f) at %.0f msg/s |\n",
+		fmt.Fprintf(&b, "| %s | %.0f (%.0f–%.0f) | %.1f + %.1f | %.1f + %.1f = %s | %s | %s | %.2f (%.2f–%.2f) | %.0f / %.0f (p99 %.0f–%.0f) at %.0f msg/s | %.0f / %.0f |\n",
 			r.Name, r.Rate.Median, r.Rate.Min, r.Rate.Max, r.SelfCPU.Median/1e3, r.BrokerCPU.Median/1e3,
 			r.DirectSelfCPU.Median/1e3, r.DirectBrokerCPU.Median/1e3, us(r.DirectCPU), us(r.WeidaCPU), x(r.CPURatio), r.RateRatio.Median, r.RateRatio.Min, r.RateRatio.Max,
-			r.AddedP50.Median/1e3, r.AddedP99.Median/1e3, r.AddedP99.Min/1e3, r.AddedP99.Max/1e3, r.LatencyPace)
+			r.AddedP50.Median/1e3, r.AddedP99.Median/1e3, r.AddedP99.Min/1e3, r.AddedP99.Max/1e3, r.LatencyPace,
+			r.WeidaP50.Median/1e3, r.WeidaP99.Median/1e3)
 	}
 	return b.String()
 }
@@ -495,8 +566,10 @@ func bridgeBenchTable(res []bridgedResult) string {
 // WEIDA_BENCH_ROUNDS (3), WEIDA_BENCH_SAMPLE (2s per throughput sample),
 // WEIDA_BENCH_LATENCY (1s per latency sample), WEIDA_BENCH_BROKERS (nats,
 // mqtt, amqp; comma-separated; all by default), WEIDA_BENCH_ONLY (one rig
-// alone, e.g. nats-out, for -cpuprofile) and WEIDA_BENCH_JSON (a file for
-// the results, to compare commits).
+// alone, e.g. nats-out, for -cpuprofile), WEIDA_BENCH_PACE (with
+// WEIDA_BENCH_ONLY: that rig paced at so many msgs/s), WEIDA_BENCH_JSON (a
+// file for the results, to compare commits) and, set by hand,
+// WEIDA_BENCH_LATENCY_DUMP (a directory for every latency sample).
 func TestBridgeBench(t *testing.T) {
 	if os.Getenv("WEIDA_BENCH") != "1" {
 		t.Skip("set WEIDA_BENCH=1 (or run scripts/bench-bridge) to run the bridge benchmark")
@@ -506,6 +579,12 @@ func TestBridgeBench(t *testing.T) {
 		Sample:  envDuration(t, "WEIDA_BENCH_SAMPLE", 2*time.Second),
 		Latency: envDuration(t, "WEIDA_BENCH_LATENCY", time.Second),
 		Only:    os.Getenv("WEIDA_BENCH_ONLY"),
+	}
+	if p := envInt(t, "WEIDA_BENCH_PACE", 0); p > 0 {
+		if cfg.Only == "" {
+			t.Fatal("WEIDA_BENCH_PACE paces one rig: set WEIDA_BENCH_ONLY too")
+		}
+		cfg.Pace = float64(p)
 	}
 	var keys []string
 	if s := os.Getenv("WEIDA_BENCH_BROKERS"); s != "" {

@@ -32,6 +32,8 @@ var allowed = map[string][]string{
 	"internal/safefile": {},
 	// Private broker processes for the tests of drivers and e2e.
 	"internal/brokertest": {},
+	// A command that splits benchmark CPU profiles by owner (docs/PERFORMANCE.md).
+	"internal/profowners": {},
 	"deploy":              {}, // its tests check the manifests and the dashboard against the binary
 	"policy":              {"weida/topic"},
 	"resources":           {"policy", "weida/topic", "weida/address", "internal/safefile"},
