@@ -3,6 +3,7 @@ package e2e
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -85,6 +86,13 @@ const (
 	reasonPublisherUnconfirmed = "publisher:unconfirmed"
 )
 
+// reasonWrittenToKilled: inbound core NATS, the connector SIGKILLed. The
+// messages nats-server had written (or queued) to the killed process's
+// connection that neither arrived nor were counted by it: lost in the
+// dying process or its socket, and counted by the server alone, in its
+// closed connection's out_msgs (GET /connz?state=closed). Not per message.
+const reasonWrittenToKilled = "broker:written-to-killed-connection"
+
 var chaosPeerReasons = []string{reasonNoInterest, reasonBrokerRefused, reasonNoSubscriber, reasonPublisherClosed, reasonPublisherDropped, reasonPublisherUnconfirmed}
 
 // chaosMode is one way of using a broker: how to start it, how the
@@ -135,6 +143,19 @@ func (a *arrivals) add(payload string, at time.Time) {
 	}
 	a.count[i]++
 	a.times = append(a.times, at)
+}
+
+// before counts the distinct numbered messages that arrived before t.
+func (a *arrivals) before(t time.Time) int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	n := 0
+	for _, at := range a.times {
+		if at.Before(t) {
+			n++
+		}
+	}
+	return n
 }
 
 func (a *arrivals) sawProbe() bool {
@@ -311,6 +332,9 @@ type connectorLives struct {
 	c        *Connector
 	past     map[string]float64
 	killedAt time.Time // when the last kill sent SIGKILL
+	// restartedAt is when the process after the last kill was started:
+	// nothing it bridges can arrive before then.
+	restartedAt time.Time
 }
 
 func startLives(t *testing.T, env []string, resource string, args ...string) *connectorLives {
@@ -332,6 +356,7 @@ func (l *connectorLives) kill() {
 		l.t.Fatal("the connector survived SIGKILL")
 	}
 	time.Sleep(500 * time.Millisecond)
+	l.restartedAt = time.Now()
 	l.c = StartConnector(l.t, l.env, l.args...)
 	l.c.WaitReady(60 * time.Second)
 }
@@ -496,6 +521,10 @@ func runChaosCell(t *testing.T, m chaosMode, b *brokertest.Broker, dir policy.Di
 	}
 
 	lives.baseline()
+	var killWatch *natsKillWatch
+	if mon, ok := natsMonitors.Load(b); ok && dir == policy.Inbound && fault == faultConnectorKill {
+		killWatch = watchNATSConn(t, mon.(int), u+".m")
+	}
 
 	// The sender: steady rate, whatever the fault does to it.
 	senderDone := make(chan struct{})
@@ -566,6 +595,22 @@ func runChaosCell(t *testing.T, m chaosMode, b *brokertest.Broker, dir policy.Di
 		}
 		if unread != nil && unread.Load() > 0 {
 			drops["subscriber:unread"] = float64(unread.Load())
+		}
+		if killWatch != nil && !lives.restartedAt.IsZero() {
+			// What nats-server wrote to the killed process and nobody
+			// received or counted: the server's count of the dead
+			// connection's deliveries since the baseline, less what
+			// arrived before the new process started and what the old
+			// one counted before it was killed (lives.past).
+			if written, ok := killWatch.writtenSince(); ok {
+				counted := 0.0
+				for _, v := range lives.past {
+					counted += v
+				}
+				if n := written - arr.before(lives.restartedAt) - int(counted); n > 0 {
+					drops[reasonWrittenToKilled] = float64(n)
+				}
+			}
 		}
 		arr.mu.Lock()
 		defer arr.mu.Unlock()
@@ -849,7 +894,12 @@ func chaosModes() []chaosMode {
 			return brokertest.StartNATS(t)
 		}, inbound: jsChaosIn, outbound: jsChaosOut},
 		{name: "nats-core", start: func(t *testing.T) *brokertest.Broker {
-			return brokertest.StartNATS(t)
+			// With its monitoring port, to read what it wrote to a killed
+			// connector's connection (natsWrittenToKilled).
+			mon := freePort(t, "tcp")
+			b := brokertest.StartNATS(t, "-m", strconv.Itoa(mon))
+			natsMonitors.Store(b, mon)
+			return b
 		}, inbound: coreChaosIn, outbound: coreChaosOut},
 		{name: "amqp-durable", durable: true, start: func(t *testing.T) *brokertest.Broker {
 			return brokertest.StartRabbit(t)
@@ -1255,4 +1305,69 @@ func weidaTopic(t *testing.T, p policy.Policy, foreign string) string {
 		t.Fatal(err)
 	}
 	return wt
+}
+
+// natsMonitors maps a private nats-server started with its monitoring port
+// to that port.
+var natsMonitors sync.Map // *brokertest.Broker → int
+
+// natsKillWatch follows one client connection of a nats-server through its
+// monitoring endpoint: its out_msgs when the watch began, and, once the
+// connection has closed, its final out_msgs from the server's record of
+// closed connections.
+type natsKillWatch struct {
+	t       *testing.T
+	monitor int
+	cid     uint64
+	base    int
+}
+
+type natsConnz struct {
+	Connections []struct {
+		CID     uint64   `json:"cid"`
+		OutMsgs int      `json:"out_msgs"`
+		Subs    []string `json:"subscriptions_list"`
+	} `json:"connections"`
+}
+
+func readConnz(monitor int, state string) (natsConnz, error) {
+	var z natsConnz
+	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/connz?state=%s&subs=1&limit=1024", monitor, state))
+	if err != nil {
+		return z, err
+	}
+	defer resp.Body.Close()
+	return z, json.NewDecoder(resp.Body).Decode(&z)
+}
+
+// watchNATSConn finds the open connection subscribed to subject (the
+// connector's) and notes its out_msgs.
+func watchNATSConn(t *testing.T, monitor int, subject string) *natsKillWatch {
+	z, err := readConnz(monitor, "open")
+	if err != nil {
+		t.Fatalf("nats-server monitoring: %v", err)
+	}
+	for _, c := range z.Connections {
+		if slices.Contains(c.Subs, subject) {
+			return &natsKillWatch{t: t, monitor: monitor, cid: c.CID, base: c.OutMsgs}
+		}
+	}
+	t.Fatalf("no connection of nats-server subscribes to %s", subject)
+	return nil
+}
+
+// writtenSince returns how many messages the server delivered to the
+// watched connection since the watch began, once it has closed.
+func (w *natsKillWatch) writtenSince() (int, bool) {
+	z, err := readConnz(w.monitor, "closed")
+	if err != nil {
+		w.t.Logf("nats-server monitoring: %v", err)
+		return 0, false
+	}
+	for _, c := range z.Connections {
+		if c.CID == w.cid {
+			return c.OutMsgs - w.base, true
+		}
+	}
+	return 0, false
 }
