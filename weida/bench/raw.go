@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"math/big"
+	"net"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -35,6 +36,12 @@ const rawALPN = "weida-bench-raw"
 type Raw struct {
 	opts  Options
 	frame []byte
+	// Each side owns its socket and Transport, so that Close can wait for
+	// quic-go's goroutines: a Listener from quic.ListenAddr stops its
+	// socket's reader only once the last connection is gone, some time
+	// after Close returns.
+	srvTr *quic.Transport
+	cliTr *quic.Transport
 	ln    *quic.Listener
 	srv   *quic.Conn // opens the streams, like a weida publisher
 	cli   *quic.Conn // accepts them, like a weida subscriber
@@ -51,22 +58,39 @@ func NewRaw(ctx context.Context, opts Options) (*Raw, error) {
 		return nil, err
 	}
 	srvTLS := &tls.Config{Certificates: []tls.Certificate{cert}, NextProtos: []string{rawALPN}, MinVersion: tls.VersionTLS13}
-	ln, err := quic.ListenAddr("127.0.0.1:0", srvTLS, rawQUICConfig(false))
-	if err != nil {
+	r := &Raw{opts: opts, frame: Frame(opts.Size)}
+	if r.srvTr, err = loopbackTransport(); err != nil {
+		return nil, err
+	}
+	if r.cliTr, err = loopbackTransport(); err != nil {
+		_ = r.Close()
+		return nil, err
+	}
+	if r.ln, err = r.srvTr.Listen(srvTLS, rawQUICConfig(false)); err != nil {
+		_ = r.Close()
 		return nil, fmt.Errorf("bench: raw listen: %w", err)
 	}
-	r := &Raw{opts: opts, frame: Frame(opts.Size), ln: ln}
 	// Only the raw rig's own listener is dialled: nothing to verify.
 	cliTLS := &tls.Config{InsecureSkipVerify: true, NextProtos: []string{rawALPN}, MinVersion: tls.VersionTLS13} //nolint:gosec
-	if r.cli, err = quic.DialAddr(ctx, ln.Addr().String(), cliTLS, rawQUICConfig(true)); err != nil {
+	if r.cli, err = r.cliTr.Dial(ctx, r.ln.Addr(), cliTLS, rawQUICConfig(true)); err != nil {
 		_ = r.Close()
 		return nil, fmt.Errorf("bench: raw dial: %w", err)
 	}
-	if r.srv, err = ln.Accept(ctx); err != nil {
+	if r.srv, err = r.ln.Accept(ctx); err != nil {
 		_ = r.Close()
 		return nil, fmt.Errorf("bench: raw accept: %w", err)
 	}
 	return r, nil
+}
+
+// loopbackTransport is a quic-go Transport on a socket of its own on
+// 127.0.0.1.
+func loopbackTransport() (*quic.Transport, error) {
+	udp, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		return nil, fmt.Errorf("bench: raw socket: %w", err)
+	}
+	return &quic.Transport{Conn: udp}, nil
 }
 
 // rawQUICConfig mirrors the QUIC configuration package weida uses with its
@@ -141,7 +165,8 @@ func (r *Raw) Run(ctx context.Context, load Load) (Sample, error) {
 	return m.stop(n, copies.Load()), err
 }
 
-// Close closes both connections and the listener.
+// Close closes both connections, the listener and both transports, and
+// returns once quic-go's goroutines for them have ended.
 func (r *Raw) Close() error {
 	if r.cli != nil {
 		_ = r.cli.CloseWithError(0, "")
@@ -149,7 +174,16 @@ func (r *Raw) Close() error {
 	if r.srv != nil {
 		_ = r.srv.CloseWithError(0, "")
 	}
-	return r.ln.Close()
+	if r.ln != nil {
+		_ = r.ln.Close()
+	}
+	var errs []error
+	for _, tr := range []*quic.Transport{r.cliTr, r.srvTr} {
+		if tr != nil {
+			errs = append(errs, tr.Close(), tr.Conn.Close())
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // selfSigned makes the raw listener's certificate.
