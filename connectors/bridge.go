@@ -264,6 +264,24 @@ func (b *Bridge) indexedRoute(wt, ft string) (Route, bool) {
 	return b.spec.Routes[best], true
 }
 
+// guard is the exactness guard, the last check before a message crosses:
+// the route that was selected for it, by the index or by the scan, must
+// select both of its forms, the foreign topic ft by the grammar's own
+// matcher (and the protocol's own exclusions) and the weida topic wt by
+// weida's. It re-checks what selected the route with other code, so that a
+// defect in a policy's conversion or in the route index drops a message
+// instead of delivering it where no route says. A miss is counted as
+// guard-mismatch and logged, rate-limited.
+func (b *Bridge) guard(r Route, ft, wt string) bool {
+	p := b.spec.Policy
+	if p.Grammar().Match(r.Foreign, ft) && p.Admit(r.Foreign, ft) && topic.Match(r.Weida, wt) {
+		return true
+	}
+	b.drop(r.Name, ReasonGuardMismatch, slog.LevelError, "DEFECT: the converted topic escapes the route that selected it; dropped",
+		slog.String("topic", ft), slog.String("weida_topic", wt), slog.String("filter", r.Foreign), slog.String("weida_filter", r.Weida))
+	return false
+}
+
 // Spec returns the resource the bridge runs.
 func (b *Bridge) Spec() Spec { return b.spec }
 

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"weida.dev/connector/weida"
-	"weida.dev/connector/weida/topic"
 )
 
 // inbound is the state of a bridge from a broker onto a hosted weida
@@ -154,9 +153,7 @@ func (b *Bridge) handleInbound(ctx context.Context, pub Publisher, m *Message, a
 		settle(nil)
 		return
 	}
-	if !topic.Match(route.Weida, wt) {
-		b.drop(route.Name, ReasonGuardMismatch, slog.LevelError, "DEFECT: converted topic escapes the route's converted filter; dropped",
-			slog.String("topic", m.Topic), slog.String("weida_topic", wt), slog.String("weida_filter", route.Weida))
+	if !b.guard(route, m.Topic, wt) {
 		settle(nil)
 		return
 	}

@@ -276,6 +276,9 @@ func (b *Bridge) receiveLoop(ctx context.Context, sub *weida.Subscriber, out out
 			b.drop("", reason, slog.LevelInfo, "no route may produce this topic; dropped", slog.String("topic", ft))
 			continue
 		}
+		if !b.guard(route, ft, wm.Topic) {
+			continue
+		}
 		if b.spec.MaxMessageBytes > 0 && len(wm.Payload) > b.spec.MaxMessageBytes {
 			b.drop(route.Name, ReasonTooLarge, slog.LevelWarn, "payload over spec.limits.maxMessageBytes; dropped", slog.String("topic", ft), slog.Int("bytes", len(wm.Payload)))
 			continue
