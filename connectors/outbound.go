@@ -52,6 +52,36 @@ func (a *outAttempt) lostReason() string {
 	return ReasonShutdown
 }
 
+// drainBounds are the timers that end a stopping attempt's work once the
+// drain bound is over. The attempt stops them when it returns: a timer left
+// running would keep the attempt's contexts, and what they hold, for the
+// whole bound after the attempt ended.
+type drainBounds struct {
+	mu      sync.Mutex
+	timers  []*time.Timer
+	stopped bool
+}
+
+// after calls f after d, unless stop comes first.
+func (d *drainBounds) after(dur time.Duration, f func()) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if !d.stopped {
+		d.timers = append(d.timers, time.AfterFunc(dur, f))
+	}
+}
+
+// stop stops every timer armed and those armed later.
+func (d *drainBounds) stop() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.stopped = true
+	for _, t := range d.timers {
+		t.Stop()
+	}
+	d.timers = nil
+}
+
 // runOutbound is one attempt of an outbound bridge.
 func (b *Bridge) runOutbound(ctx context.Context) error {
 	actx, cancel := context.WithCancelCause(ctx)
@@ -66,8 +96,10 @@ func (b *Bridge) runOutbound(ctx context.Context) error {
 	// with Shutdown meanwhile (see leaveWhenDone).
 	recvCtx, cancelRecv := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelRecv()
+	var bounds drainBounds
+	defer bounds.stop()
 	stopDrain := context.AfterFunc(ctx, func() {
-		time.AfterFunc(b.deps.drain(), func() {
+		bounds.after(b.deps.drain(), func() {
 			// Receiving ends first: a copy taken once writes are cut
 			// could only be dropped, while one left unread is counted
 			// as connection-closed, the reason that says where it was.
@@ -77,7 +109,7 @@ func (b *Bridge) runOutbound(ctx context.Context) error {
 	})
 	defer stopDrain()
 	stopRecvDrain := context.AfterFunc(actx, func() {
-		time.AfterFunc(b.deps.drain(), cancelRecv)
+		bounds.after(b.deps.drain(), cancelRecv)
 	})
 	defer stopRecvDrain()
 	a := &outAttempt{b: b, cancel: cancel, endWrites: cancelWrites}
