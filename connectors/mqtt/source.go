@@ -2,6 +2,7 @@ package mqtt
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -39,7 +40,8 @@ type Source struct {
 	mu      sync.Mutex
 	conn    net.Conn // the current network connection
 	cm      *autopaho.ConnectionManager
-	filters []string
+	started bool
+	filters []string        // what Start subscribes, for Retire
 	stale   []string        // filters a replaced Source subscribed in this session and this one does not
 	runCtx  context.Context // ends when Close starts
 	cancel  context.CancelFunc
@@ -113,7 +115,15 @@ func (s *Source) Start(ctx context.Context, filters []string) error {
 	if err != nil {
 		return err
 	}
+	// The subscribing goroutines read this copy, never s.filters, which
+	// Retire reads under the lock.
+	filters = slices.Clone(filters)
 	s.mu.Lock()
+	if s.started {
+		s.mu.Unlock()
+		return errors.New("mqtt: Start called twice; a Source serves one attempt")
+	}
+	s.started = true
 	s.filters = filters
 	s.stale = slices.DeleteFunc(s.stale, func(f string) bool { return slices.Contains(filters, f) })
 	s.mu.Unlock()
@@ -130,14 +140,14 @@ func (s *Source) Start(ctx context.Context, filters []string) error {
 		s.subs.Add(1)
 		go func() {
 			defer s.subs.Done()
-			if err := s.subscribe(runCtx, cm); err != nil {
+			if err := s.subscribe(runCtx, cm, filters); err != nil {
 				if runCtx.Err() == nil {
 					s.report(connectors.ConnState{Reason: "SubscribeFailed", Detail: err.Error()})
 					s.log.Error("mqtt subscribe failed", "err", err)
 				}
 				return
 			}
-			detail := fmt.Sprintf("%d subscriptions", len(s.filters))
+			detail := fmt.Sprintf("%d subscriptions", len(filters))
 			if ca.SessionPresent {
 				detail += ", session resumed"
 				s.withdrawStale(runCtx, cm)
@@ -159,9 +169,9 @@ func (s *Source) Start(ctx context.Context, filters []string) error {
 	return nil
 }
 
-func (s *Source) subscribe(ctx context.Context, cm *autopaho.ConnectionManager) error {
+func (s *Source) subscribe(ctx context.Context, cm *autopaho.ConnectionManager, filters []string) error {
 	sub := &paho.Subscribe{}
-	for _, f := range s.filters {
+	for _, f := range filters {
 		// Retain as published: a retained message published while
 		// subscribed keeps its flag, so that a last-value cache sees a
 		// new retained value, or its deletion, as such.
@@ -174,8 +184,8 @@ func (s *Source) subscribe(ctx context.Context, cm *autopaho.ConnectionManager) 
 		return fmt.Errorf("mqtt: subscribe: %w", err)
 	}
 	for i, rc := range ack.Reasons {
-		if rc >= 0x80 && i < len(s.filters) {
-			return fmt.Errorf("mqtt: broker refused subscription %q: reason code 0x%02x", s.subscription(s.filters[i]), rc)
+		if rc >= 0x80 && i < len(filters) {
+			return fmt.Errorf("mqtt: broker refused subscription %q: reason code 0x%02x", s.subscription(filters[i]), rc)
 		}
 	}
 	return nil
