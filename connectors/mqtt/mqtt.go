@@ -18,6 +18,11 @@
 // is up, returns a *connectors.Failure with the last attempt's reason;
 // SubscribeFailed is reported when the broker refuses a subscription.
 //
+// One failure is permanent: QoSNotSupported, a broker whose CONNACK caps
+// the QoS (Maximum QoS) below the resource's. No retry meets another
+// broker, so the runtime stops retrying until the resource's qos or the
+// broker's configuration changes and the connector reloads.
+//
 // Metadata: the payload is carried unchanged; the MQTT 5 Content Type
 // property maps to weida's content_type; W3C trace context travels in the
 // user properties "traceparent" and "tracestate". A Source reports the
@@ -142,8 +147,18 @@ func (c *Config) clientConfig(report connectors.StateFunc, log *slog.Logger, onC
 			}
 			return max(d, flaps.wait())
 		},
-		// Source and Sink wrap OnConnectionUp with their own work.
-		OnConnectionUp: func(*autopaho.ConnectionManager, *paho.Connack) { flaps.up() },
+		// Source and Sink wrap OnConnectionUp with their own work, which
+		// they skip when the broker refused the configuration.
+		OnConnectionUp: func(_ *autopaho.ConnectionManager, ca *paho.Connack) {
+			flaps.up()
+			err := c.refusedByConnack(ca)
+			if fails != nil {
+				fails.connected(err)
+			}
+			if err != nil {
+				report(connectors.ConnState{Reason: reasonQoS, Detail: err.Error(), Lost: err})
+			}
+		},
 		OnConnectionDown: func() bool {
 			report(flaps.down(c.ClientID))
 			return true
@@ -195,7 +210,26 @@ const (
 	reasonLost        = "ConnectionLost"
 	reasonUnreachable = "BrokerUnreachable"
 	reasonTLS         = "TLSFailure"
+	reasonQoS         = "QoSNotSupported"
 )
+
+// refusedByConnack returns the permanent failure of a connection whose
+// CONNACK says the broker cannot serve the resource as configured: its
+// Maximum QoS (MQTT 5 §3.2.2.3.4) is below the resource's QoS. The broker
+// would grant QoS 1 subscriptions at QoS 0, an at-most-once loss the
+// resource did not declare, and disconnect at the first QoS 1 PUBLISH.
+// Another attempt meets the same broker: only the resource's file (qos: 0,
+// with its declared loss) or the broker's own configuration can change it,
+// and a reload then tries again.
+func (c *Config) refusedByConnack(ca *paho.Connack) error {
+	if ca == nil || ca.Properties == nil || ca.Properties.MaximumQoS == nil || c.QoS <= *ca.Properties.MaximumQoS {
+		return nil
+	}
+	most := *ca.Properties.MaximumQoS
+	return connectors.Permanent(reasonQoS, fmt.Errorf(
+		"mqtt: the broker %s takes at most QoS %d (its CONNACK's Maximum QoS) and the resource asks for QoS %d: set spec.broker.mqtt.qos: %d and declare the at-most-once loss, or raise the broker's maximum QoS, then reload",
+		c.serverURL(), most, c.QoS, most))
+}
 
 // connectFailure classifies a failed connection attempt. The broker's
 // CONNACK refusals: 0x86 bad user name or password, 0x87 not authorized
@@ -240,10 +274,42 @@ func disconnectReason(code byte) string {
 }
 
 // lastFailure keeps why the last connection attempt failed, for Start to
-// return when its context ends before a connection is up.
+// return when its context ends before a connection is up, and whether the
+// broker refused the configuration on the first connection that came up.
 type lastFailure struct {
-	mu sync.Mutex
-	f  *connectors.Failure
+	mu      sync.Mutex
+	f       *connectors.Failure
+	up      chan struct{} // closed once the first connection's CONNACK is checked
+	refused error         // the permanent failure of the first connection, if any
+}
+
+func newLastFailure() *lastFailure { return &lastFailure{up: make(chan struct{})} }
+
+// connected records the check of a connection's CONNACK.
+func (l *lastFailure) connected(refused error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	select {
+	case <-l.up:
+		return
+	default:
+	}
+	l.refused = refused
+	close(l.up)
+}
+
+// refusal is the permanent failure of the first connection once it is up
+// (autopaho ends the wait for a connection before it reports the CONNACK),
+// or nil; or ctx's error.
+func (l *lastFailure) refusal(ctx context.Context) error {
+	select {
+	case <-l.up:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.refused
 }
 
 func (l *lastFailure) set(f *connectors.Failure) {

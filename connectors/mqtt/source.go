@@ -37,6 +37,10 @@ type Source struct {
 	msgs   chan delivery
 	closed chan struct{}
 
+	refuseOnce sync.Once
+	refusedCh  chan struct{} // closed when the broker refused the configuration
+	refused    error         // a permanent *connectors.Failure, set before refusedCh closes
+
 	mu      sync.Mutex
 	conn    net.Conn // the current network connection
 	cm      *autopaho.ConnectionManager
@@ -70,11 +74,12 @@ func NewSource(cfg Config, report connectors.StateFunc) (*Source, error) {
 		return nil, err
 	}
 	return &Source{
-		cfg:    cfg,
-		report: report,
-		log:    logger(cfg.Logger),
-		msgs:   make(chan delivery),
-		closed: make(chan struct{}),
+		cfg:       cfg,
+		report:    report,
+		log:       logger(cfg.Logger),
+		msgs:      make(chan delivery),
+		closed:    make(chan struct{}),
+		refusedCh: make(chan struct{}),
 	}, nil
 }
 
@@ -110,8 +115,8 @@ func (s *Source) Supersede(previous []string) {
 // [*connectors.Failure] with the reason the last attempt failed for, if
 // one did.
 func (s *Source) Start(ctx context.Context, filters []string) error {
-	var fails lastFailure
-	cc, err := s.cfg.clientConfig(s.report, s.log, s.setConn, &fails)
+	fails := newLastFailure()
+	cc, err := s.cfg.clientConfig(s.report, s.log, s.setConn, fails)
 	if err != nil {
 		return err
 	}
@@ -136,6 +141,10 @@ func (s *Source) Start(ctx context.Context, filters []string) error {
 	markUp := cc.OnConnectionUp
 	cc.OnConnectionUp = func(cm *autopaho.ConnectionManager, ca *paho.Connack) {
 		markUp(cm, ca)
+		if err := s.cfg.refusedByConnack(ca); err != nil {
+			s.refuse(err)
+			return
+		}
 		// Must not block: subscribe from a goroutine Close waits for.
 		s.subs.Add(1)
 		go func() {
@@ -166,7 +175,16 @@ func (s *Source) Start(ctx context.Context, filters []string) error {
 	if err := cm.AwaitConnection(ctx); err != nil {
 		return fails.startError(s.cfg.serverURL().String(), err)
 	}
-	return nil
+	return fails.refusal(ctx)
+}
+
+// refuse ends the attempt with err, a configuration the broker refused:
+// Read returns it.
+func (s *Source) refuse(err error) {
+	s.refuseOnce.Do(func() {
+		s.refused = err
+		close(s.refusedCh)
+	})
 }
 
 func (s *Source) subscribe(ctx context.Context, cm *autopaho.ConnectionManager, filters []string) error {
@@ -309,6 +327,8 @@ func (s *Source) Read(ctx context.Context) (*connectors.Message, connectors.AckF
 		return d.msg, func(err error) { d.done <- err }, nil
 	case <-s.closed:
 		return nil, nil, connectors.ErrClosed
+	case <-s.refusedCh:
+		return nil, nil, s.refused
 	case <-ctx.Done():
 		return nil, nil, ctx.Err()
 	}
