@@ -39,11 +39,6 @@ type Unit struct {
 	NewSink SinkFactory
 }
 
-// StableAfter is how long an attempt must stay up for the next failure to
-// count as the first in a row again, so that its backoff starts over from
-// its shortest wait.
-const StableAfter = 30 * time.Second
-
 // Runtime runs a set of resources and applies a new set on reload by
 // difference. Every resource is a supervised unit: the runtime runs
 // attempts of it (see [Bridge.Run]) one after another, with a jittered
@@ -66,6 +61,10 @@ type runningUnit struct {
 	bridge *Bridge
 	cancel context.CancelFunc
 	done   chan struct{} // closed when the supervisor has returned
+
+	// streak counts the unit's failed attempts in a row; only its
+	// supervisor (or startUnit before it) uses it.
+	streak *Streak
 
 	// pub is the publisher path the unit holds; written by the
 	// supervisor goroutine (or startUnit before it), read by stopUnit
@@ -216,7 +215,7 @@ func (r *Runtime) startUnit(ctx context.Context, u Unit, previous []string, prev
 		}
 	}
 	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	ru := &runningUnit{unit: u, bridge: b, cancel: cancel, done: make(chan struct{})}
+	ru := &runningUnit{unit: u, bridge: b, cancel: cancel, done: make(chan struct{}), streak: NewStreak(r.deps.Now)}
 	var first error
 	if u.Spec.Direction != policy.Outbound {
 		ru.pub, first = r.acquirePublisher(sctx, u)
@@ -227,7 +226,7 @@ func (r *Runtime) startUnit(ctx context.Context, u Unit, previous []string, prev
 	// The first failure is on record before Apply returns.
 	failures, wait, permanent := 0, time.Duration(0), false
 	if first != nil {
-		failures = 1
+		failures = ru.streak.Down()
 		wait, permanent = r.recordFailure(b, &Failure{Reason: FailListen, Err: first}, failures)
 	}
 	r.mu.Lock()
@@ -253,7 +252,7 @@ func (r *Runtime) supervise(ctx context.Context, ru *runningUnit, failures int, 
 				return
 			}
 		}
-		started := r.deps.Now()
+		ru.streak.Up()
 		err := r.attempt(ctx, ru)
 		if ctx.Err() != nil {
 			return
@@ -261,10 +260,7 @@ func (r *Runtime) supervise(ctx context.Context, ru *runningUnit, failures int, 
 		if err == nil {
 			err = errors.New("connectors: the attempt ended by itself")
 		}
-		if r.deps.Now().Sub(started) >= StableAfter {
-			failures = 0
-		}
-		failures++
+		failures = ru.streak.Down()
 		wait, permanent = r.recordFailure(ru.bridge, failure(err, FailConnectionLost), failures)
 	}
 }

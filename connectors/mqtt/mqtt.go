@@ -4,9 +4,13 @@
 // itself. The runtime owns conversion, routing, counting and retries; this
 // package owns only the broker connection and the mapping of MQTT metadata.
 //
-// Retries: autopaho keeps reconnecting (Config.Backoff, slowed further when
-// connections keep dropping soon after they come up) and the Source
+// Retries: autopaho keeps reconnecting within an attempt and the Source
 // subscribes again on every connection; the driver retries nothing else.
+// The waits follow the runtime's model (see [connectors.Streak]): Config.Backoff
+// by the failures in a row, where a connection that stayed up for
+// [connectors.StableAfter] starts the count again, so that connections that
+// keep dropping soon after they come up are slowed down as failing attempts
+// are.
 // Every failed attempt is reported through the [connectors.StateFunc] with
 // a [connectors.Failure] reason, so that /status shows the real one while
 // autopaho retries: CredentialsRefused (CONNACK 0x86 bad user name or
@@ -44,6 +48,7 @@ import (
 	"net"
 	"net/url"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/eclipse/paho.golang/autopaho"
@@ -99,6 +104,9 @@ type Config struct {
 	// recognises; empty disables loop marking.
 	LoopMarker string
 	Logger     *slog.Logger
+	// Now is the clock that paces reconnections (see
+	// [connectors.Streak]); nil means time.Now.
+	Now func() time.Time
 }
 
 // clientConfig builds autopaho's configuration. onConn, when not nil, is
@@ -132,7 +140,10 @@ func (c *Config) clientConfig(report connectors.StateFunc, log *slog.Logger, onC
 	if backoff == nil {
 		backoff = connectors.ExponentialBackoff(100*time.Millisecond, 10*time.Second)
 	}
-	flaps := &flapGuard{backoff: backoff}
+	// The runtime's rule of stability paces autopaho's reconnections as
+	// it paces attempts: see [connectors.Streak].
+	streak := connectors.NewStreak(c.Now)
+	var takenOver atomic.Bool // the broker said so (DISCONNECT 0x8E)
 	cfg := autopaho.ClientConfig{
 		ServerUrls:                    []*url.URL{u},
 		KeepAlive:                     uint16(keepAlive / time.Second),
@@ -145,12 +156,12 @@ func (c *Config) clientConfig(report connectors.StateFunc, log *slog.Logger, onC
 			if n > 0 {
 				d = backoff(n)
 			}
-			return max(d, flaps.wait())
+			return max(d, streak.Wait(backoff))
 		},
 		// Source and Sink wrap OnConnectionUp with their own work, which
 		// they skip when the broker refused the configuration.
 		OnConnectionUp: func(_ *autopaho.ConnectionManager, ca *paho.Connack) {
-			flaps.up()
+			streak.Up()
 			err := c.refusedByConnack(ca)
 			if fails != nil {
 				fails.connected(err)
@@ -160,7 +171,8 @@ func (c *Config) clientConfig(report connectors.StateFunc, log *slog.Logger, onC
 			}
 		},
 		OnConnectionDown: func() bool {
-			report(flaps.down(c.ClientID))
+			streak.Down()
+			report(c.lostState(streak.Flaps(), takenOver.Swap(false), streak.Wait(backoff)))
 			return true
 		},
 		AttemptConnection: func(ctx context.Context, _ autopaho.ClientConfig, u *url.URL) (net.Conn, error) {
@@ -186,7 +198,7 @@ func (c *Config) clientConfig(report connectors.StateFunc, log *slog.Logger, onC
 			},
 			OnServerDisconnect: func(d *paho.Disconnect) {
 				if d.ReasonCode == sessionTakenOver {
-					flaps.sessionTakenOver()
+					takenOver.Store(true)
 				}
 				report(connectors.ConnState{Reason: disconnectReason(d.ReasonCode), Detail: fmt.Sprintf("the broker disconnected: reason code 0x%02x %s", d.ReasonCode, reasonString(d))})
 			},
@@ -337,76 +349,25 @@ func (l *lastFailure) startError(url string, err error) error {
 // Mosquitto 2.0 closes the older connection without sending it.
 const sessionTakenOver = 0x8E
 
-// shortLived is how soon a lost connection must have come up to count as
-// flapping.
-const shortLived = 30 * time.Second
-
-// flapGuard slows the reconnections of a client whose connections keep
-// dropping soon after they come up: most often another connection with the
-// same client ID taking the session. autopaho reconnects at once after a
-// connection that came up, so two clients with one client ID would take
-// the session from each other hundreds of times a second. Each connection in
-// a row that lasted less than shortLived doubles the wait before the next
-// attempt (the Config's backoff); a longer one starts the count again.
-type flapGuard struct {
-	backoff func(n int) time.Duration
-
-	mu        sync.Mutex
-	upAt      time.Time
-	lostAt    time.Time
-	flaps     int
-	takenOver bool // the broker said so (DISCONNECT 0x8E)
-}
-
-func (g *flapGuard) up() {
-	g.mu.Lock()
-	g.upAt = time.Now()
-	g.mu.Unlock()
-}
-
-// down records a lost connection and returns the state to report.
-func (g *flapGuard) down(clientID string) connectors.ConnState {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	now := time.Now()
-	if !g.upAt.IsZero() && now.Sub(g.upAt) < shortLived {
-		g.flaps++
-	} else {
-		g.flaps = 0
+// lostState is the state to report when a connection is lost: flaps
+// connections in a row came up and dropped within the runtime's
+// [connectors.StableAfter], takenOver says whether the broker said another
+// connection took the session, and wait is the pause before the next
+// attempt. Both most often mean another client with the same client ID:
+// autopaho reconnects at once after a connection that came up, so two
+// clients with one ID would take the session from each other hundreds of
+// times a second, were the reconnections not paced by the streak.
+func (c *Config) lostState(flaps int, takenOver bool, wait time.Duration) connectors.ConnState {
+	if flaps < 2 && !takenOver {
+		return connectors.ConnState{Reason: reasonLost, Detail: "reconnecting"}
 	}
-	g.lostAt = now
-	takenOver := g.takenOver
-	g.takenOver = false
-	if g.flaps < 2 && !takenOver {
-		return connectors.ConnState{Reason: "ConnectionLost", Detail: "reconnecting"}
-	}
-	why := fmt.Sprintf("the connection dropped %d times in a row within %s of coming up", g.flaps, shortLived)
+	why := fmt.Sprintf("the connection dropped %d times in a row within %s of coming up", flaps, connectors.StableAfter)
 	if takenOver {
 		why = "the broker says another connection took the session"
 	}
-	return connectors.ConnState{Reason: "ConnectionLost", Detail: fmt.Sprintf(
+	return connectors.ConnState{Reason: reasonLost, Detail: fmt.Sprintf(
 		"%s; if another client uses client ID %q (replicas sharing one file), give each its own clientID, e.g. name-${HOSTNAME}; reconnecting in %s",
-		why, clientID, g.waitLocked().Round(time.Millisecond))}
-}
-
-func (g *flapGuard) sessionTakenOver() {
-	g.mu.Lock()
-	g.takenOver = true
-	g.mu.Unlock()
-}
-
-// wait is how long the next connection attempt must wait.
-func (g *flapGuard) wait() time.Duration {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.waitLocked()
-}
-
-func (g *flapGuard) waitLocked() time.Duration {
-	if g.flaps == 0 {
-		return 0
-	}
-	return max(0, g.backoff(g.flaps)-time.Since(g.lostAt))
+		why, c.ClientID, wait.Round(time.Millisecond))}
 }
 
 func reasonString(d *paho.Disconnect) string {
