@@ -12,18 +12,43 @@ import (
 	"weida.dev/connector/weida"
 )
 
-// outbound is the configuration of a bridge from a remote weida publisher
+// outboundBridge is the side of a bridge from a remote weida publisher
 // endpoint onto a broker.
-type outbound struct {
+type outboundBridge struct {
+	*core
 	newSink      SinkFactory
 	dial         DialFunc
 	weidaFilters []string // distinct weida filters, the subscriptions
 }
 
+func newOutboundBridge(c *core, dial DialFunc, newSink SinkFactory) *outboundBridge {
+	b := &outboundBridge{core: c, dial: dial, newSink: newSink}
+	seen := make(map[string]bool)
+	for _, r := range c.spec.Routes {
+		if !seen[r.Weida] {
+			seen[r.Weida] = true
+			b.weidaFilters = append(b.weidaFilters, r.Weida)
+		}
+	}
+	return b
+}
+
+// An outbound bridge holds nothing between attempts but its accounting:
+// the weida endpoint is dialled by each attempt, and the broker keeps no
+// subscription of its.
+func (b *outboundBridge) prepare(context.Context) error               { return nil }
+func (b *outboundBridge) supersede(prev *Bridge, _ bool)              { b.carryOn(prev.core) }
+func (b *outboundBridge) subscribed() []string                        { return nil }
+func (b *outboundBridge) cache() *lastValues                          { return nil }
+func (b *outboundBridge) retire()                                     {}
+func (b *outboundBridge) release(map[string]weida.ListenConfig, bool) {}
+func (b *outboundBridge) addStatus(*Status)                           {}
+func (b *outboundBridge) refreshGauges()                              {}
+
 // outAttempt is one attempt of an outbound bridge: its Sink, and how the
 // attempt ends early when the Sink fails.
 type outAttempt struct {
-	b    *Bridge
+	b    *outboundBridge
 	sink Sink
 	// cancel ends the attempt with a cause; the first *Failure wins.
 	cancel context.CancelCauseFunc
@@ -82,8 +107,9 @@ func (d *drainBounds) stop() {
 	d.timers = nil
 }
 
-// runOutbound is one attempt of an outbound bridge.
-func (b *Bridge) runOutbound(ctx context.Context) error {
+// run is one attempt of an outbound bridge.
+func (b *outboundBridge) run(ctx context.Context) error {
+	b.stats.up("weida", false)
 	actx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	// Writes outlive ctx by the drain bound, so that a stop finishes the
@@ -115,7 +141,7 @@ func (b *Bridge) runOutbound(ctx context.Context) error {
 	a := &outAttempt{b: b, cancel: cancel, endWrites: cancelWrites}
 	report, retire := b.newAttempt(a.fail)
 	defer retire()
-	sink, err := b.out.newSink(report)
+	sink, err := b.newSink(report)
 	if err != nil {
 		return failure(err, FailSinkInvalid)
 	}
@@ -179,10 +205,10 @@ func (b *Bridge) runOutbound(ctx context.Context) error {
 // ends, re-dialling after every loss with a backoff. The subscription
 // then held leaves the endpoint with Shutdown, received from until that
 // is over or recvCtx ends.
-func (b *Bridge) dialLoop(ctx, recvCtx context.Context, out outboundWriter, a *outAttempt) {
+func (b *outboundBridge) dialLoop(ctx, recvCtx context.Context, out outboundWriter, a *outAttempt) {
 	attempt := 0
 	for ctx.Err() == nil {
-		sub, err := b.out.dial(ctx)
+		sub, err := b.dial(ctx)
 		if err == nil {
 			err = b.subscribeAll(ctx, sub)
 			if err != nil {
@@ -206,7 +232,7 @@ func (b *Bridge) dialLoop(ctx, recvCtx context.Context, out outboundWriter, a *o
 		}
 		attempt = 0
 		b.stats.weidaSubscribed(b.deps.Now())
-		b.reportWeida(true, "Subscribed", fmt.Sprintf("%d filters on %s", len(b.out.weidaFilters), b.spec.Endpoint))
+		b.reportWeida(true, "Subscribed", fmt.Sprintf("%d filters on %s", len(b.weidaFilters), b.spec.Endpoint))
 		left := leaveWhenDone(ctx, recvCtx, sub)
 		err = b.receiveLoop(recvCtx, sub, out, a)
 		left()
@@ -272,8 +298,8 @@ func dialReason(err error) string {
 	return FailWeidaDial
 }
 
-func (b *Bridge) subscribeAll(ctx context.Context, sub *weida.Subscriber) error {
-	for _, f := range b.out.weidaFilters {
+func (b *outboundBridge) subscribeAll(ctx context.Context, sub *weida.Subscriber) error {
+	for _, f := range b.weidaFilters {
 		if err := sub.Subscribe(ctx, f); err != nil {
 			return fmt.Errorf("subscribe %q: %w", f, err)
 		}
@@ -286,7 +312,7 @@ type outboundItem struct {
 	msg   *Message
 }
 
-func (b *Bridge) receiveLoop(ctx context.Context, sub *weida.Subscriber, out outboundWriter, a *outAttempt) error {
+func (b *outboundBridge) receiveLoop(ctx context.Context, sub *weida.Subscriber, out outboundWriter, a *outAttempt) error {
 	for {
 		// Receive returns a copy that has arrived even after ctx ended.
 		if err := ctx.Err(); err != nil {
@@ -336,41 +362,6 @@ func (b *Bridge) receiveLoop(ctx context.Context, sub *weida.Subscriber, out out
 			return err
 		}
 	}
-}
-
-// outboundRouteOf is outboundRoute for foreign topic ft, converted from
-// weida topic wt: through the route index when the resource has one. A
-// topic the index places under no route goes through the scan, which names
-// the reason.
-func (b *Bridge) outboundRouteOf(wt, ft string) (Route, string) {
-	if b.routeIndex != nil {
-		if r, ok := b.indexedRoute(wt, ft); ok {
-			return r, ""
-		}
-	}
-	return b.outboundRoute(ft)
-}
-
-// outboundRoute finds the first route that may produce foreign topic t, or
-// the reason none may. A topic kept from a route only by the foreign
-// protocol's own exclusion (MQTT: '$' topics under a leading wildcard) is
-// counted apart, under the policy's AdmitRule.
-func (b *Bridge) outboundRoute(t string) (Route, string) {
-	g := b.spec.Policy.Grammar()
-	excluded := false
-	for _, r := range b.spec.Routes {
-		if !b.spec.Policy.Admit(r.Foreign, t) {
-			excluded = true
-			continue
-		}
-		if g.Match(r.Foreign, t) {
-			return r, ""
-		}
-	}
-	if rule := b.spec.Policy.AdmitRule(); excluded && rule != "" {
-		return Route{}, rule
-	}
-	return Route{}, ReasonNoRoute
 }
 
 // outboundWriter takes converted messages from the receive loop to the
