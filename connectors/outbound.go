@@ -161,35 +161,39 @@ func (b *outboundBridge) run(ctx context.Context) error {
 	}
 	b.attemptStarted()
 
-	// The in-flight bound caps the broker writes under way; when it is
-	// reached the weida receive loop stops reading, and QUIC flow control
-	// pushes back on the remote publisher.
+	out := b.newWriter(writeCtx, a)
+	b.dialLoop(actx, recvCtx, out, a)
+	if a.lost.Load() {
+		// A failed Sink may never settle what it holds; closing it
+		// makes it give every write its outcome.
+		closeSink()
+	}
+	out.wait()
+	if ctx.Err() != nil {
+		return nil
+	}
+	return b.ended(actx)
+}
+
+// newWriter returns what writes the attempt's messages to its Sink. The
+// in-flight bound caps the broker writes under way; when it is reached the
+// weida receive loop stops reading, and QUIC flow control pushes back on
+// the remote publisher.
+func (b *outboundBridge) newWriter(ctx context.Context, a *outAttempt) outboundWriter {
 	limit := b.spec.inFlight()
-	if w, ok := sink.(Windowed); ok {
+	if w, ok := a.sink.(Windowed); ok {
 		if n := w.Window(); n > 0 && n < limit {
 			limit = n
 		}
 	}
-	var out outboundWriter
-	if aw, ok := sink.(AsyncWriter); ok {
-		out = newAsyncWrites(writeCtx, a, aw, limit)
-	} else {
-		out = newWriterPool(writeCtx, a, limit)
+	if aw, ok := a.sink.(AsyncWriter); ok {
+		return newAsyncWrites(ctx, a, aw, limit)
 	}
-	finish := func() {
-		if a.lost.Load() {
-			// A failed Sink may never settle what it holds; closing it
-			// makes it give every write its outcome.
-			closeSink()
-		}
-		out.wait()
-	}
+	return newWriterPool(ctx, a, limit)
+}
 
-	b.dialLoop(actx, recvCtx, out, a)
-	finish()
-	if ctx.Err() != nil {
-		return nil
-	}
+// ended is the failure of an attempt whose Sink failed (actx's cause).
+func (b *outboundBridge) ended(actx context.Context) error {
 	// The subscription went with the attempt; the next one dials again.
 	b.reportWeida(false, FailConnectionLost, "the broker side failed; the endpoint is dialled again by the next attempt")
 	if err := context.Cause(actx); err != nil {

@@ -113,33 +113,13 @@ type Config struct {
 // told about every new network connection; fails, when not nil, keeps why
 // the last connection attempt failed.
 func (c *Config) clientConfig(report connectors.StateFunc, log *slog.Logger, onConn func(net.Conn), fails *lastFailure) (autopaho.ClientConfig, error) {
-	if c.Host == "" {
-		return autopaho.ClientConfig{}, errors.New("mqtt: a broker host is required")
-	}
-	if c.Port < 0 || c.Port > 65535 {
-		return autopaho.ClientConfig{}, fmt.Errorf("mqtt: broker port %d out of range 1–65535", c.Port)
+	if err := c.validate(); err != nil {
+		return autopaho.ClientConfig{}, err
 	}
 	// autopaho wants a URL per server; AttemptConnection below reads only
 	// its Host, so this one is built, never parsed.
 	u := c.serverURL()
-	if c.ClientID == "" {
-		return autopaho.ClientConfig{}, errors.New("mqtt: a client id is required")
-	}
-	if c.QoS > 1 {
-		return autopaho.ClientConfig{}, fmt.Errorf("mqtt: qos %d is not supported (0 or 1)", c.QoS)
-	}
-	keepAlive := c.KeepAlive
-	if keepAlive == 0 {
-		keepAlive = 30 * time.Second
-	}
-	connectTimeout := c.ConnectTimeout
-	if connectTimeout == 0 {
-		connectTimeout = 10 * time.Second
-	}
-	backoff := c.Backoff
-	if backoff == nil {
-		backoff = connectors.ExponentialBackoff(100*time.Millisecond, 10*time.Second)
-	}
+	keepAlive, connectTimeout, backoff := c.withDefaults()
 	// The runtime's rule of stability paces autopaho's reconnections as
 	// it paces attempts: see [connectors.Streak].
 	streak := connectors.NewStreak(c.Now)
@@ -205,6 +185,37 @@ func (c *Config) clientConfig(report connectors.StateFunc, log *slog.Logger, onC
 		},
 	}
 	return cfg, nil
+}
+
+// validate refuses a Config no connection can be made with.
+func (c *Config) validate() error {
+	switch {
+	case c.Host == "":
+		return errors.New("mqtt: a broker host is required")
+	case c.Port < 0 || c.Port > 65535:
+		return fmt.Errorf("mqtt: broker port %d out of range 1–65535", c.Port)
+	case c.ClientID == "":
+		return errors.New("mqtt: a client id is required")
+	case c.QoS > 1:
+		return fmt.Errorf("mqtt: qos %d is not supported (0 or 1)", c.QoS)
+	}
+	return nil
+}
+
+// withDefaults returns the keep alive, connect timeout and backoff, their
+// zero values replaced by the documented defaults.
+func (c *Config) withDefaults() (keepAlive, connectTimeout time.Duration, backoff func(int) time.Duration) {
+	keepAlive, connectTimeout, backoff = c.KeepAlive, c.ConnectTimeout, c.Backoff
+	if keepAlive == 0 {
+		keepAlive = 30 * time.Second
+	}
+	if connectTimeout == 0 {
+		connectTimeout = 10 * time.Second
+	}
+	if backoff == nil {
+		backoff = connectors.ExponentialBackoff(100*time.Millisecond, 10*time.Second)
+	}
+	return keepAlive, connectTimeout, backoff
 }
 
 // serverURL returns the broker's address as a URL without credentials,
