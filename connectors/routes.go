@@ -73,9 +73,9 @@ func (t *routeTable) inboundRoute(ft string) (Route, bool) {
 	return Route{}, false
 }
 
-// inboundRouteOf is inboundRoute for foreign topic ft, converted to weida
-// topic wt when the conversion succeeded (ok): through the route index
-// when the resource has one.
+// inboundRouteOf is inboundRoute for foreign topic ft, whose weida form
+// is wt when converted is true: through the route index when the resource
+// has one and the topic converted.
 func (t *routeTable) inboundRouteOf(wt, ft string, converted bool) (Route, bool) {
 	if t.routeIndex != nil && converted {
 		return t.indexedRoute(wt, ft)
