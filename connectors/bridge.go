@@ -10,7 +10,6 @@ import (
 
 	"weida.dev/connector/policy"
 	"weida.dev/connector/weida"
-	"weida.dev/connector/weida/topic"
 )
 
 // Route is one validated route of a resource: the filter in the broker's
@@ -95,7 +94,7 @@ func (d *Deps) startTimeout() time.Duration {
 // start runs a Source's or Sink's Start under the start timeout. It
 // returns nil when ctx ended (a stop, not a failure), and the Start error
 // as a *Failure otherwise.
-func (b *Bridge) start(ctx context.Context, start func(context.Context) error) (stopped bool, err error) {
+func (b *core) start(ctx context.Context, start func(context.Context) error) (stopped bool, err error) {
 	sctx, cancel := context.WithTimeout(ctx, b.deps.startTimeout())
 	defer cancel()
 	if err := start(sctx); err != nil {
@@ -161,123 +160,122 @@ type DialFunc func(ctx context.Context) (*weida.Subscriber, error)
 // start an attempt with Run; Status may be called at any time from any
 // goroutine. Its counters, metrics and conditions outlive an attempt: the
 // runtime runs the attempts of one unit on one Bridge.
+//
+// A Bridge is the shared core of every resource (its spec, dependencies,
+// counters, conditions and routes) and the side its direction adds: an
+// [inboundBridge] or an [outboundBridge]. Only construction looks at the
+// direction; the runtime drives either through the [side] methods.
 type Bridge struct {
+	*core
+	side side
+}
+
+// side is what a direction adds to the core. The runtime calls these
+// methods, and never writes a side's fields.
+type side interface {
+	// run is one attempt (see [Bridge.Run]).
+	run(ctx context.Context) error
+	// prepare readies what the attempts need beyond the broker, before
+	// each one: an inbound bridge's publisher path. Only the unit's
+	// supervisor calls it (or the runtime before starting it).
+	prepare(ctx context.Context) error
+	// supersede carries on from prev, the stopped bridge of the same
+	// resource this one replaces; same is true when the configuration is
+	// unchanged (a retry, not a change). Called before the first attempt.
+	supersede(prev *Bridge, same bool)
+	// subscribed returns the broker filters the bridge subscribes, for a
+	// successor to withdraw those it does not (nil: it subscribes none).
+	subscribed() []string
+	// cache is the last-value cache a successor of the same
+	// configuration carries on (nil: none).
+	cache() *lastValues
+	// retire marks the resource as removed, not restarted: the attempt
+	// that stops withdraws what the broker would keep for it.
+	retire()
+	// release gives up what prepare acquired, once no attempt runs; keep
+	// and forget are those of [Runtime.stopUnit].
+	release(keep map[string]weida.ListenConfig, forget bool)
+	// addStatus adds the side's part to st; refreshGauges sets the
+	// gauges read at each scrape.
+	addStatus(st *Status)
+	refreshGauges()
+}
+
+// core is what every bridge has, whatever its direction.
+type core struct {
 	spec  Spec
 	deps  Deps
 	conds *conditions
 	stats *stats
 	log   *slog.Logger
-	lv    *lastValues // inbound with a last-value cache; nil otherwise
 
 	// gen numbers attempts; state reports of a Source or Sink from an
 	// attempt that ended are ignored, so a failed attempt's last words
 	// cannot overwrite the failure.
 	gen atomic.Uint64
 
-	routeByForeign map[string]Route // routes keyed by foreign filter
-	// routeIndex, for a resource with routeIndexMin routes or more, holds
-	// each route's position under its weida filter; nil: try each route.
-	routeIndex *topic.Index[int]
-
-	in  inbound
-	out outbound
+	routeTable
 }
 
 // NewInbound returns a bridge from a broker (through the Source newSource
-// builds) onto a hosted weida publisher path. pub may be nil when the
-// runtime sets it before each attempt.
+// builds) onto a hosted weida publisher path pub.
 func NewInbound(spec Spec, newSource SourceFactory, pub Publisher, deps Deps) *Bridge {
-	b := newBridge(spec, deps)
-	b.in.newSource = newSource
-	b.setPublisher(pub)
-	return b
+	in := newInboundBridge(newCore(spec, deps), newSource, nil)
+	in.setPublisher(pub)
+	return &Bridge{core: in.core, side: in}
 }
 
 // NewOutbound returns a bridge from a remote weida publisher endpoint
 // (dialled with dial) onto a broker, through the Sink newSink builds.
 func NewOutbound(spec Spec, dial DialFunc, newSink SinkFactory, deps Deps) *Bridge {
-	b := newBridge(spec, deps)
-	b.out.dial, b.out.newSink = dial, newSink
-	seen := make(map[string]bool)
-	for _, r := range spec.Routes {
-		if !seen[r.Weida] {
-			seen[r.Weida] = true
-			b.out.weidaFilters = append(b.out.weidaFilters, r.Weida)
-		}
-	}
-	return b
+	out := newOutboundBridge(newCore(spec, deps), dial, newSink)
+	return &Bridge{core: out.core, side: out}
 }
 
+// newBridge returns the bridge of spec's direction with nothing to run,
+// for the tests of what the core does.
 func newBridge(spec Spec, deps Deps) *Bridge {
+	if spec.Direction == policy.Outbound {
+		return NewOutbound(spec, nil, nil, deps)
+	}
+	return NewInbound(spec, nil, nil, deps)
+}
+
+func newCore(spec Spec, deps Deps) *core {
 	deps.fill()
 	log := deps.Logger.With("resource", spec.Name, "protocol", string(spec.Protocol), "direction", string(spec.Direction))
-	b := &Bridge{
-		spec:           spec,
-		deps:           deps,
-		conds:          newConditions(deps.Now),
-		log:            log,
-		routeByForeign: make(map[string]Route, len(spec.Routes)),
+	c := &core{
+		spec:       spec,
+		deps:       deps,
+		conds:      newConditions(deps.Now),
+		log:        log,
+		routeTable: newRouteTable(spec.Policy, spec.Routes),
 	}
-	b.stats = newStats(deps.Metrics, spec.Name, spec.Routes, NewRateLogger(log, 10*time.Second, deps.Now))
-	if spec.Direction != policy.Outbound {
-		b.lv = newLastValues(spec.LastValue, deps.Metrics, spec.Name)
-	}
-	for _, r := range spec.Routes {
-		b.routeByForeign[r.Foreign] = r
-	}
-	if len(spec.Routes) >= routeIndexMin {
-		b.routeIndex = topic.NewIndex[int]()
-		for i, r := range spec.Routes {
-			if b.routeIndex.Insert(r.Weida, i) != nil {
-				b.routeIndex = nil // not a weida filter: keep trying each route
-				break
-			}
-		}
-	}
-	return b
+	c.stats = newStats(deps.Metrics, spec.Name, spec.Routes, NewRateLogger(log, 10*time.Second, deps.Now))
+	return c
 }
 
-// routeIndexMin is the number of routes from which a bridge finds a
-// message's route through an index of the routes' weida filters rather than
-// by trying each route in turn. A scan costs one match per route before
-// the one that selects the topic (10,000 routes: hundreds of µs per
-// message); the index walks only the trie nodes the topic can reach, and
-// costs about as much as a dozen matches.
-const routeIndexMin = 16
-
-// indexedRoute returns the first route, in the resource's order, whose weida
-// filter matches wt and whose foreign filter admits ft, where wt and ft are
-// one topic in its weida and foreign forms. By the policies' exactness
-// contract (see package policy) that is the first route whose foreign filter
-// selects ft, which a scan would find.
-func (b *Bridge) indexedRoute(wt, ft string) (Route, bool) {
-	best := -1
-	b.routeIndex.Match(wt, func(i int) bool {
-		if (best < 0 || i < best) && b.spec.Policy.Admit(b.spec.Routes[i].Foreign, ft) {
-			best = i
-		}
-		return true
-	})
-	if best < 0 {
-		return Route{}, false
-	}
-	return b.spec.Routes[best], true
+// carryOn takes over the accounting of prev, the bridge of the same
+// resource this one replaces, so that its counters and series go on.
+func (b *core) carryOn(prev *core) {
+	prev.stats.addRoutes(b.spec.Routes)
+	b.stats = prev.stats
 }
 
 // Spec returns the resource the bridge runs.
-func (b *Bridge) Spec() Spec { return b.spec }
+func (b *core) Spec() Spec { return b.spec }
 
 // Status returns a snapshot of the bridge's conditions and counters, and of
 // its failure while it is down.
 func (b *Bridge) Status() Status {
+	st := b.core.status()
+	b.side.addStatus(&st)
+	return st
+}
+
+// status is the core's part of a Status.
+func (b *core) status() Status {
 	c := b.stats.count.snapshot(b.deps.Now())
-	if pub := b.publisher(); pub != nil {
-		c.Subscribers = pub.Subscribers()
-		b.deps.Metrics.Subscribers.WithLabelValues(b.spec.Name).Set(float64(c.Subscribers))
-	}
-	if b.lv != nil {
-		c.LastValue = b.lv.snapshot()
-	}
 	conds, failure := b.conds.snapshot()
 	// Routes and Losses are copied: a Status is the caller's to keep.
 	var routes []RouteStatus
@@ -302,14 +300,14 @@ func (b *Bridge) Status() Status {
 }
 
 // down reports whether the bridge is down after a failed attempt.
-func (b *Bridge) down() bool {
+func (b *core) down() bool {
 	_, f := b.conds.snapshot()
 	return f != nil
 }
 
 // failed records a failed attempt: it stays in Status until an attempt
 // starts. side is the condition to blame (condBroker, condWeida) or -1.
-func (b *Bridge) failed(f FailureStatus, side int) {
+func (b *core) failed(f FailureStatus, side int) {
 	b.conds.setFailure(&f, side)
 	b.stats.attemptFailed(f.Reason)
 	switch side {
@@ -321,13 +319,13 @@ func (b *Bridge) failed(f FailureStatus, side int) {
 }
 
 // attemptStarted clears the failure once an attempt is up.
-func (b *Bridge) attemptStarted() { b.conds.setFailure(nil, -1) }
+func (b *core) attemptStarted() { b.conds.setFailure(nil, -1) }
 
 // newAttempt starts counting a new attempt and returns the StateFunc its
 // Source or Sink reports to, and a func that retires it. A reported
 // ConnState.Lost is handed to onLost (nil: the attempt learns of the loss
 // through Read instead).
-func (b *Bridge) newAttempt(onLost func(error)) (StateFunc, func()) {
+func (b *core) newAttempt(onLost func(error)) (StateFunc, func()) {
 	gen := b.gen.Add(1)
 	report := func(s ConnState) {
 		if b.gen.Load() != gen {
@@ -341,7 +339,7 @@ func (b *Bridge) newAttempt(onLost func(error)) (StateFunc, func()) {
 	return report, func() { b.gen.CompareAndSwap(gen, gen+1) }
 }
 
-func (b *Bridge) reportBroker(s ConnState) {
+func (b *core) reportBroker(s ConnState) {
 	was := b.conds.get(condBroker)
 	b.conds.set(condBroker, s.Up, s.Reason, s.Detail)
 	if s.Up && was.Reason != "Starting" && was.Status != "True" {
@@ -355,13 +353,13 @@ func (b *Bridge) reportBroker(s ConnState) {
 	}
 }
 
-func (b *Bridge) reportWeida(up bool, reason, detail string) {
+func (b *core) reportWeida(up bool, reason, detail string) {
 	b.conds.set(condWeida, up, reason, detail)
 	b.stats.up("weida", up)
 }
 
 // drop counts one message not delivered and logs it at a rate-limited level.
-func (b *Bridge) drop(route, reason string, level slog.Level, msg string, attrs ...slog.Attr) {
+func (b *core) drop(route, reason string, level slog.Level, msg string, attrs ...slog.Attr) {
 	b.stats.drop(route, reason, 1, level, msg, attrs...)
 }
 
@@ -382,11 +380,16 @@ func refusalRule(err error) string {
 // Bridge after a backoff.
 func (b *Bridge) Run(ctx context.Context) error {
 	b.stats.up("broker", false)
-	if b.spec.Direction == policy.Outbound {
-		b.stats.up("weida", false)
-		return b.runOutbound(ctx)
+	return b.side.run(ctx)
+}
+
+// attempt is one of the runtime's attempts: what the side prepares (see
+// [side]), then Run.
+func (b *Bridge) attempt(ctx context.Context) error {
+	if err := b.side.prepare(ctx); err != nil {
+		return &Failure{Reason: FailListen, Err: err}
 	}
-	return b.runInbound(ctx)
+	return b.Run(ctx)
 }
 
 // failure classifies err, which ended an attempt, as a [*Failure] with

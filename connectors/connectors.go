@@ -25,6 +25,12 @@
 // retried a few times, or dropped and counted). Only a permanent Failure,
 // a configuration problem no retry can cure, stops the retries.
 //
+// Stability has one rule, [StableAfter], kept by a [Streak]: the runtime
+// paces attempts with it, and a driver whose client library reconnects
+// within an attempt paces those reconnections with its own Streak, telling
+// it when the connection comes up and goes down, rather than with a rule
+// of its own.
+//
 // A driver opts into more with optional interfaces, which the runtime
 // checks for: [AsyncWriter] (confirm many writes at once), [Windowed] (the
 // broker's own bound on unacknowledged publishes), [DropReporter] (losses

@@ -9,16 +9,22 @@ import (
 	"time"
 
 	"weida.dev/connector/weida"
-	"weida.dev/connector/weida/topic"
 )
 
-// inbound is the state of a bridge from a broker onto a hosted weida
+// inboundBridge is the side of a bridge from a broker onto a hosted weida
 // publisher path.
-type inbound struct {
+type inboundBridge struct {
+	*core
 	newSource SourceFactory
+	lv        *lastValues // nil: the resource keeps no last-value cache
+
+	// host is where the runtime's attempts get their publisher path; nil
+	// for a bridge given one (NewInbound).
+	host *hosting
 
 	pubMu sync.Mutex
-	pub   Publisher // nil until the runtime holds the path
+	pub   Publisher   // nil until a path is held
+	held  *hostedPath // the path held on the runtime's listeners, if any
 
 	// supersedes are the broker filters of the resource this one
 	// replaced; given to each Source until one has started.
@@ -26,40 +32,167 @@ type inbound struct {
 	retiring   atomic.Bool // the resource is being removed, not restarted
 }
 
-func (b *Bridge) setPublisher(p Publisher) {
-	b.in.pubMu.Lock()
-	b.in.pub = p
-	b.in.pubMu.Unlock()
+// hosting is where an inbound unit of a runtime hosts its publisher path.
+type hosting struct {
+	listeners    *listeners
+	listen, path string
+	cfg          weida.ListenConfig
+}
+
+func newInboundBridge(c *core, newSource SourceFactory, host *hosting) *inboundBridge {
+	return &inboundBridge{
+		core:      c,
+		newSource: newSource,
+		host:      host,
+		lv:        newLastValues(c.spec.LastValue, c.deps.Metrics, c.spec.Name),
+	}
+}
+
+func (b *inboundBridge) setPublisher(p Publisher) {
+	b.pubMu.Lock()
+	b.pub = p
+	b.pubMu.Unlock()
 	if p != nil {
 		st := b.stats
 		p.OnCopiesLost(st.copiesLost)
 		p.CountCopiesUnconfirmed(st.copiesUnconfirmed)
-		b.installReplayer(p)
+		b.lv.install(p)
 	}
 }
 
-func (b *Bridge) publisher() Publisher {
-	b.in.pubMu.Lock()
-	defer b.in.pubMu.Unlock()
-	return b.in.pub
+func (b *inboundBridge) publisher() Publisher {
+	b.pubMu.Lock()
+	defer b.pubMu.Unlock()
+	return b.pub
 }
 
-// runInbound is one attempt of an inbound bridge. Messages are read and
-// settled one at a time, so when it returns none is left half handled:
-// those the broker delivered and Read did not return stay with the broker.
-func (b *Bridge) runInbound(ctx context.Context) error {
+func (b *inboundBridge) hosted() *hostedPath {
+	b.pubMu.Lock()
+	defer b.pubMu.Unlock()
+	return b.held
+}
+
+// prepare hosts the publisher path, once: it is held across attempts.
+func (b *inboundBridge) prepare(ctx context.Context) error {
+	if b.host == nil || b.hosted() != nil {
+		return nil
+	}
+	h, err := b.host.listeners.acquire(ctx, b.host.listen, b.host.path, b.host.cfg, b.spec.Name)
+	if err != nil {
+		return err
+	}
+	b.pubMu.Lock()
+	b.held = h
+	b.pubMu.Unlock()
+	b.setPublisher(h.pub)
+	return nil
+}
+
+// supersede takes over prev's accounting, its last-value cache when the
+// configuration is unchanged, and the broker filters it subscribed, for
+// the first Source to withdraw those this bridge does not subscribe.
+func (b *inboundBridge) supersede(prev *Bridge, same bool) {
+	b.carryOn(prev.core)
+	if lv := prev.side.cache(); same && lv != nil && b.lv != nil {
+		b.lv = lv
+	}
+	b.supersedes = prev.side.subscribed()
+}
+
+func (b *inboundBridge) subscribed() []string {
+	filters := make([]string, 0, len(b.spec.Routes))
+	for _, r := range b.spec.Routes {
+		filters = append(filters, r.Foreign)
+	}
+	return filters
+}
+
+func (b *inboundBridge) cache() *lastValues { return b.lv }
+
+func (b *inboundBridge) retire() { b.retiring.Store(true) }
+
+// release closes the publisher path and gives up its listener. forget
+// keeps copies still queued from bringing back the unit's series.
+func (b *inboundBridge) release(keep map[string]weida.ListenConfig, forget bool) {
+	b.pubMu.Lock()
+	h := b.held
+	b.held = nil
+	b.pubMu.Unlock()
+	if h == nil {
+		return
+	}
+	if forget {
+		h.pub.OnCopiesLost(nil)
+		h.pub.CountCopiesUnconfirmed(nil)
+	}
+	b.host.listeners.release(h, keep)
+}
+
+func (b *inboundBridge) addStatus(st *Status) {
+	if pub := b.publisher(); pub != nil {
+		st.Counters.Subscribers = pub.Subscribers()
+		b.deps.Metrics.Subscribers.WithLabelValues(b.spec.Name).Set(float64(st.Counters.Subscribers))
+	}
+	if b.lv != nil {
+		st.Counters.LastValue = b.lv.snapshot()
+	}
+	if b.host == nil {
+		return
+	}
+	var l *weida.Listener
+	if h := b.hosted(); h != nil {
+		l = h.l
+	} else {
+		l = b.host.listeners.lookup(b.host.listen)
+	}
+	if l != nil {
+		st.Fingerprint = l.Fingerprint()
+		st.SubscriberURL = subscriberURL(b.host.listen, b.host.path, l)
+	}
+}
+
+func (b *inboundBridge) refreshGauges() {
+	if pub := b.publisher(); pub != nil {
+		b.deps.Metrics.Subscribers.WithLabelValues(b.spec.Name).Set(float64(pub.Subscribers()))
+	}
+}
+
+// run is one attempt of an inbound bridge. Messages are read and settled
+// one at a time, so when it returns none is left half handled: those the
+// broker delivered and Read did not return stay with the broker.
+func (b *inboundBridge) run(ctx context.Context) error {
 	pub := b.publisher()
 	if pub == nil {
 		return &Failure{Reason: FailListen, Err: errors.New("connectors: no weida publisher path to publish on")}
 	}
 	report, retire := b.newAttempt(nil) // a Source's Read reports its loss
 	defer retire()
-	src, err := b.in.newSource(report)
+	src, err := b.newSource(report)
 	if err != nil {
 		return failure(err, FailSourceInvalid)
 	}
-	if sp, ok := src.(Superseding); ok && len(b.in.supersedes) > 0 {
-		sp.Supersede(b.in.supersedes)
+	b.offer(src)
+	defer func() {
+		retire()
+		b.closeSource(ctx, src)
+	}()
+	// The publisher path is registered before the broker subscription, so
+	// the endpoint is ready as soon as messages can arrive.
+	b.reportWeida(true, "Hosting", b.spec.Endpoint)
+	filters := b.subscribed()
+	if stopped, err := b.start(ctx, func(ctx context.Context) error { return src.Start(ctx, filters) }); stopped || err != nil {
+		return err
+	}
+	b.supersedes = nil
+	b.seedLastValues(ctx, src, filters)
+	b.attemptStarted()
+	return b.readLoop(ctx, src, pub)
+}
+
+// offer gives src, before Start, what its optional interfaces ask for.
+func (b *inboundBridge) offer(src Source) {
+	if sp, ok := src.(Superseding); ok && len(b.supersedes) > 0 {
+		sp.Supersede(b.supersedes)
 	}
 	if dr, ok := src.(DropReporter); ok {
 		dr.ReportDrops(func(filter, reason string, n int) {
@@ -67,32 +200,26 @@ func (b *Bridge) runInbound(ctx context.Context) error {
 				"the broker client discarded messages before the bridge read them")
 		})
 	}
-	defer func() {
-		retire()
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		if rs, ok := src.(Retiring); ok && b.in.retiring.Load() {
-			if err := rs.Retire(cctx); err != nil {
-				b.log.Warn("the broker may keep this removed resource's subscriptions until its session expires", "err", err)
-			}
+}
+
+// closeSource closes src, withdrawing its subscriptions first when the
+// resource is being removed.
+func (b *inboundBridge) closeSource(ctx context.Context, src Source) {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if rs, ok := src.(Retiring); ok && b.retiring.Load() {
+		if err := rs.Retire(cctx); err != nil {
+			b.log.Warn("the broker may keep this removed resource's subscriptions until its session expires", "err", err)
 		}
-		if err := src.Close(cctx); err != nil {
-			b.log.Warn("closing the broker connection", "err", err)
-		}
-	}()
-	// The publisher path is registered before the broker subscription, so
-	// the endpoint is ready as soon as messages can arrive.
-	b.reportWeida(true, "Hosting", b.spec.Endpoint)
-	filters := make([]string, 0, len(b.spec.Routes))
-	for _, r := range b.spec.Routes {
-		filters = append(filters, r.Foreign)
 	}
-	if stopped, err := b.start(ctx, func(ctx context.Context) error { return src.Start(ctx, filters) }); stopped || err != nil {
-		return err
+	if err := src.Close(cctx); err != nil {
+		b.log.Warn("closing the broker connection", "err", err)
 	}
-	b.in.supersedes = nil
-	b.seedLastValues(ctx, src, filters)
-	b.attemptStarted()
+}
+
+// readLoop reads and handles messages until ctx ends or the Source ends
+// the attempt.
+func (b *inboundBridge) readLoop(ctx context.Context, src Source, pub Publisher) error {
 	failedReads := 0
 	for {
 		m, ack, err := src.Read(ctx)
@@ -112,12 +239,12 @@ func (b *Bridge) runInbound(ctx context.Context) error {
 			continue
 		}
 		failedReads = 0
-		b.handleInbound(ctx, pub, m, ack)
+		b.handle(ctx, pub, m, ack)
 	}
 }
 
-// handleInbound converts, guards and publishes one message, then settles it.
-func (b *Bridge) handleInbound(ctx context.Context, pub Publisher, m *Message, ack AckFunc) {
+// handle converts, guards and publishes one message, then settles it.
+func (b *inboundBridge) handle(ctx context.Context, pub Publisher, m *Message, ack AckFunc) {
 	start := b.deps.Now()
 	if m.ReceivedUnixNano == 0 {
 		m.ReceivedUnixNano = start.UnixNano()
@@ -131,92 +258,104 @@ func (b *Bridge) handleInbound(ctx context.Context, pub Publisher, m *Message, a
 			b.stats.acked()
 		}
 	}
+	route, wm, ok := b.convert(m)
+	if !ok {
+		settle(nil)
+		return
+	}
+	settle(b.deliver(ctx, pub, route, m, wm))
+}
+
+// convert finds m's route and converts it, or drops it and counts why.
+func (b *inboundBridge) convert(m *Message) (Route, weida.Message, bool) {
 	if m.Looped {
 		b.drop("", ReasonLoop, slog.LevelDebug, "not bridging a message this connector published", slog.String("topic", m.Topic))
-		settle(nil)
-		return
+		return Route{}, weida.Message{}, false
 	}
 	wt, err := b.spec.Policy.TopicToWeida(m.Topic)
-	var route Route
-	var ok bool
-	if b.routeIndex != nil && err == nil {
-		route, ok = b.indexedRoute(wt, m.Topic)
-	} else {
-		route, ok = b.inboundRoute(m.Topic)
-	}
-	if !ok {
+	route, ok := b.inboundRouteOf(wt, m.Topic, err == nil)
+	switch {
+	case !ok:
 		b.drop("", ReasonNoRoute, slog.LevelWarn, "the broker delivered a topic no route selects", slog.String("topic", m.Topic))
-		settle(nil)
-		return
-	}
-	if err != nil {
+		return Route{}, weida.Message{}, false
+	case err != nil:
 		b.drop(route.Name, refusalRule(err), slog.LevelWarn, "topic has no exact weida form; dropped", slog.String("topic", m.Topic), slog.String("why", err.Error()))
-		settle(nil)
-		return
-	}
-	if !topic.Match(route.Weida, wt) {
-		b.drop(route.Name, ReasonGuardMismatch, slog.LevelError, "DEFECT: converted topic escapes the route's converted filter; dropped",
-			slog.String("topic", m.Topic), slog.String("weida_topic", wt), slog.String("weida_filter", route.Weida))
-		settle(nil)
-		return
-	}
-	if b.spec.MaxMessageBytes > 0 && len(m.Payload) > b.spec.MaxMessageBytes {
+		return Route{}, weida.Message{}, false
+	case !b.guard(route, m.Topic, wt):
+		return Route{}, weida.Message{}, false
+	case b.spec.MaxMessageBytes > 0 && len(m.Payload) > b.spec.MaxMessageBytes:
 		b.drop(route.Name, ReasonTooLarge, slog.LevelWarn, "payload over spec.limits.maxMessageBytes; dropped",
 			slog.String("topic", m.Topic), slog.Int("bytes", len(m.Payload)))
-		settle(nil)
-		return
+		return Route{}, weida.Message{}, false
 	}
-	wm := weida.Message{
+	return route, weida.Message{
 		Topic:       wt,
 		ContentType: m.ContentType,
 		Traceparent: m.Traceparent,
 		Tracestate:  m.Tracestate,
 		Payload:     m.Payload,
-	}
+	}, true
+}
+
+// deliver publishes wm, the conversion of m, holding it while nobody
+// subscribes when the resource holds, and returns how to settle m: nil
+// when it was published or dropped and counted, an error to leave it with
+// the broker (stopping).
+func (b *inboundBridge) deliver(ctx context.Context, pub Publisher, route Route, m *Message, wm weida.Message) error {
 	for {
-		if b.spec.Hold && !b.awaitSubscriber(ctx, pub, wt) {
+		if b.spec.Hold && !b.awaitSubscriber(ctx, pub, wm.Topic) {
 			// Stopping: the message stays with the broker, which
 			// delivers it again.
-			settle(ctx.Err())
-			return
+			return ctx.Err()
 		}
 		res, err := b.publish(ctx, pub, m, wm)
 		if err != nil {
 			if ctx.Err() != nil {
 				// Shutting down: leave it to the broker to deliver again.
-				settle(err)
-				return
+				return err
 			}
 			reason := ReasonWeidaRefused
 			if errors.Is(err, weida.ErrPayloadTooLarge) {
 				reason = ReasonTooLarge
 			}
 			b.drop(route.Name, reason, slog.LevelWarn, "weida refused the message; dropped", slog.String("topic", m.Topic), slog.Any("err", err))
-			settle(nil)
-			return
+			return nil
 		}
 		b.stats.copies(route.Name, res.Queued, res.Dropped, res.Closing)
 		switch {
 		case res.Queued > 0:
 			b.stats.bridged(route.Name, m.ReceivedUnixNano, b.deps.Now())
-			settle(nil)
-			return
+			return nil
 		case res.Dropped > res.Closing:
 			// Live subscribers were there but could not take it: their
 			// drops are counted (subscriber-buffer-full), as under
 			// either choice; hold waits for a subscriber, not for a
 			// slow one.
-			settle(nil)
-			return
+			return nil
 		case !b.spec.Hold:
 			b.drop(route.Name, ReasonNoSubscriber, slog.LevelInfo, "no weida subscriber wants this topic; dropped (whenNoSubscriber: drop)",
-				slog.String("topic", m.Topic), slog.String("weida_topic", wt))
-			settle(nil)
-			return
+				slog.String("topic", m.Topic), slog.String("weida_topic", wm.Topic))
+			return nil
 		}
 		// Holding, and the subscriber left between the wait and the
 		// publish: wait again.
 	}
+}
+
+// publish hands wm, the conversion of m, to pub, updating the last-value
+// cache with it when the resource keeps one and m is for it.
+func (b *inboundBridge) publish(ctx context.Context, pub Publisher, m *Message, wm weida.Message) (weida.Result, error) {
+	lv := b.lv
+	if lv == nil || !lv.takes(m) {
+		return pub.Publish(ctx, wm)
+	}
+	if rp, ok := pub.(recordingPublisher); ok {
+		return rp.PublishWith(ctx, wm, func() { lv.record(m, &wm) })
+	}
+	// A Publisher without the power (a test's) gets the cache updated
+	// first; nothing replays it anyway.
+	lv.record(m, &wm)
+	return pub.Publish(ctx, wm)
 }
 
 // awaitSubscriber waits until a live weida subscriber would get a copy of
@@ -224,7 +363,7 @@ func (b *Bridge) handleInbound(ctx context.Context, pub Publisher, m *Message, a
 // loop, so the Source takes nothing more from the broker meanwhile and the
 // broker's own flow control (prefetch, max ack pending, receive maximum)
 // holds the rest.
-func (b *Bridge) awaitSubscriber(ctx context.Context, pub Publisher, topic string) bool {
+func (b *inboundBridge) awaitSubscriber(ctx context.Context, pub Publisher, topic string) bool {
 	// The channel is taken before the test, so a subscription between
 	// the two still wakes the wait.
 	changed := pub.SubscriptionsChanged()
@@ -249,15 +388,4 @@ func (b *Bridge) awaitSubscriber(ctx context.Context, pub Publisher, topic strin
 			return true
 		}
 	}
-}
-
-// inboundRoute finds the first route whose foreign filter selects t.
-func (b *Bridge) inboundRoute(t string) (Route, bool) {
-	g := b.spec.Policy.Grammar()
-	for _, r := range b.spec.Routes {
-		if g.Match(r.Foreign, t) && b.spec.Policy.Admit(r.Foreign, t) {
-			return r, true
-		}
-	}
-	return Route{}, false
 }

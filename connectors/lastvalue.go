@@ -283,36 +283,20 @@ func (lv *lastValues) snapshot() *LastValueCounters {
 	return c
 }
 
-// publish hands wm, the conversion of m, to pub, updating the cache with
-// it when the resource keeps one and m is for it.
-func (b *Bridge) publish(ctx context.Context, pub Publisher, m *Message, wm weida.Message) (weida.Result, error) {
-	lv := b.lv
-	if lv == nil || !lv.takes(m) {
-		return pub.Publish(ctx, wm)
-	}
-	if rp, ok := pub.(recordingPublisher); ok {
-		return rp.PublishWith(ctx, wm, func() { lv.record(m, &wm) })
-	}
-	// A Publisher without the power (a test's) gets the cache updated
-	// first; nothing replays it anyway.
-	lv.record(m, &wm)
-	return pub.Publish(ctx, wm)
-}
-
-// installReplayer makes pub replay the cache, when the bridge keeps one.
-func (b *Bridge) installReplayer(pub Publisher) {
-	if b.lv == nil {
+// install makes pub replay the cache; a nil cache does nothing.
+func (lv *lastValues) install(pub Publisher) {
+	if lv == nil {
 		return
 	}
 	if rp, ok := pub.(recordingPublisher); ok {
-		rp.SetReplayer(b.lv)
+		rp.SetReplayer(lv)
 	}
 }
 
 // seedLastValues asks a Source whose broker stores last values for them,
 // and caches those the resource's routes admit, without publishing them:
 // they are history, for subscriptions made from now on.
-func (b *Bridge) seedLastValues(ctx context.Context, src Source, filters []string) {
+func (b *inboundBridge) seedLastValues(ctx context.Context, src Source, filters []string) {
 	lvs, ok := src.(LastValueSource)
 	if b.lv == nil || !ok {
 		return
@@ -332,7 +316,7 @@ func (b *Bridge) seedLastValues(ctx context.Context, src Source, filters []strin
 }
 
 // convertSeed applies to a seeding message the checks a live one passes.
-func (b *Bridge) convertSeed(m *Message) (weida.Message, bool) {
+func (b *inboundBridge) convertSeed(m *Message) (weida.Message, bool) {
 	if m.Looped {
 		return weida.Message{}, false
 	}
@@ -341,7 +325,7 @@ func (b *Bridge) convertSeed(m *Message) (weida.Message, bool) {
 		return weida.Message{}, false
 	}
 	wt, err := b.spec.Policy.TopicToWeida(m.Topic)
-	if err != nil || !topic.Match(route.Weida, wt) {
+	if err != nil || !b.exact(route, m.Topic, wt) {
 		b.stats.rlog.Log(slog.LevelWarn, "seed", "a stored message has no exact weida topic; not cached", slog.String("topic", m.Topic))
 		return weida.Message{}, false
 	}

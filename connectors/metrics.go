@@ -11,7 +11,7 @@ import (
 const (
 	ReasonLoop           = "loop"           // the message carries our own loop marker
 	ReasonNoRoute        = "no-route"       // no route's filter selects the topic
-	ReasonGuardMismatch  = "guard-mismatch" // converted topic escapes the route's converted filter: a defect
+	ReasonGuardMismatch  = "guard-mismatch" // a converted topic escapes the route that selected it: a defect
 	ReasonTooLarge       = "too-large"      // payload over spec.limits.maxMessageBytes, or over a weida subscriber's whole budget
 	ReasonWeidaRefused   = "weida-refused"  // the weida publisher refused the message (a field over its cap)
 	ReasonSubscriberBuf  = "subscriber-buffer-full"

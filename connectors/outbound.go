@@ -12,18 +12,43 @@ import (
 	"weida.dev/connector/weida"
 )
 
-// outbound is the configuration of a bridge from a remote weida publisher
+// outboundBridge is the side of a bridge from a remote weida publisher
 // endpoint onto a broker.
-type outbound struct {
+type outboundBridge struct {
+	*core
 	newSink      SinkFactory
 	dial         DialFunc
 	weidaFilters []string // distinct weida filters, the subscriptions
 }
 
+func newOutboundBridge(c *core, dial DialFunc, newSink SinkFactory) *outboundBridge {
+	b := &outboundBridge{core: c, dial: dial, newSink: newSink}
+	seen := make(map[string]bool)
+	for _, r := range c.spec.Routes {
+		if !seen[r.Weida] {
+			seen[r.Weida] = true
+			b.weidaFilters = append(b.weidaFilters, r.Weida)
+		}
+	}
+	return b
+}
+
+// An outbound bridge holds nothing between attempts but its accounting:
+// the weida endpoint is dialled by each attempt, and the broker keeps no
+// subscription of its.
+func (b *outboundBridge) prepare(context.Context) error               { return nil }
+func (b *outboundBridge) supersede(prev *Bridge, _ bool)              { b.carryOn(prev.core) }
+func (b *outboundBridge) subscribed() []string                        { return nil }
+func (b *outboundBridge) cache() *lastValues                          { return nil }
+func (b *outboundBridge) retire()                                     {}
+func (b *outboundBridge) release(map[string]weida.ListenConfig, bool) {}
+func (b *outboundBridge) addStatus(*Status)                           {}
+func (b *outboundBridge) refreshGauges()                              {}
+
 // outAttempt is one attempt of an outbound bridge: its Sink, and how the
 // attempt ends early when the Sink fails.
 type outAttempt struct {
-	b    *Bridge
+	b    *outboundBridge
 	sink Sink
 	// cancel ends the attempt with a cause; the first *Failure wins.
 	cancel context.CancelCauseFunc
@@ -52,8 +77,39 @@ func (a *outAttempt) lostReason() string {
 	return ReasonShutdown
 }
 
-// runOutbound is one attempt of an outbound bridge.
-func (b *Bridge) runOutbound(ctx context.Context) error {
+// drainBounds are the timers that end a stopping attempt's work once the
+// drain bound is over. The attempt stops them when it returns: a timer left
+// running would keep the attempt's contexts, and what they hold, for the
+// whole bound after the attempt ended.
+type drainBounds struct {
+	mu      sync.Mutex
+	timers  []*time.Timer
+	stopped bool
+}
+
+// after calls f after d, unless stop comes first.
+func (d *drainBounds) after(dur time.Duration, f func()) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if !d.stopped {
+		d.timers = append(d.timers, time.AfterFunc(dur, f))
+	}
+}
+
+// stop stops every timer armed and those armed later.
+func (d *drainBounds) stop() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.stopped = true
+	for _, t := range d.timers {
+		t.Stop()
+	}
+	d.timers = nil
+}
+
+// run is one attempt of an outbound bridge.
+func (b *outboundBridge) run(ctx context.Context) error {
+	b.stats.up("weida", false)
 	actx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	// Writes outlive ctx by the drain bound, so that a stop finishes the
@@ -66,8 +122,10 @@ func (b *Bridge) runOutbound(ctx context.Context) error {
 	// with Shutdown meanwhile (see leaveWhenDone).
 	recvCtx, cancelRecv := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelRecv()
+	var bounds drainBounds
+	defer bounds.stop()
 	stopDrain := context.AfterFunc(ctx, func() {
-		time.AfterFunc(b.deps.drain(), func() {
+		bounds.after(b.deps.drain(), func() {
 			// Receiving ends first: a copy taken once writes are cut
 			// could only be dropped, while one left unread is counted
 			// as connection-closed, the reason that says where it was.
@@ -77,13 +135,13 @@ func (b *Bridge) runOutbound(ctx context.Context) error {
 	})
 	defer stopDrain()
 	stopRecvDrain := context.AfterFunc(actx, func() {
-		time.AfterFunc(b.deps.drain(), cancelRecv)
+		bounds.after(b.deps.drain(), cancelRecv)
 	})
 	defer stopRecvDrain()
 	a := &outAttempt{b: b, cancel: cancel, endWrites: cancelWrites}
 	report, retire := b.newAttempt(a.fail)
 	defer retire()
-	sink, err := b.out.newSink(report)
+	sink, err := b.newSink(report)
 	if err != nil {
 		return failure(err, FailSinkInvalid)
 	}
@@ -103,35 +161,39 @@ func (b *Bridge) runOutbound(ctx context.Context) error {
 	}
 	b.attemptStarted()
 
-	// The in-flight bound caps the broker writes under way; when it is
-	// reached the weida receive loop stops reading, and QUIC flow control
-	// pushes back on the remote publisher.
+	out := b.newWriter(writeCtx, a)
+	b.dialLoop(actx, recvCtx, out, a)
+	if a.lost.Load() {
+		// A failed Sink may never settle what it holds; closing it
+		// makes it give every write its outcome.
+		closeSink()
+	}
+	out.wait()
+	if ctx.Err() != nil {
+		return nil
+	}
+	return b.ended(actx)
+}
+
+// newWriter returns what writes the attempt's messages to its Sink. The
+// in-flight bound caps the broker writes under way; when it is reached the
+// weida receive loop stops reading, and QUIC flow control pushes back on
+// the remote publisher.
+func (b *outboundBridge) newWriter(ctx context.Context, a *outAttempt) outboundWriter {
 	limit := b.spec.inFlight()
-	if w, ok := sink.(Windowed); ok {
+	if w, ok := a.sink.(Windowed); ok {
 		if n := w.Window(); n > 0 && n < limit {
 			limit = n
 		}
 	}
-	var out outboundWriter
-	if aw, ok := sink.(AsyncWriter); ok {
-		out = newAsyncWrites(writeCtx, a, aw, limit)
-	} else {
-		out = newWriterPool(writeCtx, a, limit)
+	if aw, ok := a.sink.(AsyncWriter); ok {
+		return newAsyncWrites(ctx, a, aw, limit)
 	}
-	finish := func() {
-		if a.lost.Load() {
-			// A failed Sink may never settle what it holds; closing it
-			// makes it give every write its outcome.
-			closeSink()
-		}
-		out.wait()
-	}
+	return newWriterPool(ctx, a, limit)
+}
 
-	b.dialLoop(actx, recvCtx, out, a)
-	finish()
-	if ctx.Err() != nil {
-		return nil
-	}
+// ended is the failure of an attempt whose Sink failed (actx's cause).
+func (b *outboundBridge) ended(actx context.Context) error {
 	// The subscription went with the attempt; the next one dials again.
 	b.reportWeida(false, FailConnectionLost, "the broker side failed; the endpoint is dialled again by the next attempt")
 	if err := context.Cause(actx); err != nil {
@@ -147,10 +209,10 @@ func (b *Bridge) runOutbound(ctx context.Context) error {
 // ends, re-dialling after every loss with a backoff. The subscription
 // then held leaves the endpoint with Shutdown, received from until that
 // is over or recvCtx ends.
-func (b *Bridge) dialLoop(ctx, recvCtx context.Context, out outboundWriter, a *outAttempt) {
+func (b *outboundBridge) dialLoop(ctx, recvCtx context.Context, out outboundWriter, a *outAttempt) {
 	attempt := 0
 	for ctx.Err() == nil {
-		sub, err := b.out.dial(ctx)
+		sub, err := b.dial(ctx)
 		if err == nil {
 			err = b.subscribeAll(ctx, sub)
 			if err != nil {
@@ -174,7 +236,7 @@ func (b *Bridge) dialLoop(ctx, recvCtx context.Context, out outboundWriter, a *o
 		}
 		attempt = 0
 		b.stats.weidaSubscribed(b.deps.Now())
-		b.reportWeida(true, "Subscribed", fmt.Sprintf("%d filters on %s", len(b.out.weidaFilters), b.spec.Endpoint))
+		b.reportWeida(true, "Subscribed", fmt.Sprintf("%d filters on %s", len(b.weidaFilters), b.spec.Endpoint))
 		left := leaveWhenDone(ctx, recvCtx, sub)
 		err = b.receiveLoop(recvCtx, sub, out, a)
 		left()
@@ -240,8 +302,8 @@ func dialReason(err error) string {
 	return FailWeidaDial
 }
 
-func (b *Bridge) subscribeAll(ctx context.Context, sub *weida.Subscriber) error {
-	for _, f := range b.out.weidaFilters {
+func (b *outboundBridge) subscribeAll(ctx context.Context, sub *weida.Subscriber) error {
+	for _, f := range b.weidaFilters {
 		if err := sub.Subscribe(ctx, f); err != nil {
 			return fmt.Errorf("subscribe %q: %w", f, err)
 		}
@@ -254,7 +316,7 @@ type outboundItem struct {
 	msg   *Message
 }
 
-func (b *Bridge) receiveLoop(ctx context.Context, sub *weida.Subscriber, out outboundWriter, a *outAttempt) error {
+func (b *outboundBridge) receiveLoop(ctx context.Context, sub *weida.Subscriber, out outboundWriter, a *outAttempt) error {
 	for {
 		// Receive returns a copy that has arrived even after ctx ended.
 		if err := ctx.Err(); err != nil {
@@ -274,6 +336,9 @@ func (b *Bridge) receiveLoop(ctx context.Context, sub *weida.Subscriber, out out
 		route, reason := b.outboundRouteOf(wm.Topic, ft)
 		if reason != "" {
 			b.drop("", reason, slog.LevelInfo, "no route may produce this topic; dropped", slog.String("topic", ft))
+			continue
+		}
+		if !b.guard(route, ft, wm.Topic) {
 			continue
 		}
 		if b.spec.MaxMessageBytes > 0 && len(wm.Payload) > b.spec.MaxMessageBytes {
@@ -301,41 +366,6 @@ func (b *Bridge) receiveLoop(ctx context.Context, sub *weida.Subscriber, out out
 			return err
 		}
 	}
-}
-
-// outboundRouteOf is outboundRoute for foreign topic ft, converted from
-// weida topic wt: through the route index when the resource has one. A
-// topic the index places under no route goes through the scan, which names
-// the reason.
-func (b *Bridge) outboundRouteOf(wt, ft string) (Route, string) {
-	if b.routeIndex != nil {
-		if r, ok := b.indexedRoute(wt, ft); ok {
-			return r, ""
-		}
-	}
-	return b.outboundRoute(ft)
-}
-
-// outboundRoute finds the first route that may produce foreign topic t, or
-// the reason none may. A topic kept from a route only by the foreign
-// protocol's own exclusion (MQTT: '$' topics under a leading wildcard) is
-// counted apart, under the policy's AdmitRule.
-func (b *Bridge) outboundRoute(t string) (Route, string) {
-	g := b.spec.Policy.Grammar()
-	excluded := false
-	for _, r := range b.spec.Routes {
-		if !b.spec.Policy.Admit(r.Foreign, t) {
-			excluded = true
-			continue
-		}
-		if g.Match(r.Foreign, t) {
-			return r, ""
-		}
-	}
-	if rule := b.spec.Policy.AdmitRule(); excluded && rule != "" {
-		return Route{}, rule
-	}
-	return Route{}, ReasonNoRoute
 }
 
 // outboundWriter takes converted messages from the receive loop to the

@@ -39,11 +39,6 @@ type Unit struct {
 	NewSink SinkFactory
 }
 
-// StableAfter is how long an attempt must stay up for the next failure to
-// count as the first in a row again, so that its backoff starts over from
-// its shortest wait.
-const StableAfter = 30 * time.Second
-
 // Runtime runs a set of resources and applies a new set on reload by
 // difference. Every resource is a supervised unit: the runtime runs
 // attempts of it (see [Bridge.Run]) one after another, with a jittered
@@ -55,9 +50,10 @@ type Runtime struct {
 
 	apply sync.Mutex // serialises Apply and Stop
 
-	mu        sync.Mutex // guards the maps; Alive checks it can be taken
-	running   map[string]*runningUnit
-	listeners map[string]*sharedListener
+	mu      sync.Mutex // guards running; Alive checks it can be taken
+	running map[string]*runningUnit
+
+	listeners *listeners // the inbound units' weida listeners
 }
 
 // runningUnit is a unit and its supervisor goroutine.
@@ -67,16 +63,9 @@ type runningUnit struct {
 	cancel context.CancelFunc
 	done   chan struct{} // closed when the supervisor has returned
 
-	// pub is the publisher path the unit holds; written by the
-	// supervisor goroutine (or startUnit before it), read by stopUnit
-	// after done.
-	pub *weida.Publisher
-}
-
-type sharedListener struct {
-	l    *weida.Listener
-	cfg  weida.ListenConfig
-	refs int
+	// streak counts the unit's failed attempts in a row; only its
+	// supervisor (or startUnit before it) uses it.
+	streak *Streak
 }
 
 // NewRuntime returns an empty runtime.
@@ -85,7 +74,7 @@ func NewRuntime(deps Deps) *Runtime {
 	return &Runtime{
 		deps:      deps,
 		running:   make(map[string]*runningUnit),
-		listeners: make(map[string]*sharedListener),
+		listeners: newListeners(deps.Logger),
 	}
 }
 
@@ -109,19 +98,15 @@ func (r *Runtime) Apply(ctx context.Context, units []Unit) error {
 	keep := make(map[string]weida.ListenConfig)
 	for _, u := range units {
 		want[u.Spec.Name] = u
-		if u.Spec.Direction != policy.Outbound && u.Listen != "" {
+		if u.Listen != "" {
 			keep[u.Listen] = u.ListenConfig
 		}
 	}
 	r.mu.Lock()
 	var stop []*runningUnit
-	// The broker filters of inbound resources being replaced, for their
-	// successors to withdraw what they no longer subscribe.
-	previous := make(map[string][]string)
-	// Units the reload restarts keep their counters and series under
-	// their name, changed or not: only a removed unit loses them. Those
-	// retried with their configuration unchanged keep their last-value
-	// cache too.
+	// Units the reload restarts carry on from the bridge they replace
+	// (see side.supersede): their counters and series stay under their
+	// name, changed or not, and only a removed unit loses them.
 	carry := make(map[string]carried)
 	for name, ru := range r.running {
 		u, ok := want[name]
@@ -135,12 +120,7 @@ func (r *Runtime) Apply(ctx context.Context, units []Unit) error {
 		stop = append(stop, ru)
 		delete(r.running, name)
 		if !ok {
-			ru.bridge.in.retiring.Store(true)
-		}
-		if ok && u.Spec.Direction != policy.Outbound && ru.unit.Spec.Direction != policy.Outbound {
-			for _, rt := range ru.unit.Spec.Routes {
-				previous[name] = append(previous[name], rt.Foreign)
-			}
+			ru.bridge.side.retire()
 		}
 	}
 	r.mu.Unlock()
@@ -173,61 +153,46 @@ func (r *Runtime) Apply(ctx context.Context, units []Unit) error {
 		if isRunning {
 			continue
 		}
-		if err := r.startUnit(ctx, want[name], previous[name], carry[name]); err != nil {
+		if err := r.startUnit(ctx, want[name], carry[name]); err != nil {
 			errs = append(errs, fmt.Errorf("resource %s: %w", name, err))
 		}
 	}
-	// A listener kept for a unit that then failed to start serves nobody.
-	r.mu.Lock()
-	for addr, sl := range r.listeners {
-		if sl.refs == 0 {
-			sl.l.Close()
-			delete(r.listeners, addr)
-		}
-	}
-	r.mu.Unlock()
+	r.listeners.closeUnused()
 	return errors.Join(errs...)
 }
 
-// startUnit starts the supervisor of u; previous are the broker filters of
-// the inbound unit it replaces, if any, and prev the stopped bridge of the
-// same configuration whose accounting and last-value cache it carries on,
-// if any. It returns the error of the first weida listen, which the
-// supervisor then retries.
 // carried is what a restarted unit takes over from the one it replaces.
 type carried struct {
 	bridge *Bridge // nil: nothing, a new unit
 	same   bool    // the configuration is unchanged (a retry, not a change)
 }
 
-func (r *Runtime) startUnit(ctx context.Context, u Unit, previous []string, prev carried) error {
-	var b *Bridge
+// newBridge builds the bridge of u's direction, hosting an inbound one's
+// publisher path on the runtime's listeners.
+func (r *Runtime) newBridge(u Unit) *Bridge {
+	c := newCore(u.Spec, r.deps)
 	if u.Spec.Direction == policy.Outbound {
-		b = NewOutbound(u.Spec, u.Dial, u.NewSink, r.deps)
-	} else {
-		b = NewInbound(u.Spec, u.NewSource, nil, r.deps)
-		b.in.supersedes = previous
+		return &Bridge{core: c, side: newOutboundBridge(c, u.Dial, u.NewSink)}
 	}
+	host := &hosting{listeners: r.listeners, listen: u.Listen, path: u.Path, cfg: u.ListenConfig}
+	return &Bridge{core: c, side: newInboundBridge(c, u.NewSource, host)}
+}
+
+// startUnit starts the supervisor of u, which carries on from prev's
+// bridge, if any. It returns the error of the first weida listen, which
+// the supervisor then retries.
+func (r *Runtime) startUnit(ctx context.Context, u Unit, prev carried) error {
+	b := r.newBridge(u)
 	if prev.bridge != nil {
-		prev.bridge.stats.addRoutes(u.Spec.Routes)
-		b.stats = prev.bridge.stats
-		if prev.same && b.lv != nil && prev.bridge.lv != nil {
-			b.lv = prev.bridge.lv
-		}
+		b.side.supersede(prev.bridge, prev.same)
 	}
 	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	ru := &runningUnit{unit: u, bridge: b, cancel: cancel, done: make(chan struct{})}
-	var first error
-	if u.Spec.Direction != policy.Outbound {
-		ru.pub, first = r.acquirePublisher(sctx, u)
-		if first == nil {
-			b.setPublisher(ru.pub)
-		}
-	}
+	ru := &runningUnit{unit: u, bridge: b, cancel: cancel, done: make(chan struct{}), streak: NewStreak(r.deps.Now)}
 	// The first failure is on record before Apply returns.
+	first := b.side.prepare(sctx)
 	failures, wait, permanent := 0, time.Duration(0), false
 	if first != nil {
-		failures = 1
+		failures = ru.streak.Down()
 		wait, permanent = r.recordFailure(b, &Failure{Reason: FailListen, Err: first}, failures)
 	}
 	r.mu.Lock()
@@ -253,18 +218,15 @@ func (r *Runtime) supervise(ctx context.Context, ru *runningUnit, failures int, 
 				return
 			}
 		}
-		started := r.deps.Now()
-		err := r.attempt(ctx, ru)
+		ru.streak.Up()
+		err := ru.bridge.attempt(ctx)
 		if ctx.Err() != nil {
 			return
 		}
 		if err == nil {
 			err = errors.New("connectors: the attempt ended by itself")
 		}
-		if r.deps.Now().Sub(started) >= StableAfter {
-			failures = 0
-		}
-		failures++
+		failures = ru.streak.Down()
 		wait, permanent = r.recordFailure(ru.bridge, failure(err, FailConnectionLost), failures)
 	}
 }
@@ -303,93 +265,16 @@ func failureSide(f *Failure) int {
 	return condBroker
 }
 
-// attempt is one attempt of ru: the weida side (the publisher path, held
-// across attempts once acquired) and one run of its bridge.
-func (r *Runtime) attempt(ctx context.Context, ru *runningUnit) error {
-	if ru.unit.Spec.Direction != policy.Outbound && ru.pub == nil {
-		pub, err := r.acquirePublisher(ctx, ru.unit)
-		if err != nil {
-			return &Failure{Reason: FailListen, Err: err}
-		}
-		ru.pub = pub
-		ru.bridge.setPublisher(pub)
-	}
-	return ru.bridge.Run(ctx)
-}
-
-func (r *Runtime) acquirePublisher(ctx context.Context, u Unit) (*weida.Publisher, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	sl := r.listeners[u.Listen]
-	if sl == nil {
-		cfg := u.ListenConfig
-		if cfg.Logger == nil {
-			cfg.Logger = r.deps.Logger.With("listen", u.Listen)
-		}
-		l, err := weida.Listen(ctx, u.Listen, cfg)
-		if err != nil {
-			return nil, fmt.Errorf("weida listen %s: %w", u.Listen, err)
-		}
-		r.deps.Logger.Info("weida listener up", "listen", l.Addr().String(), "fingerprint", l.Fingerprint())
-		sl = &sharedListener{l: l, cfg: u.ListenConfig}
-		r.listeners[u.Listen] = sl
-	} else if !sameListenIdentity(sl.cfg, u.ListenConfig) {
-		return nil, fmt.Errorf("weida listen %s: already serving other resources with a different certificate or client allowlist", u.Listen)
-	}
-	pub, err := sl.l.Publisher(u.Path)
-	if err != nil {
-		if sl.refs == 0 {
-			sl.l.Close()
-			delete(r.listeners, u.Listen)
-		}
-		return nil, fmt.Errorf("weida publisher %s%s: %w", u.Listen, u.Path, err)
-	}
-	sl.refs++
-	r.deps.Logger.Info("weida endpoint hosted", "resource", u.Spec.Name,
-		"subscriberURL", subscriberURL(u.Listen, u.Path, sl.l))
-	return pub, nil
-}
-
-// sameListenIdentity reports whether two resources may share a listener:
-// the settings weida makes per listener must agree. The resource loader
-// checks this across one load; this check covers a reload that changes one
-// resource on a shared address while another keeps running.
-func sameListenIdentity(a, b weida.ListenConfig) bool {
-	return a.CertFile == b.CertFile && a.KeyFile == b.KeyFile && a.StateDir == b.StateDir &&
-		slices.Equal(a.ClientFingerprints, b.ClientFingerprints) &&
-		a.Limits == b.Limits
-}
-
-// stopUnit stops a unit and releases its publisher path. Its listener is
-// closed with its last path unless keep holds the address with the same
-// identity (a reload restarting the resources on it). forget means the
-// unit's metric series are about to be removed (by the caller, in one pass
-// for every unit it stops): nothing of the unit may update them after
-// stopUnit returns.
+// stopUnit stops a unit and has its bridge release what it holds (see
+// side.release): its listener is closed with its last path unless keep
+// holds the address with the same identity (a reload restarting the
+// resources on it). forget means the unit's metric series are about to be
+// removed (by the caller, in one pass for every unit it stops): nothing of
+// the unit may update them after stopUnit returns.
 func (r *Runtime) stopUnit(ru *runningUnit, keep map[string]weida.ListenConfig, forget bool) {
 	ru.cancel()
 	<-ru.done
-	if forget && ru.pub != nil {
-		// Copies still queued must not bring back its series.
-		ru.pub.OnCopiesLost(nil)
-		ru.pub.CountCopiesUnconfirmed(nil)
-	}
-	if ru.pub == nil {
-		return
-	}
-	ru.pub.Close()
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if sl := r.listeners[ru.unit.Listen]; sl != nil {
-		sl.refs--
-		if cfg, ok := keep[ru.unit.Listen]; ok && sameListenIdentity(sl.cfg, cfg) {
-			return
-		}
-		if sl.refs == 0 {
-			sl.l.Close()
-			delete(r.listeners, ru.unit.Listen)
-		}
-	}
+	ru.bridge.side.release(keep, forget)
 }
 
 // Statuses returns every resource's status, sorted by name.
@@ -397,12 +282,7 @@ func (r *Runtime) Statuses() []Status {
 	r.mu.Lock()
 	out := make([]Status, 0, len(r.running))
 	for _, ru := range r.running {
-		st := ru.bridge.Status()
-		if sl := r.listeners[ru.unit.Listen]; sl != nil && ru.unit.Spec.Direction != policy.Outbound {
-			st.Fingerprint = sl.l.Fingerprint()
-			st.SubscriberURL = subscriberURL(ru.unit.Listen, ru.unit.Path, sl.l)
-		}
-		out = append(out, st)
+		out = append(out, ru.bridge.Status())
 	}
 	r.mu.Unlock()
 	slices.SortFunc(out, func(a, b Status) int {
@@ -451,30 +331,7 @@ func (r *Runtime) Stop() {
 	}
 	wg.Wait()
 	r.deps.Metrics.forget(names)
-	r.mu.Lock()
-	listeners := make(map[string]*sharedListener, len(r.listeners))
-	for addr, sl := range r.listeners {
-		listeners[addr] = sl
-		delete(r.listeners, addr)
-	}
-	r.mu.Unlock()
-	// The copies still queued for subscribers were acknowledged to their
-	// brokers: give them the drain bound to be written, and say how many
-	// were not, since no series is left to count them once the process
-	// ends.
-	for addr, sl := range listeners {
-		wg.Go(func() {
-			before := sl.l.Stats().Dropped.ConnectionClosed
-			ctx, cancel := context.WithTimeout(context.Background(), r.deps.drain())
-			defer cancel()
-			err := sl.l.Shutdown(ctx)
-			if lost := sl.l.Stats().Dropped.ConnectionClosed - before; lost > 0 || err != nil {
-				r.deps.Logger.Warn("copies still queued for weida subscribers when the drain bound ran out were dropped",
-					"listen", addr, "copies", lost, "reason", ReasonConnectionClosed)
-			}
-		})
-	}
-	wg.Wait()
+	r.listeners.shutdown(r.deps.drain())
 	r.deps.Logger.Log(context.Background(), slog.LevelInfo, "all resources stopped")
 }
 
@@ -524,11 +381,8 @@ func (c listenerCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c listenerCollector) Collect(ch chan<- prometheus.Metric) {
+	stats := c.r.listeners.stats()
 	c.r.mu.Lock()
-	stats := make(map[string]weida.ListenerStats, len(c.r.listeners))
-	for addr, sl := range c.r.listeners {
-		stats[addr] = sl.l.Stats()
-	}
 	bridges := make([]*Bridge, 0, len(c.r.running))
 	for _, ru := range c.r.running {
 		bridges = append(bridges, ru.bridge)
@@ -538,9 +392,7 @@ func (c listenerCollector) Collect(ch chan<- prometheus.Metric) {
 	// not only when /status is: the registry gathers collectors side by
 	// side, so a scrape may still show the previous scrape's values.
 	for _, b := range bridges {
-		if pub := b.publisher(); pub != nil {
-			b.deps.Metrics.Subscribers.WithLabelValues(b.spec.Name).Set(float64(pub.Subscribers()))
-		}
+		b.side.refreshGauges()
 	}
 	for addr, st := range stats {
 		ch <- prometheus.MustNewConstMetric(descListenerConns, prometheus.GaugeValue, float64(st.Connections), addr)

@@ -4,9 +4,13 @@
 // itself. The runtime owns conversion, routing, counting and retries; this
 // package owns only the broker connection and the mapping of MQTT metadata.
 //
-// Retries: autopaho keeps reconnecting (Config.Backoff, slowed further when
-// connections keep dropping soon after they come up) and the Source
+// Retries: autopaho keeps reconnecting within an attempt and the Source
 // subscribes again on every connection; the driver retries nothing else.
+// The waits follow the runtime's model (see [connectors.Streak]): Config.Backoff
+// by the failures in a row, where a connection that stayed up for
+// [connectors.StableAfter] starts the count again, so that connections that
+// keep dropping soon after they come up are slowed down as failing attempts
+// are.
 // Every failed attempt is reported through the [connectors.StateFunc] with
 // a [connectors.Failure] reason, so that /status shows the real one while
 // autopaho retries: CredentialsRefused (CONNACK 0x86 bad user name or
@@ -17,6 +21,11 @@
 // that dropped. Start, when its context ends before the first connection
 // is up, returns a *connectors.Failure with the last attempt's reason;
 // SubscribeFailed is reported when the broker refuses a subscription.
+//
+// One failure is permanent: QoSNotSupported, a broker whose CONNACK caps
+// the QoS (Maximum QoS) below the resource's. No retry meets another
+// broker, so the runtime stops retrying until the resource's qos or the
+// broker's configuration changes and the connector reloads.
 //
 // Metadata: the payload is carried unchanged; the MQTT 5 Content Type
 // property maps to weida's content_type; W3C trace context travels in the
@@ -39,6 +48,7 @@ import (
 	"net"
 	"net/url"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/eclipse/paho.golang/autopaho"
@@ -94,40 +104,26 @@ type Config struct {
 	// recognises; empty disables loop marking.
 	LoopMarker string
 	Logger     *slog.Logger
+	// Now is the clock that paces reconnections (see
+	// [connectors.Streak]); nil means time.Now.
+	Now func() time.Time
 }
 
 // clientConfig builds autopaho's configuration. onConn, when not nil, is
 // told about every new network connection; fails, when not nil, keeps why
 // the last connection attempt failed.
 func (c *Config) clientConfig(report connectors.StateFunc, log *slog.Logger, onConn func(net.Conn), fails *lastFailure) (autopaho.ClientConfig, error) {
-	if c.Host == "" {
-		return autopaho.ClientConfig{}, errors.New("mqtt: a broker host is required")
-	}
-	if c.Port < 0 || c.Port > 65535 {
-		return autopaho.ClientConfig{}, fmt.Errorf("mqtt: broker port %d out of range 1–65535", c.Port)
+	if err := c.validate(); err != nil {
+		return autopaho.ClientConfig{}, err
 	}
 	// autopaho wants a URL per server; AttemptConnection below reads only
 	// its Host, so this one is built, never parsed.
 	u := c.serverURL()
-	if c.ClientID == "" {
-		return autopaho.ClientConfig{}, errors.New("mqtt: a client id is required")
-	}
-	if c.QoS > 1 {
-		return autopaho.ClientConfig{}, fmt.Errorf("mqtt: qos %d is not supported (0 or 1)", c.QoS)
-	}
-	keepAlive := c.KeepAlive
-	if keepAlive == 0 {
-		keepAlive = 30 * time.Second
-	}
-	connectTimeout := c.ConnectTimeout
-	if connectTimeout == 0 {
-		connectTimeout = 10 * time.Second
-	}
-	backoff := c.Backoff
-	if backoff == nil {
-		backoff = connectors.ExponentialBackoff(100*time.Millisecond, 10*time.Second)
-	}
-	flaps := &flapGuard{backoff: backoff}
+	keepAlive, connectTimeout, backoff := c.withDefaults()
+	// The runtime's rule of stability paces autopaho's reconnections as
+	// it paces attempts: see [connectors.Streak].
+	streak := connectors.NewStreak(c.Now)
+	var takenOver atomic.Bool // the broker said so (DISCONNECT 0x8E)
 	cfg := autopaho.ClientConfig{
 		ServerUrls:                    []*url.URL{u},
 		KeepAlive:                     uint16(keepAlive / time.Second),
@@ -140,12 +136,23 @@ func (c *Config) clientConfig(report connectors.StateFunc, log *slog.Logger, onC
 			if n > 0 {
 				d = backoff(n)
 			}
-			return max(d, flaps.wait())
+			return max(d, streak.Wait(backoff))
 		},
-		// Source and Sink wrap OnConnectionUp with their own work.
-		OnConnectionUp: func(*autopaho.ConnectionManager, *paho.Connack) { flaps.up() },
+		// Source and Sink wrap OnConnectionUp with their own work, which
+		// they skip when the broker refused the configuration.
+		OnConnectionUp: func(_ *autopaho.ConnectionManager, ca *paho.Connack) {
+			streak.Up()
+			err := c.refusedByConnack(ca)
+			if fails != nil {
+				fails.connected(err)
+			}
+			if err != nil {
+				report(connectors.ConnState{Reason: reasonQoS, Detail: err.Error(), Lost: err})
+			}
+		},
 		OnConnectionDown: func() bool {
-			report(flaps.down(c.ClientID))
+			streak.Down()
+			report(c.lostState(streak.Flaps(), takenOver.Swap(false), streak.Wait(backoff)))
 			return true
 		},
 		AttemptConnection: func(ctx context.Context, _ autopaho.ClientConfig, u *url.URL) (net.Conn, error) {
@@ -171,13 +178,44 @@ func (c *Config) clientConfig(report connectors.StateFunc, log *slog.Logger, onC
 			},
 			OnServerDisconnect: func(d *paho.Disconnect) {
 				if d.ReasonCode == sessionTakenOver {
-					flaps.sessionTakenOver()
+					takenOver.Store(true)
 				}
 				report(connectors.ConnState{Reason: disconnectReason(d.ReasonCode), Detail: fmt.Sprintf("the broker disconnected: reason code 0x%02x %s", d.ReasonCode, reasonString(d))})
 			},
 		},
 	}
 	return cfg, nil
+}
+
+// validate refuses a Config no connection can be made with.
+func (c *Config) validate() error {
+	switch {
+	case c.Host == "":
+		return errors.New("mqtt: a broker host is required")
+	case c.Port < 0 || c.Port > 65535:
+		return fmt.Errorf("mqtt: broker port %d out of range 1–65535", c.Port)
+	case c.ClientID == "":
+		return errors.New("mqtt: a client id is required")
+	case c.QoS > 1:
+		return fmt.Errorf("mqtt: qos %d is not supported (0 or 1)", c.QoS)
+	}
+	return nil
+}
+
+// withDefaults returns the keep alive, connect timeout and backoff, their
+// zero values replaced by the documented defaults.
+func (c *Config) withDefaults() (keepAlive, connectTimeout time.Duration, backoff func(int) time.Duration) {
+	keepAlive, connectTimeout, backoff = c.KeepAlive, c.ConnectTimeout, c.Backoff
+	if keepAlive == 0 {
+		keepAlive = 30 * time.Second
+	}
+	if connectTimeout == 0 {
+		connectTimeout = 10 * time.Second
+	}
+	if backoff == nil {
+		backoff = connectors.ExponentialBackoff(100*time.Millisecond, 10*time.Second)
+	}
+	return keepAlive, connectTimeout, backoff
 }
 
 // serverURL returns the broker's address as a URL without credentials,
@@ -195,7 +233,26 @@ const (
 	reasonLost        = "ConnectionLost"
 	reasonUnreachable = "BrokerUnreachable"
 	reasonTLS         = "TLSFailure"
+	reasonQoS         = "QoSNotSupported"
 )
+
+// refusedByConnack returns the permanent failure of a connection whose
+// CONNACK says the broker cannot serve the resource as configured: its
+// Maximum QoS (MQTT 5 §3.2.2.3.4) is below the resource's QoS. The broker
+// would grant QoS 1 subscriptions at QoS 0, an at-most-once loss the
+// resource did not declare, and disconnect at the first QoS 1 PUBLISH.
+// Another attempt meets the same broker: only the resource's file (qos: 0,
+// with its declared loss) or the broker's own configuration can change it,
+// and a reload then tries again.
+func (c *Config) refusedByConnack(ca *paho.Connack) error {
+	if ca == nil || ca.Properties == nil || ca.Properties.MaximumQoS == nil || c.QoS <= *ca.Properties.MaximumQoS {
+		return nil
+	}
+	most := *ca.Properties.MaximumQoS
+	return connectors.Permanent(reasonQoS, fmt.Errorf(
+		"mqtt: the broker %s takes at most QoS %d (its CONNACK's Maximum QoS) and the resource asks for QoS %d: set spec.broker.mqtt.qos: %d and declare the at-most-once loss, or raise the broker's maximum QoS, then reload",
+		c.serverURL(), most, c.QoS, most))
+}
 
 // connectFailure classifies a failed connection attempt. The broker's
 // CONNACK refusals: 0x86 bad user name or password, 0x87 not authorized
@@ -240,10 +297,42 @@ func disconnectReason(code byte) string {
 }
 
 // lastFailure keeps why the last connection attempt failed, for Start to
-// return when its context ends before a connection is up.
+// return when its context ends before a connection is up, and whether the
+// broker refused the configuration on the first connection that came up.
 type lastFailure struct {
-	mu sync.Mutex
-	f  *connectors.Failure
+	mu      sync.Mutex
+	f       *connectors.Failure
+	up      chan struct{} // closed once the first connection's CONNACK is checked
+	refused error         // the permanent failure of the first connection, if any
+}
+
+func newLastFailure() *lastFailure { return &lastFailure{up: make(chan struct{})} }
+
+// connected records the check of a connection's CONNACK.
+func (l *lastFailure) connected(refused error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	select {
+	case <-l.up:
+		return
+	default:
+	}
+	l.refused = refused
+	close(l.up)
+}
+
+// refusal is the permanent failure of the first connection once it is up
+// (autopaho ends the wait for a connection before it reports the CONNACK),
+// or nil; or ctx's error.
+func (l *lastFailure) refusal(ctx context.Context) error {
+	select {
+	case <-l.up:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.refused
 }
 
 func (l *lastFailure) set(f *connectors.Failure) {
@@ -271,76 +360,25 @@ func (l *lastFailure) startError(url string, err error) error {
 // Mosquitto 2.0 closes the older connection without sending it.
 const sessionTakenOver = 0x8E
 
-// shortLived is how soon a lost connection must have come up to count as
-// flapping.
-const shortLived = 30 * time.Second
-
-// flapGuard slows the reconnections of a client whose connections keep
-// dropping soon after they come up: most often another connection with the
-// same client ID taking the session. autopaho reconnects at once after a
-// connection that came up, so two clients with one client ID would take
-// the session from each other hundreds of times a second. Each connection in
-// a row that lasted less than shortLived doubles the wait before the next
-// attempt (the Config's backoff); a longer one starts the count again.
-type flapGuard struct {
-	backoff func(n int) time.Duration
-
-	mu        sync.Mutex
-	upAt      time.Time
-	lostAt    time.Time
-	flaps     int
-	takenOver bool // the broker said so (DISCONNECT 0x8E)
-}
-
-func (g *flapGuard) up() {
-	g.mu.Lock()
-	g.upAt = time.Now()
-	g.mu.Unlock()
-}
-
-// down records a lost connection and returns the state to report.
-func (g *flapGuard) down(clientID string) connectors.ConnState {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	now := time.Now()
-	if !g.upAt.IsZero() && now.Sub(g.upAt) < shortLived {
-		g.flaps++
-	} else {
-		g.flaps = 0
+// lostState is the state to report when a connection is lost: flaps
+// connections in a row came up and dropped within the runtime's
+// [connectors.StableAfter], takenOver says whether the broker said another
+// connection took the session, and wait is the pause before the next
+// attempt. Both most often mean another client with the same client ID:
+// autopaho reconnects at once after a connection that came up, so two
+// clients with one ID would take the session from each other hundreds of
+// times a second, were the reconnections not paced by the streak.
+func (c *Config) lostState(flaps int, takenOver bool, wait time.Duration) connectors.ConnState {
+	if flaps < 2 && !takenOver {
+		return connectors.ConnState{Reason: reasonLost, Detail: "reconnecting"}
 	}
-	g.lostAt = now
-	takenOver := g.takenOver
-	g.takenOver = false
-	if g.flaps < 2 && !takenOver {
-		return connectors.ConnState{Reason: "ConnectionLost", Detail: "reconnecting"}
-	}
-	why := fmt.Sprintf("the connection dropped %d times in a row within %s of coming up", g.flaps, shortLived)
+	why := fmt.Sprintf("the connection dropped %d times in a row within %s of coming up", flaps, connectors.StableAfter)
 	if takenOver {
 		why = "the broker says another connection took the session"
 	}
-	return connectors.ConnState{Reason: "ConnectionLost", Detail: fmt.Sprintf(
+	return connectors.ConnState{Reason: reasonLost, Detail: fmt.Sprintf(
 		"%s; if another client uses client ID %q (replicas sharing one file), give each its own clientID, e.g. name-${HOSTNAME}; reconnecting in %s",
-		why, clientID, g.waitLocked().Round(time.Millisecond))}
-}
-
-func (g *flapGuard) sessionTakenOver() {
-	g.mu.Lock()
-	g.takenOver = true
-	g.mu.Unlock()
-}
-
-// wait is how long the next connection attempt must wait.
-func (g *flapGuard) wait() time.Duration {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.waitLocked()
-}
-
-func (g *flapGuard) waitLocked() time.Duration {
-	if g.flaps == 0 {
-		return 0
-	}
-	return max(0, g.backoff(g.flaps)-time.Since(g.lostAt))
+		why, c.ClientID, wait.Round(time.Millisecond))}
 }
 
 func reasonString(d *paho.Disconnect) string {

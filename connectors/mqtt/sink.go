@@ -65,14 +65,17 @@ func NewSink(cfg Config, report connectors.StateFunc) (*Sink, error) {
 // ends first, the error is a [*connectors.Failure] with the reason the last
 // attempt failed for, if one did.
 func (s *Sink) Start(ctx context.Context) error {
-	var fails lastFailure
-	cc, err := s.cfg.clientConfig(s.report, s.log, nil, &fails)
+	fails := newLastFailure()
+	cc, err := s.cfg.clientConfig(s.report, s.log, nil, fails)
 	if err != nil {
 		return err
 	}
 	markUp := cc.OnConnectionUp
 	cc.OnConnectionUp = func(cm *autopaho.ConnectionManager, ca *paho.Connack) {
 		markUp(cm, ca)
+		if s.cfg.refusedByConnack(ca) != nil {
+			return // reported as lost: the runtime ends the attempt
+		}
 		window := int32(65535) // MQTT 5: an absent Receive Maximum means 65,535
 		if ca != nil && ca.Properties != nil && ca.Properties.ReceiveMaximum != nil {
 			window = int32(*ca.Properties.ReceiveMaximum)
@@ -92,7 +95,7 @@ func (s *Sink) Start(ctx context.Context) error {
 	if err := cm.AwaitConnection(ctx); err != nil {
 		return fails.startError(s.cfg.serverURL().String(), err)
 	}
-	return nil
+	return fails.refusal(ctx)
 }
 
 // Write publishes m. While the connection is down it fails at once with an

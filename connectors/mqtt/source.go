@@ -2,6 +2,7 @@ package mqtt
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -36,10 +37,15 @@ type Source struct {
 	msgs   chan delivery
 	closed chan struct{}
 
+	refuseOnce sync.Once
+	refusedCh  chan struct{} // closed when the broker refused the configuration
+	refused    error         // a permanent *connectors.Failure, set before refusedCh closes
+
 	mu      sync.Mutex
 	conn    net.Conn // the current network connection
 	cm      *autopaho.ConnectionManager
-	filters []string
+	started bool
+	filters []string        // what Start subscribes, for Retire
 	stale   []string        // filters a replaced Source subscribed in this session and this one does not
 	runCtx  context.Context // ends when Close starts
 	cancel  context.CancelFunc
@@ -68,11 +74,12 @@ func NewSource(cfg Config, report connectors.StateFunc) (*Source, error) {
 		return nil, err
 	}
 	return &Source{
-		cfg:    cfg,
-		report: report,
-		log:    logger(cfg.Logger),
-		msgs:   make(chan delivery),
-		closed: make(chan struct{}),
+		cfg:       cfg,
+		report:    report,
+		log:       logger(cfg.Logger),
+		msgs:      make(chan delivery),
+		closed:    make(chan struct{}),
+		refusedCh: make(chan struct{}),
 	}, nil
 }
 
@@ -108,12 +115,20 @@ func (s *Source) Supersede(previous []string) {
 // [*connectors.Failure] with the reason the last attempt failed for, if
 // one did.
 func (s *Source) Start(ctx context.Context, filters []string) error {
-	var fails lastFailure
-	cc, err := s.cfg.clientConfig(s.report, s.log, s.setConn, &fails)
+	fails := newLastFailure()
+	cc, err := s.cfg.clientConfig(s.report, s.log, s.setConn, fails)
 	if err != nil {
 		return err
 	}
+	// The subscribing goroutines read this copy, never s.filters, which
+	// Retire reads under the lock.
+	filters = slices.Clone(filters)
 	s.mu.Lock()
+	if s.started {
+		s.mu.Unlock()
+		return errors.New("mqtt: Start called twice; a Source serves one attempt")
+	}
+	s.started = true
 	s.filters = filters
 	s.stale = slices.DeleteFunc(s.stale, func(f string) bool { return slices.Contains(filters, f) })
 	s.mu.Unlock()
@@ -126,18 +141,22 @@ func (s *Source) Start(ctx context.Context, filters []string) error {
 	markUp := cc.OnConnectionUp
 	cc.OnConnectionUp = func(cm *autopaho.ConnectionManager, ca *paho.Connack) {
 		markUp(cm, ca)
+		if err := s.cfg.refusedByConnack(ca); err != nil {
+			s.refuse(err)
+			return
+		}
 		// Must not block: subscribe from a goroutine Close waits for.
 		s.subs.Add(1)
 		go func() {
 			defer s.subs.Done()
-			if err := s.subscribe(runCtx, cm); err != nil {
+			if err := s.subscribe(runCtx, cm, filters); err != nil {
 				if runCtx.Err() == nil {
 					s.report(connectors.ConnState{Reason: "SubscribeFailed", Detail: err.Error()})
 					s.log.Error("mqtt subscribe failed", "err", err)
 				}
 				return
 			}
-			detail := fmt.Sprintf("%d subscriptions", len(s.filters))
+			detail := fmt.Sprintf("%d subscriptions", len(filters))
 			if ca.SessionPresent {
 				detail += ", session resumed"
 				s.withdrawStale(runCtx, cm)
@@ -156,12 +175,21 @@ func (s *Source) Start(ctx context.Context, filters []string) error {
 	if err := cm.AwaitConnection(ctx); err != nil {
 		return fails.startError(s.cfg.serverURL().String(), err)
 	}
-	return nil
+	return fails.refusal(ctx)
 }
 
-func (s *Source) subscribe(ctx context.Context, cm *autopaho.ConnectionManager) error {
+// refuse ends the attempt with err, a configuration the broker refused:
+// Read returns it.
+func (s *Source) refuse(err error) {
+	s.refuseOnce.Do(func() {
+		s.refused = err
+		close(s.refusedCh)
+	})
+}
+
+func (s *Source) subscribe(ctx context.Context, cm *autopaho.ConnectionManager, filters []string) error {
 	sub := &paho.Subscribe{}
-	for _, f := range s.filters {
+	for _, f := range filters {
 		// Retain as published: a retained message published while
 		// subscribed keeps its flag, so that a last-value cache sees a
 		// new retained value, or its deletion, as such.
@@ -174,8 +202,8 @@ func (s *Source) subscribe(ctx context.Context, cm *autopaho.ConnectionManager) 
 		return fmt.Errorf("mqtt: subscribe: %w", err)
 	}
 	for i, rc := range ack.Reasons {
-		if rc >= 0x80 && i < len(s.filters) {
-			return fmt.Errorf("mqtt: broker refused subscription %q: reason code 0x%02x", s.subscription(s.filters[i]), rc)
+		if rc >= 0x80 && i < len(filters) {
+			return fmt.Errorf("mqtt: broker refused subscription %q: reason code 0x%02x", s.subscription(filters[i]), rc)
 		}
 	}
 	return nil
@@ -299,6 +327,8 @@ func (s *Source) Read(ctx context.Context) (*connectors.Message, connectors.AckF
 		return d.msg, func(err error) { d.done <- err }, nil
 	case <-s.closed:
 		return nil, nil, connectors.ErrClosed
+	case <-s.refusedCh:
+		return nil, nil, s.refused
 	case <-ctx.Done():
 		return nil, nil, ctx.Err()
 	}
