@@ -122,11 +122,21 @@ func lvSubscribe(t interface {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	url := fmt.Sprintf("weida://%s@%s%s", l.Fingerprint(), l.Addr(), path)
+	open := l.Stats().Connections
 	s, err := weida.Dial(ctx, url, weida.DialConfig{})
 	if err != nil {
 		t.Fatalf("Dial: %v", err)
 	}
-	t.Cleanup(func() { s.Close() })
+	// The close waits for the listener to see it: a connection of an
+	// earlier rapid check that closes while a later one waits below would
+	// move the subscriber count and end that wait before its replay.
+	t.Cleanup(func() {
+		s.Close()
+		deadline := time.Now().Add(10 * time.Second)
+		for l.Stats().Connections > open && time.Now().Before(deadline) {
+			time.Sleep(time.Millisecond)
+		}
+	})
 	before := l.Stats()
 	subs := b.Status().Counters.Subscribers
 	if err := s.Subscribe(ctx, filter); err != nil {
