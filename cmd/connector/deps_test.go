@@ -40,12 +40,12 @@ func TestNoEmbeddedBrokers(t *testing.T) {
 	}
 }
 
-// TestOneDriverList: internal/drivers is the only package of the module
+// TestOneDriverList: cmd/internal/drivers is the only package of the module
 // that imports a protocol package (connectors/<protocol>), so that the
 // commands, the service and the demo all take protocols from its one list.
 // Tests may import protocol packages directly; only what links counts.
 func TestOneDriverList(t *testing.T) {
-	const list = "weida.dev/connector/internal/drivers"
+	const list = "weida.dev/connector/cmd/internal/drivers"
 	var protocols []string
 	for _, imp := range goList(t, "-f", `{{join .Imports "\n"}}`, list) {
 		if strings.HasPrefix(imp, "weida.dev/connector/connectors/") {

@@ -9,7 +9,7 @@ import (
 	"slices"
 	"strings"
 
-	"weida.dev/connector/internal/drivers"
+	"weida.dev/connector/cmd/internal/drivers"
 	"weida.dev/connector/policy"
 	"weida.dev/connector/service"
 )

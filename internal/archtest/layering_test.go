@@ -45,14 +45,16 @@ var allowed = map[string][]string{
 	"connectors/amqp":     driverImports,
 	"connectors/conntest": {"connectors", "policy", "weida", "weida/topic", "weida/address", "internal/brokertest"},
 	// The service knows drivers only through their common interface.
-	"service": {"connectors", "resources", "policy", "weida", "weida/topic", "weida/address", "internal/safefile"},
+	"service": {"service/admin", "connectors", "resources", "policy", "weida", "weida/topic", "weida/address", "internal/safefile"},
+	// The admin listener reads the runtime it reports on.
+	"service/admin": {"connectors"},
 	// The one list of drivers: the only package that names the protocol
 	// packages (cmd/connector's TestOneDriverList keeps it so).
-	"internal/drivers": {"service", "connectors/mqtt", "connectors/nats", "connectors/amqp"},
+	"cmd/internal/drivers": {"service", "connectors/mqtt", "connectors/nats", "connectors/amqp"},
 	// The commands wire flags to the service and the driver list.
-	"cmd/connector":      {"internal/cli", "internal/safefile", "internal/drivers", "service", "resources", "policy", "connectors", "weida", "weida/weidacli"},
-	"internal/demo":      {"internal/drivers", "service", "resources", "policy", "connectors", "weida"},
-	"cmd/connector-demo": {"internal/cli", "internal/demo"},
+	"cmd/connector":      {"internal/cli", "internal/safefile", "cmd/internal/drivers", "service", "resources", "policy", "connectors", "weida", "weida/weidacli"},
+	"cmd/internal/demo":  {"cmd/internal/drivers", "service", "resources", "policy", "connectors", "weida"},
+	"cmd/connector-demo": {"internal/cli", "cmd/internal/demo"},
 }
 
 var driverImports = []string{"connectors", "resources", "policy", "weida", "weida/topic", "weida/address"}

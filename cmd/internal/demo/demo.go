@@ -34,8 +34,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"weida.dev/connector/cmd/internal/drivers"
 	"weida.dev/connector/connectors"
-	"weida.dev/connector/internal/drivers"
 	"weida.dev/connector/policy"
 	"weida.dev/connector/resources"
 	"weida.dev/connector/service"
