@@ -200,7 +200,7 @@ func Run[T any](ctx context.Context, cfg Config, reload <-chan T) error {
 	for {
 		select {
 		case <-ctx.Done():
-			log.Info("stopping: draining in-flight messages", "bound", cfg.Drain.String())
+			log.Info("stopping: draining in-flight messages", "bound", deps.DrainBound().String())
 			rt.Stop()
 			if adminServer != nil {
 				sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
