@@ -112,6 +112,9 @@ func readModule(t *testing.T) map[string]*sourcePackage {
 		if err != nil {
 			return err
 		}
+		if name == "." {
+			name = "" // the module's root package, as rel names it
+		}
 		pkg, err := readPackage(p, filepath.ToSlash(name))
 		if err != nil {
 			return err
