@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"weida.dev/connector/connectors"
+	serviceadmin "weida.dev/connector/service/admin"
 )
 
 // admin is the connector's admin side as `connector run` assembles it:
@@ -47,7 +48,7 @@ func newAdmin(t *testing.T) *admin {
 	lc := rt.Collector()
 	reg.MustRegister(lc)
 
-	a := &admin{handler: connectors.AdminHandler(rt, reg), metrics: make(map[string]metricType)}
+	a := &admin{handler: serviceadmin.Handler(rt, reg), metrics: make(map[string]metricType)}
 	describe := func(c prometheus.Collector, typ metricType) {
 		ch := make(chan *prometheus.Desc)
 		go func() { c.Describe(ch); close(ch) }()

@@ -17,6 +17,7 @@ import (
 
 	"weida.dev/connector/connectors"
 	"weida.dev/connector/resources"
+	"weida.dev/connector/service/admin"
 )
 
 // LoadError is returned when resources cannot run: some are invalid, none
@@ -175,16 +176,16 @@ func Run[T any](ctx context.Context, cfg Config, reload <-chan T) error {
 	rt := connectors.NewRuntime(deps)
 	reg.MustRegister(rt.Collector())
 
-	var admin *http.Server
+	var adminServer *http.Server
 	var serving sync.WaitGroup
 	if cfg.Admin != "" {
 		ln, err := net.Listen("tcp", cfg.Admin)
 		if err != nil {
 			return &AdminError{Addr: cfg.Admin, Err: err}
 		}
-		admin = &http.Server{Handler: adminHandler(rt, reg, cfg.Pprof), ReadHeaderTimeout: 5 * time.Second}
+		adminServer = &http.Server{Handler: adminHandler(rt, reg, cfg.Pprof), ReadHeaderTimeout: 5 * time.Second}
 		serving.Go(func() {
-			if err := admin.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			if err := adminServer.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				log.Error("admin listener stopped", "err", err)
 			}
 		})
@@ -199,11 +200,11 @@ func Run[T any](ctx context.Context, cfg Config, reload <-chan T) error {
 	for {
 		select {
 		case <-ctx.Done():
-			log.Info("stopping: draining in-flight messages", "bound", cfg.Drain.String())
+			log.Info("stopping: draining in-flight messages", "bound", deps.DrainBound().String())
 			rt.Stop()
-			if admin != nil {
+			if adminServer != nil {
 				sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-				_ = admin.Shutdown(sctx)
+				_ = adminServer.Shutdown(sctx)
 				cancel()
 				serving.Wait()
 			}
@@ -218,10 +219,10 @@ func Run[T any](ctx context.Context, cfg Config, reload <-chan T) error {
 	}
 }
 
-// adminHandler is [connectors.AdminHandler], with net/http/pprof's
+// adminHandler is [admin.Handler], with net/http/pprof's
 // handlers under /debug/pprof/ when pprof is set.
 func adminHandler(rt *connectors.Runtime, g prometheus.Gatherer, pprof bool) http.Handler {
-	h := connectors.AdminHandler(rt, g)
+	h := admin.Handler(rt, g)
 	if !pprof {
 		return h
 	}

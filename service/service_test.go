@@ -257,3 +257,24 @@ spec:
 		t.Fatal("Run did not stop")
 	}
 }
+
+// TestUnitsErrorUnwraps: each resource's error stays reachable through
+// errors.Is and errors.As, so a caller can tell a missing driver from a
+// missing secret without reading the text.
+func TestUnitsErrorUnwraps(t *testing.T) {
+	vars := map[string]string{"AMQP_PASSWORD": "x", "NATS_TOKEN": "x", "MQTT_PASSWORD": "x"}
+	_, err := service.Units(loadExamples(t), env(vars, nats.Driver))
+	var ue *service.UnitsError
+	if !errors.As(err, &ue) {
+		t.Fatalf("Units = %v, want a *UnitsError", err)
+	}
+	if !errors.Is(err, service.ErrNoDriver) {
+		t.Errorf("errors.Is(%q, ErrNoDriver) = false", err)
+	}
+	if got := len(ue.Unwrap()); got != len(ue.Lines) || got == 0 {
+		t.Errorf("Unwrap gives %d errors for %d lines", got, len(ue.Lines))
+	}
+	if _, err := service.Units(loadExamples(t), env(nil)); errors.Is(err, service.ErrNoDriver) {
+		t.Errorf("missing secrets match ErrNoDriver: %v", err)
+	}
+}

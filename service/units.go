@@ -56,26 +56,35 @@ var ErrNoDriver = errors.New("service: no driver for the protocol")
 // naming the resource and where it is written, never a secret's value.
 func Units(cs []*resources.Connector, env Env) ([]connectors.Unit, error) {
 	var units []connectors.Unit
-	var errs []string
+	var fail UnitsError
 	for _, c := range cs {
 		u, err := unit(c, env)
 		if err != nil {
-			errs = append(errs, fmt.Sprintf("%s: resource %q: %v", c.Source, c.Name, err))
+			err = fmt.Errorf("%s: resource %q: %w", c.Source, c.Name, err)
+			fail.Lines = append(fail.Lines, err.Error())
+			fail.errs = append(fail.errs, err)
 			continue
 		}
 		units = append(units, u)
 	}
-	if len(errs) > 0 {
-		return nil, &UnitsError{Lines: errs}
+	if len(fail.errs) > 0 {
+		return nil, &fail
 	}
 	return units, nil
 }
 
 // UnitsError is the error of [Units]: one line per resource that cannot
-// be built.
-type UnitsError struct{ Lines []string }
+// be built. Each line's error stays reachable through [errors.Is] and
+// [errors.As] (for example [ErrNoDriver]).
+type UnitsError struct {
+	Lines []string
+	errs  []error // one per line, wrapping the resource's own error
+}
 
 func (e *UnitsError) Error() string { return strings.Join(e.Lines, "\n") }
+
+// Unwrap returns each resource's error, in the order of Lines.
+func (e *UnitsError) Unwrap() []error { return e.errs }
 
 func unit(c *resources.Connector, env Env) (connectors.Unit, error) {
 	d := Lookup(env.Drivers, string(c.Protocol))

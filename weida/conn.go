@@ -254,44 +254,26 @@ var errEmptyStream = errors.New("weida: stream ends without a preamble")
 
 // peekHeader peeks the preamble and header of st into sb. Its error is a
 // *wire.Error or errEmptyStream for the peer's violations (PROTOCOL §3.1,
-// §3.2), checked as early as the bytes allow: magic and kind before
-// header_len, header_len against max before a buffer of that size exists.
-// Any other error is the stream's own (a reset, a closed connection, a
-// passed read deadline).
+// §3.2), checked by wire's one preamble parser as early as the bytes allow:
+// magic and kind before header_len, header_len against max before a buffer
+// of that size exists. Any other error is the stream's own (a reset, a
+// closed connection, a passed read deadline). It peeks at most three times:
+// the fixed bytes, the rest of a longer header_len, the header.
 func peekHeader(st peeker, sb *streamBuf, max uint64) (k wire.Kind, hdr []byte, n int, err error) {
-	// Magic, kind and the first byte of header_len.
-	b := sb.grow(3)
-	if m, err := st.Peek(b); m < len(b) {
-		return 0, nil, 0, peekError(b[:m], err, max)
-	}
-	if b[0] != wire.Magic || !wire.Kind(b[1]).Defined() {
-		return 0, nil, 0, peekError(b[:2], io.EOF, max)
-	}
-	// The rest of the varint (none for a header under 64 bytes, the common
-	// case), then the header_len check.
-	vlen := 1 << (b[2] >> 6)
-	if vlen > 1 {
-		b = sb.grow(2 + vlen)
+	var b []byte
+	for {
+		need, err := wire.PreambleNeed(b, max)
+		if err != nil {
+			return 0, nil, 0, err
+		}
+		if need <= len(b) {
+			return wire.ParsePreamble(b, max)
+		}
+		b = sb.grow(need)
 		if m, err := st.Peek(b); m < len(b) {
 			return 0, nil, 0, peekError(b[:m], err, max)
 		}
 	}
-	hl := uint64(b[2] & 0x3f)
-	for _, x := range b[3:] {
-		hl = hl<<8 | uint64(x)
-	}
-	if hl > max {
-		return 0, nil, 0, peekError(b, io.EOF, max)
-	}
-	b = sb.grow(2 + vlen + int(hl))
-	if m, err := st.Peek(b); m < len(b) {
-		return 0, nil, 0, peekError(b[:m], err, max)
-	}
-	k, hdr, n, err = wire.ParsePreamble(b, max)
-	if err != nil {
-		return 0, nil, 0, err // unreachable: every rule was checked above
-	}
-	return k, hdr, n, nil
 }
 
 // peekError explains a preamble that could not be peeked whole: b is what

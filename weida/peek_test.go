@@ -110,3 +110,35 @@ func TestPeekHeaderAllocs(t *testing.T) {
 		t.Errorf("peekPreamble: %v allocations, want 0", a)
 	}
 }
+
+// TestPeekHeaderRefusesAsParsePreamble: a bad preamble is refused by the
+// peeking reader with exactly the error wire.ParsePreamble gives for the
+// same bytes (rule, frame, detail, wrapped error), whether the stream ends
+// there or keeps arriving, since both go through the one parser.
+func TestPeekHeaderRefusesAsParsePreamble(t *testing.T) {
+	for _, bad := range [][]byte{
+		{0x58, 0x01, 0x00},                         // bad magic
+		{0x57, 0x08, 0x01, 0xA0},                   // reserved kind
+		{0x57, 0x01, 0x40, 0x41, 0x00},             // header_len 65 over the limit of 64
+		{0x57, 0x03, 0xC0, 0, 0, 0, 0, 0, 0x40, 0}, // header_len 16384 in an 8-byte varint
+		{0x57, 0x01, 0x05, 0xA1, 0x00},             // the stream ends inside the header
+		{0x57, 0x01, 0x40},                         // and inside header_len
+		{0x57},                                     // and after the magic
+	} {
+		_, _, _, want := wire.ParsePreamble(bad, 64)
+		for _, final := range []bool{true, false} {
+			st := &bytesPeeker{data: bad, avail: len(bad), final: final}
+			_, _, _, err := peekHeader(st, newStreamBuf(), 64)
+			var got, exp *wire.Error
+			if !final && errors.As(want, &exp) && exp.Rule == wire.RuleTruncatedPreamble {
+				if !errors.Is(err, os.ErrDeadlineExceeded) {
+					t.Errorf("% X still arriving: %v, want to wait for more", bad, err)
+				}
+				continue
+			}
+			if !errors.As(err, &got) || !errors.As(want, &exp) || *got != *exp {
+				t.Errorf("% X (final %v): peekHeader %#v, ParsePreamble %#v", bad, final, err, want)
+			}
+		}
+	}
+}

@@ -6,7 +6,7 @@
 //
 // It is a command of its own so that the embedded brokers never link into
 // the connector binary that production runs. The demo itself is
-// internal/demo; this package only reads flags and calls it.
+// cmd/internal/demo; this package only reads flags and calls it.
 package main
 
 import (
@@ -18,8 +18,8 @@ import (
 	"os/signal"
 	"syscall"
 
+	"weida.dev/connector/cmd/internal/demo"
 	"weida.dev/connector/internal/cli"
-	"weida.dev/connector/internal/demo"
 )
 
 func main() {

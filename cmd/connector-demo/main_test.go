@@ -9,7 +9,7 @@ import (
 	"weida.dev/connector/internal/cli"
 )
 
-// TestUsage covers what the command adds to internal/demo (whose test runs
+// TestUsage covers what the command adds to cmd/internal/demo (whose test runs
 // the demo itself): --help, bad flags and stray arguments start nothing.
 func TestUsage(t *testing.T) {
 	for _, tc := range []struct {

@@ -7,7 +7,7 @@ import (
 	"io"
 	"strings"
 
-	"weida.dev/connector/internal/drivers"
+	"weida.dev/connector/cmd/internal/drivers"
 	"weida.dev/connector/policy"
 	"weida.dev/connector/resources"
 	"weida.dev/connector/service"

@@ -2,14 +2,15 @@ package main
 
 import (
 	"os/exec"
-	"slices"
 	"strings"
 	"testing"
 )
 
 // goList runs the go command's list with args and returns its output lines.
-// Both tests below ask the go command, not a hand-kept list, so that they
-// see what the linker would.
+// The test below asks the go command, not a hand-kept list, so that it
+// sees what the linker would. internal/archtest's TestOneDriverList keeps
+// the driver list in one place, reading the sources so the test cache
+// cannot hide a new package.
 func goList(t *testing.T, args ...string) []string {
 	t.Helper()
 	cmd := exec.Command("go", append([]string{"list"}, args...)...)
@@ -35,35 +36,6 @@ func TestNoEmbeddedBrokers(t *testing.T) {
 		for _, banned := range []string{"github.com/nats-io/nats-server", "github.com/mochi-mqtt"} {
 			if strings.HasPrefix(dep, banned) {
 				t.Errorf("cmd/connector depends on %s", dep)
-			}
-		}
-	}
-}
-
-// TestOneDriverList: internal/drivers is the only package of the module
-// that imports a protocol package (connectors/<protocol>), so that the
-// commands, the service and the demo all take protocols from its one list.
-// Tests may import protocol packages directly; only what links counts.
-func TestOneDriverList(t *testing.T) {
-	const list = "weida.dev/connector/internal/drivers"
-	var protocols []string
-	for _, imp := range goList(t, "-f", `{{join .Imports "\n"}}`, list) {
-		if strings.HasPrefix(imp, "weida.dev/connector/connectors/") {
-			protocols = append(protocols, imp)
-		}
-	}
-	if len(protocols) == 0 {
-		t.Fatalf("%s imports no protocol package", list)
-	}
-	for _, line := range goList(t, "-f", `{{.ImportPath}}{{range .Imports}} {{.}}{{end}}`, "weida.dev/connector/...") {
-		fields := strings.Fields(line)
-		pkg, imports := fields[0], fields[1:]
-		if pkg == list || slices.Contains(protocols, pkg) {
-			continue
-		}
-		for _, imp := range imports {
-			if slices.Contains(protocols, imp) {
-				t.Errorf("%s imports %s; take the driver from %s.All instead", pkg, imp, list)
 			}
 		}
 	}

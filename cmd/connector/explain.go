@@ -4,12 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"slices"
 	"strings"
 
-	"weida.dev/connector/internal/drivers"
+	"weida.dev/connector/cmd/internal/drivers"
 	"weida.dev/connector/policy"
 	"weida.dev/connector/service"
 )
@@ -118,40 +119,32 @@ type explainResult struct {
 	Losses    []policy.Loss `json:"losses"`
 }
 
+// explainFlags are explain's flags as parsed, before they are checked.
+type explainFlags struct {
+	proto, policy, direction, output string
+	mountForeign, mountWeida         string
+	inputs                           []explainInput
+	settings                         []settingFlag
+	given                            map[string]string // setting flags given, by name
+}
+
+// explainRun is what the checked flags ask for.
+type explainRun struct {
+	drv    service.Driver
+	pol    policy.Policy
+	mount  *mountJSON
+	dir    policy.Direction
+	opts   policy.Options
+	inputs []explainInput
+	json   bool
+}
+
 func cmdExplain(_ context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) int {
 	ds := drivers.All()
 	fs := newFlagSet("explain", explainSynopsis(ds), stderr)
-	var inputs []explainInput
-	protoNames, defaults := make([]string, len(ds)), make([]string, len(ds))
-	for i, d := range ds {
-		protoNames[i], defaults[i] = string(d.Name()), d.Policies()[0].Name()
-	}
-	proto := fs.String("protocol", "", "the broker's protocol: "+orList(protoNames)+" (required)")
-	name := fs.String("policy", "", "the conversion policy (default: "+orList(defaults)+" by protocol)")
-	dir := fs.String("direction", string(policy.Inbound), "inbound (broker → weida) or outbound (weida → broker)")
-	fs.Var(inputFlag{"filter", &inputs}, "filter", "a broker filter to convert to weida's grammar; repeatable")
-	fs.Var(inputFlag{"topic", &inputs}, "topic", "a topic to convert: a broker topic inbound, a weida topic outbound; repeatable")
-	output := fs.String("output", "text", "output format: text or json")
-	mountForeign := fs.String("mount-foreign", "", "mount: the broker's prefix, ending with its separator (factory/); default none")
-	mountWeida := fs.String("mount-weida", "", "mount: the weida prefix, ending with '.' (plants.berlin.); default none")
-	settings := settingFlags(ds)
-	given := map[string]string{}
-	for _, s := range settings {
-		usage := strings.ToUpper(strings.Join(s.protocols, ", ")) + " only: " + s.Usage
-		set := func(v string) error { given[s.Name] = v; return nil }
-		if s.Bool {
-			fs.BoolFunc(s.Name, usage, set)
-		} else {
-			fs.Func(s.Name, usage+" (default "+s.Default+")", set)
-		}
-	}
+	f := defineExplainFlags(fs, ds)
 	if code, done := parseFlags(fs, args, stdout); done {
 		return code
-	}
-	usageErr := func(format string, a ...any) int {
-		fmt.Fprintf(stderr, "connector explain: "+format+"\n", a...)
-		fmt.Fprintln(stderr, "Run 'connector explain --help' for usage.")
-		return exitUsage
 	}
 	// The flag package stops at the first argument that is not a flag, so a
 	// --help after one would otherwise read as a stray argument.
@@ -163,48 +156,123 @@ func cmdExplain(_ context.Context, args []string, _ io.Reader, stdout, stderr io
 		}
 	}
 	if fs.NArg() > 0 {
-		return usageErr("unexpected argument %q: give each input with --filter or --topic", fs.Arg(0))
+		return explainUsageError(stderr, fmt.Errorf("unexpected argument %q: give each input with --filter or --topic", fs.Arg(0)))
 	}
-	if *proto == "" {
-		return usageErr("--protocol is required (%s)", orList(protoNames))
+	run, err := f.check(ds)
+	if err != nil {
+		return explainUsageError(stderr, err)
 	}
-	drv := service.Lookup(ds, *proto)
+	return run.write(stdout, stderr)
+}
+
+// explainUsageError reports a usage error and returns its exit status.
+func explainUsageError(stderr io.Writer, err error) int {
+	fmt.Fprintf(stderr, "connector explain: %v\n", err)
+	fmt.Fprintln(stderr, "Run 'connector explain --help' for usage.")
+	return exitUsage
+}
+
+// defineExplainFlags defines explain's flags on fs; the protocols, default
+// policies and setting flags come from ds.
+func defineExplainFlags(fs *flag.FlagSet, ds []service.Driver) *explainFlags {
+	f := &explainFlags{settings: settingFlags(ds), given: map[string]string{}}
+	protoNames, defaults := make([]string, len(ds)), make([]string, len(ds))
+	for i, d := range ds {
+		protoNames[i], defaults[i] = string(d.Name()), d.Policies()[0].Name()
+	}
+	fs.StringVar(&f.proto, "protocol", "", "the broker's protocol: "+orList(protoNames)+" (required)")
+	fs.StringVar(&f.policy, "policy", "", "the conversion policy (default: "+orList(defaults)+" by protocol)")
+	fs.StringVar(&f.direction, "direction", string(policy.Inbound), "inbound (broker → weida) or outbound (weida → broker)")
+	fs.Var(inputFlag{"filter", &f.inputs}, "filter", "a broker filter to convert to weida's grammar; repeatable")
+	fs.Var(inputFlag{"topic", &f.inputs}, "topic", "a topic to convert: a broker topic inbound, a weida topic outbound; repeatable")
+	fs.StringVar(&f.output, "output", "text", "output format: text or json")
+	fs.StringVar(&f.mountForeign, "mount-foreign", "", "mount: the broker's prefix, ending with its separator (factory/); default none")
+	fs.StringVar(&f.mountWeida, "mount-weida", "", "mount: the weida prefix, ending with '.' (plants.berlin.); default none")
+	for _, s := range f.settings {
+		usage := strings.ToUpper(strings.Join(s.protocols, ", ")) + " only: " + s.Usage
+		set := func(v string) error { f.given[s.Name] = v; return nil }
+		if s.Bool {
+			fs.BoolFunc(s.Name, usage, set)
+		} else {
+			fs.Func(s.Name, usage+" (default "+s.Default+")", set)
+		}
+	}
+	return f
+}
+
+// check turns the flags into a run, or says what is wrong with them: the
+// protocol, the policy and its mount, the direction and output, the
+// settings, and that there is something to explain, in that order.
+func (f *explainFlags) check(ds []service.Driver) (explainRun, error) {
+	var run explainRun
+	var err error
+	if run.drv, run.pol, err = f.policyOf(ds); err != nil {
+		return run, err
+	}
+	if m := (policy.Mount{Foreign: f.mountForeign, Weida: f.mountWeida}); m != (policy.Mount{}) {
+		mp, err := policy.NewMounted(run.pol, m)
+		if err != nil {
+			return run, fmt.Errorf("cannot mount %q at %q: %v", m.Foreign, m.Weida, err)
+		}
+		run.pol, run.mount = mp, &mountJSON{m.Foreign, m.Weida}
+	}
+	run.dir = policy.Direction(f.direction)
+	if run.dir != policy.Inbound && run.dir != policy.Outbound {
+		return run, fmt.Errorf("--direction must be inbound or outbound, not %q", f.direction)
+	}
+	if f.output != "text" && f.output != "json" {
+		return run, fmt.Errorf("--output must be text or json, not %q", f.output)
+	}
+	run.json = f.output == "json"
+	if run.opts, err = f.options(string(run.drv.Name())); err != nil {
+		return run, err
+	}
+	if len(f.inputs) == 0 {
+		return run, errors.New("nothing to explain: give at least one --filter or --topic")
+	}
+	run.inputs = f.inputs
+	return run, nil
+}
+
+// policyOf returns the driver of --protocol and the policy to explain:
+// --policy, which must be one of that protocol's, or the protocol's
+// default.
+func (f *explainFlags) policyOf(ds []service.Driver) (service.Driver, policy.Policy, error) {
+	protoNames := make([]string, len(ds))
+	for i, d := range ds {
+		protoNames[i] = string(d.Name())
+	}
+	if f.proto == "" {
+		return nil, nil, fmt.Errorf("--protocol is required (%s)", orList(protoNames))
+	}
+	drv := service.Lookup(ds, f.proto)
 	if drv == nil {
-		return usageErr("--protocol must be %s, not %q", orList(protoNames), *proto)
+		return nil, nil, fmt.Errorf("--protocol must be %s, not %q", orList(protoNames), f.proto)
 	}
 	p, def := drv.Name(), drv.Policies()[0]
-	pol := def
-	if *name != "" {
-		all := service.Policies(ds)
-		var err error
-		if pol, err = policy.Lookup(all, *name); err != nil {
-			return usageErr("unknown --policy %q; known policies: %s", *name, strings.Join(policy.Names(all), ", "))
-		}
-		if pol.Protocol() != p {
-			return usageErr("policy %s is for %s, not %s (the %s default is %s)", pol.Name(), pol.Protocol(), p, p, def.Name())
-		}
+	if f.policy == "" {
+		return drv, def, nil
 	}
-	var mount *mountJSON
-	if m := (policy.Mount{Foreign: *mountForeign, Weida: *mountWeida}); m != (policy.Mount{}) {
-		mp, err := policy.NewMounted(pol, m)
-		if err != nil {
-			return usageErr("cannot mount %q at %q: %v", m.Foreign, m.Weida, err)
-		}
-		pol, mount = mp, &mountJSON{m.Foreign, m.Weida}
+	all := service.Policies(ds)
+	pol, err := policy.Lookup(all, f.policy)
+	if err != nil {
+		return nil, nil, fmt.Errorf("unknown --policy %q; known policies: %s", f.policy, strings.Join(policy.Names(all), ", "))
 	}
-	d := policy.Direction(*dir)
-	if d != policy.Inbound && d != policy.Outbound {
-		return usageErr("--direction must be inbound or outbound, not %q", *dir)
+	if pol.Protocol() != p {
+		return nil, nil, fmt.Errorf("policy %s is for %s, not %s (the %s default is %s)", pol.Name(), pol.Protocol(), p, p, def.Name())
 	}
-	if *output != "text" && *output != "json" {
-		return usageErr("--output must be text or json, not %q", *output)
-	}
+	return drv, pol, nil
+}
+
+// options applies the setting flags of protocol (given or their defaults)
+// and refuses one given for another protocol.
+func (f *explainFlags) options(protocol string) (policy.Options, error) {
 	var opts policy.Options
-	for _, s := range settings {
-		v, set := given[s.Name]
-		if !slices.Contains(s.protocols, string(p)) {
+	for _, s := range f.settings {
+		v, set := f.given[s.Name]
+		if !slices.Contains(s.protocols, protocol) {
 			if set {
-				return usageErr("--%s applies to %s only", s.Name, strings.Join(s.protocols, " and "))
+				return opts, fmt.Errorf("--%s applies to %s only", s.Name, strings.Join(s.protocols, " and "))
 			}
 			continue
 		}
@@ -212,21 +280,23 @@ func cmdExplain(_ context.Context, args []string, _ io.Reader, stdout, stderr io
 			v = s.Default
 		}
 		if err := s.Apply(&opts, v); err != nil {
-			return usageErr("--%s %v", s.Name, err)
+			return opts, fmt.Errorf("--%s %v", s.Name, err)
 		}
 	}
-	if len(inputs) == 0 {
-		return usageErr("nothing to explain: give at least one --filter or --topic")
-	}
+	return opts, nil
+}
 
-	results := make([]explainResult, len(inputs))
+// write explains every input to stdout and returns the exit status:
+// exitRefused when any input was refused.
+func (run explainRun) write(stdout, stderr io.Writer) int {
+	results := make([]explainResult, len(run.inputs))
 	refused := false
-	for i, in := range inputs {
-		results[i] = explainOne(pol, d, opts, in)
-		results[i].Mount = mount
+	for i, in := range run.inputs {
+		results[i] = explainOne(run.pol, run.dir, run.opts, in)
+		results[i].Mount = run.mount
 		refused = refused || results[i].Refused
 	}
-	if *output == "json" {
+	if run.json {
 		enc := json.NewEncoder(stdout)
 		for _, r := range results {
 			if err := enc.Encode(r); err != nil {
@@ -235,7 +305,7 @@ func cmdExplain(_ context.Context, args []string, _ io.Reader, stdout, stderr io
 			}
 		}
 	} else {
-		writeExplainText(stdout, pol, drv.DescribeOptions(opts), d, opts, results)
+		writeExplainText(stdout, run.pol, run.drv.DescribeOptions(run.opts), run.dir, run.opts, results)
 	}
 	if refused {
 		return exitRefused

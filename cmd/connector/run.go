@@ -13,8 +13,8 @@ import (
 	"syscall"
 	"time"
 
+	"weida.dev/connector/cmd/internal/drivers"
 	"weida.dev/connector/connectors"
-	"weida.dev/connector/internal/drivers"
 	"weida.dev/connector/resources"
 	"weida.dev/connector/service"
 )

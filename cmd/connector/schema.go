@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"io"
 
-	"weida.dev/connector/internal/drivers"
+	"weida.dev/connector/cmd/internal/drivers"
 	"weida.dev/connector/resources"
 	"weida.dev/connector/service"
 )

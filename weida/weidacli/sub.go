@@ -60,77 +60,26 @@ type subJSON struct {
 	PayloadBase64 *string `json:"payloadBase64,omitempty"`
 }
 
+// subOptions are the flags and argument of connector weida sub.
+type subOptions struct {
+	url                   string
+	addr                  address.Address
+	filters               cli.StringList
+	count                 int
+	output                string
+	caFile, certFile      string
+	keyFile               string
+	insecure              bool
+	dialTimeout, drainFor time.Duration
+}
+
 func cmdSub(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := cli.NewFlagSet("weida sub", subSynopsis, stderr)
-	var filters cli.StringList
-	fs.Var(&filters, "filter", "a weida filter to subscribe to; repeatable; '' matches every topic")
-	count := fs.Int("count", 0, "exit after this many messages; 0 runs until interrupted")
-	output := fs.String("output", "text", "output format: text or json")
-	caFile := fs.String("ca", "", "PEM file of CA certificates that may vouch for the publisher (when the URL pins no fingerprint)")
-	certFile := fs.String("cert", "", "client certificate (PEM), for publishers that admit listed fingerprints only")
-	keyFile := fs.String("key", "", "the client certificate's private key (PEM)")
-	insecure := fs.Bool("insecure-skip-verify-for-testing", false, "accept any publisher certificate; for tests only")
-	dialTimeout := fs.Duration("dial-timeout", 10*time.Second, "how long connecting and the HELLO exchange may take")
-	drainTimeout := fs.Duration("drain-timeout", 5*time.Second, "once interrupted, how long to keep printing what the publisher already sent; 0 stops at once")
-	pos, code, done := parseInterspersed(fs, args, stdout)
+	o, code, done := parseSub(args, stdout, stderr)
 	if done {
 		return code
 	}
-	bad := func(format string, a ...any) int { return usageError(stderr, "sub", format, a...) }
-	switch {
-	case len(pos) == 0:
-		return bad("missing the publisher's URL (weida://[sha256:<hex>@]host:port/path)")
-	case len(pos) > 1:
-		return bad("unexpected argument %q: give one URL, and each filter with --filter", pos[1])
-	case *output != "text" && *output != "json":
-		return bad("--output must be text or json, not %q", *output)
-	case *count < 0:
-		return bad("--count must be 0 or more, not %d", *count)
-	case (*certFile == "") != (*keyFile == ""):
-		return bad("--cert and --key go together")
-	case *dialTimeout <= 0:
-		return bad("--dial-timeout must be positive")
-	case *drainTimeout < 0:
-		return bad("--drain-timeout must be 0 or more")
-	case len(filters) == 0:
-		return bad("no --filter given; use --filter '' to receive every topic")
-	}
-	addr, err := address.Parse(pos[0])
-	if err != nil {
-		return bad("%v", err)
-	}
-	for _, f := range filters {
-		if err := topic.ValidateFilter(f); err != nil {
-			return bad("--filter %s", explainFilterError(err))
-		}
-	}
-	if addr.Fingerprint == "" && *caFile == "" && !*insecure {
-		return bad("%s pins no fingerprint and no --ca is given: pin the publisher as weida://sha256:<hex>@%s%s (connector weida pub prints it)",
-			pos[0], addr.HostPort(), addr.Path)
-	}
-
-	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	dctx, cancel := context.WithTimeout(ctx, *dialTimeout)
-	sub, err := weida.Dial(dctx, pos[0], weida.DialConfig{
-		CAFile: *caFile, CertFile: *certFile, KeyFile: *keyFile,
-		InsecureSkipVerifyForTesting: *insecure,
-		Logger:                       logger,
-	})
-	cancel()
-	if err != nil {
-		var nerr net.Error
-		switch {
-		case ctx.Err() != nil:
-			fmt.Fprintln(stderr, "connector weida sub: interrupted while connecting")
-		case errors.Is(err, context.DeadlineExceeded), errors.As(err, &nerr) && nerr.Timeout():
-			fmt.Fprintf(stderr, "connector weida sub: no weida publisher answered at %s (UDP): %v\n", addr.HostPort(), err)
-		default:
-			fmt.Fprintf(stderr, "connector weida sub: %v\n", err)
-			var ce *weida.CloseError
-			if errors.As(err, &ce) && *certFile == "" {
-				fmt.Fprintln(stderr, "connector weida sub: if the publisher admits listed clients only (pub --allow), give --cert and --key")
-			}
-		}
+	sub, ok := dialSub(ctx, o, stderr)
+	if !ok {
 		return cli.ExitFailure
 	}
 	// An interrupt ends ctx; the subscriber then leaves with Shutdown, which
@@ -139,7 +88,7 @@ func cmdSub(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	// closes the connection.
 	drained := make(chan error, 1)
 	stopDrain := context.AfterFunc(ctx, func() {
-		dctx, cancel := context.WithTimeout(context.Background(), *drainTimeout)
+		dctx, cancel := context.WithTimeout(context.Background(), o.drainFor)
 		defer cancel()
 		drained <- sub.Shutdown(dctx)
 	})
@@ -150,34 +99,122 @@ func cmdSub(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			drainErr()
 		}
 	}()
-	for _, f := range filters {
+	for _, f := range o.filters {
 		if err := sub.Subscribe(ctx, f); err != nil {
 			fmt.Fprintf(stderr, "connector weida sub: subscribing to %s: %v\n", safeText(f), err)
 			return cli.ExitFailure
 		}
 	}
-	fmt.Fprintf(stderr, "connector weida sub: subscribed to %s on %s\n", quotedList(filters), addr)
+	fmt.Fprintf(stderr, "connector weida sub: subscribed to %s on %s\n", quotedList(o.filters), o.addr)
+	return receiveSub(ctx, sub, o, drainErr, stdout, stderr)
+}
 
+// parseSub reads sub's flags and checks them, and every filter, before
+// anything is dialled. done is true when the command ends here, with code.
+func parseSub(args []string, stdout, stderr io.Writer) (o subOptions, code int, done bool) {
+	fs := cli.NewFlagSet("weida sub", subSynopsis, stderr)
+	fs.Var(&o.filters, "filter", "a weida filter to subscribe to; repeatable; '' matches every topic")
+	fs.IntVar(&o.count, "count", 0, "exit after this many messages; 0 runs until interrupted")
+	fs.StringVar(&o.output, "output", "text", "output format: text or json")
+	fs.StringVar(&o.caFile, "ca", "", "PEM file of CA certificates that may vouch for the publisher (when the URL pins no fingerprint)")
+	fs.StringVar(&o.certFile, "cert", "", "client certificate (PEM), for publishers that admit listed fingerprints only")
+	fs.StringVar(&o.keyFile, "key", "", "the client certificate's private key (PEM)")
+	fs.BoolVar(&o.insecure, "insecure-skip-verify-for-testing", false, "accept any publisher certificate; for tests only")
+	fs.DurationVar(&o.dialTimeout, "dial-timeout", 10*time.Second, "how long connecting and the HELLO exchange may take")
+	fs.DurationVar(&o.drainFor, "drain-timeout", 5*time.Second, "once interrupted, how long to keep printing what the publisher already sent; 0 stops at once")
+	pos, code, done := parseInterspersed(fs, args, stdout)
+	if done {
+		return o, code, true
+	}
+	if msg := o.check(pos); msg != "" {
+		return o, usageError(stderr, "sub", "%s", msg), true
+	}
+	return o, 0, false
+}
+
+// check validates the options and the positional arguments pos, and
+// returns what is wrong ("" when nothing is). It fills o.url and o.addr.
+func (o *subOptions) check(pos []string) string {
+	switch {
+	case len(pos) == 0:
+		return "missing the publisher's URL (weida://[sha256:<hex>@]host:port/path)"
+	case len(pos) > 1:
+		return fmt.Sprintf("unexpected argument %q: give one URL, and each filter with --filter", pos[1])
+	case o.output != "text" && o.output != "json":
+		return fmt.Sprintf("--output must be text or json, not %q", o.output)
+	case o.count < 0:
+		return fmt.Sprintf("--count must be 0 or more, not %d", o.count)
+	case (o.certFile == "") != (o.keyFile == ""):
+		return "--cert and --key go together"
+	case o.dialTimeout <= 0:
+		return "--dial-timeout must be positive"
+	case o.drainFor < 0:
+		return "--drain-timeout must be 0 or more"
+	case len(o.filters) == 0:
+		return "no --filter given; use --filter '' to receive every topic"
+	}
+	addr, err := address.Parse(pos[0])
+	if err != nil {
+		return err.Error()
+	}
+	o.url, o.addr = pos[0], addr
+	for _, f := range o.filters {
+		if err := topic.ValidateFilter(f); err != nil {
+			return "--filter " + explainFilterError(err)
+		}
+	}
+	if addr.Fingerprint == "" && o.caFile == "" && !o.insecure {
+		return fmt.Sprintf("%s pins no fingerprint and no --ca is given: pin the publisher as weida://sha256:<hex>@%s%s (connector weida pub prints it)",
+			o.url, addr.HostPort(), addr.Path)
+	}
+	return ""
+}
+
+// dialSub dials the publisher within --dial-timeout; when that fails it
+// says why on stderr and returns false.
+func dialSub(ctx context.Context, o subOptions, stderr io.Writer) (*weida.Subscriber, bool) {
+	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	dctx, cancel := context.WithTimeout(ctx, o.dialTimeout)
+	defer cancel()
+	sub, err := weida.Dial(dctx, o.url, weida.DialConfig{
+		CAFile: o.caFile, CertFile: o.certFile, KeyFile: o.keyFile,
+		InsecureSkipVerifyForTesting: o.insecure,
+		Logger:                       logger,
+	})
+	if err == nil {
+		return sub, true
+	}
+	var nerr net.Error
+	switch {
+	case ctx.Err() != nil:
+		fmt.Fprintln(stderr, "connector weida sub: interrupted while connecting")
+	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &nerr) && nerr.Timeout():
+		fmt.Fprintf(stderr, "connector weida sub: no weida publisher answered at %s (UDP): %v\n", o.addr.HostPort(), err)
+	default:
+		fmt.Fprintf(stderr, "connector weida sub: %v\n", err)
+		var ce *weida.CloseError
+		if errors.As(err, &ce) && o.certFile == "" {
+			fmt.Fprintln(stderr, "connector weida sub: if the publisher admits listed clients only (pub --allow), give --cert and --key")
+		}
+	}
+	return nil, false
+}
+
+// receiveSub prints messages until --count, an interrupt (after the drain
+// drainErr waits for) or the connection's end, and returns the exit status.
+func receiveSub(ctx context.Context, sub *weida.Subscriber, o subOptions, drainErr func() error, stdout, stderr io.Writer) int {
 	write := writeSubText
-	if *output == "json" {
+	if o.output == "json" {
 		write = writeSubJSON
 	}
 	var buf []byte
-	for n := 0; *count == 0 || n < *count; n++ {
+	for n := 0; o.count == 0 || n < o.count; n++ {
 		m, err := sub.Receive(context.Background())
+		if err != nil && ctx.Err() != nil {
+			return interruptedSub(sub, o, n, drainErr(), stderr)
+		}
 		if err != nil {
-			if ctx.Err() != nil {
-				if drainErr() != nil {
-					fmt.Fprintf(stderr, "connector weida sub: stopped at --drain-timeout %s, before the publisher had gone quiet; dropped unread: %s\n",
-						*drainTimeout, countOf(int(sub.Stats().DroppedUnread), "message", "messages"))
-				}
-				if *count == 0 {
-					return cli.ExitOK
-				}
-				fmt.Fprintf(stderr, "connector weida sub: interrupted after %d of %d messages\n", n, *count)
-				return cli.ExitFailure
-			}
-			fmt.Fprintf(stderr, "connector weida sub: connection to %s ended after %s: %v\n", addr, countOf(n, "message", "messages"), err)
+			fmt.Fprintf(stderr, "connector weida sub: connection to %s ended after %s: %v\n", o.addr, countOf(n, "message", "messages"), err)
 			return cli.ExitFailure
 		}
 		buf = write(buf[:0], &m)
@@ -187,6 +224,20 @@ func cmdSub(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	return cli.ExitOK
+}
+
+// interruptedSub reports an interrupt after n messages, and what the
+// drain (ended with drainErr) left unread, and returns the exit status.
+func interruptedSub(sub *weida.Subscriber, o subOptions, n int, drainErr error, stderr io.Writer) int {
+	if drainErr != nil {
+		fmt.Fprintf(stderr, "connector weida sub: stopped at --drain-timeout %s, before the publisher had gone quiet; dropped unread: %s\n",
+			o.drainFor, countOf(int(sub.Stats().DroppedUnread), "message", "messages"))
+	}
+	if o.count == 0 {
+		return cli.ExitOK
+	}
+	fmt.Fprintf(stderr, "connector weida sub: interrupted after %d of %d messages\n", n, o.count)
+	return cli.ExitFailure
 }
 
 // writeSubText appends one text line for m.

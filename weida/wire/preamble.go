@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"strconv"
 )
 
@@ -168,30 +169,70 @@ func ParsePreamble(b []byte, maxHeader uint64) (k Kind, header []byte, n int, er
 	if len(b) == 0 {
 		return 0, nil, 0, io.EOF
 	}
+	k, start, end, err := scanPreamble(b, maxHeader)
+	if err != nil {
+		return k, nil, 0, err
+	}
+	if start == 0 || end > len(b) {
+		if len(b) < 2 {
+			return 0, nil, 0, &Error{Key: -1, Rule: RuleTruncatedPreamble, Err: io.ErrUnexpectedEOF}
+		}
+		return k, nil, 0, &Error{Frame: k, Key: -1, Rule: RuleTruncatedPreamble, Err: io.ErrUnexpectedEOF}
+	}
+	return k, b[start:end:end], end, nil
+}
+
+// PreambleNeed is [ParsePreamble] for a reader that peeks a stream as it
+// arrives: given the stream's first bytes b, it returns how long b must be
+// for ParsePreamble to succeed, or, while b does not yet hold the whole
+// preamble, how long it must be to tell more. It applies ParsePreamble's
+// rules to what b holds, as early as the bytes allow (magic and kind before
+// header_len, header_len against maxHeader before a header of that size is
+// waited for), and returns the same violations; a short b is no violation
+// here. It allocates only for a violation.
+func PreambleNeed(b []byte, maxHeader uint64) (int, error) {
+	_, _, end, err := scanPreamble(b, maxHeader)
+	return end, err
+}
+
+// scanPreamble is the one reading of the preamble rules. When b holds the
+// whole preamble it returns the kind and the header's bounds in the stream
+// (start > 0; end may lie beyond b); while it does not, start is 0 and end
+// the length b must reach to tell more. err is a violation b already shows.
+func scanPreamble(b []byte, maxHeader uint64) (k Kind, start, end int, err error) {
+	// Magic, kind and the varint's first byte: three bytes every preamble has.
+	const fixed = 3
+	if len(b) == 0 {
+		return 0, 0, fixed, nil
+	}
 	if b[0] != Magic {
-		return 0, nil, 0, &Error{Key: -1, Rule: RuleBadMagic, Detail: fmt.Sprintf("got 0x%02x", b[0])}
+		return 0, 0, 0, &Error{Key: -1, Rule: RuleBadMagic, Detail: fmt.Sprintf("got 0x%02x", b[0])}
 	}
 	if len(b) < 2 {
-		return 0, nil, 0, &Error{Key: -1, Rule: RuleTruncatedPreamble, Err: io.ErrUnexpectedEOF}
+		return 0, 0, fixed, nil
 	}
 	k = Kind(b[1])
 	if !k.Defined() {
-		return k, nil, 0, &Error{Frame: k, Key: -1, Rule: RuleReservedKind}
+		return k, 0, 0, &Error{Frame: k, Key: -1, Rule: RuleReservedKind}
+	}
+	if len(b) < fixed {
+		return k, 0, fixed, nil
 	}
 	hl, vn, ok := consumeVarint(b[2:])
 	if !ok {
-		return k, nil, 0, &Error{Frame: k, Key: -1, Rule: RuleTruncatedPreamble, Err: io.ErrUnexpectedEOF}
+		return k, 0, 2 + 1<<(b[2]>>6), nil
 	}
 	if hl > maxHeader {
-		return k, nil, 0, &Error{Frame: k, Key: -1, Rule: RuleHeaderTooLarge,
+		return k, 0, 0, &Error{Frame: k, Key: -1, Rule: RuleHeaderTooLarge,
 			Detail: fmt.Sprintf("%d > %d", hl, maxHeader), Err: ErrHeaderTooLarge}
 	}
-	start := 2 + vn
-	if hl > uint64(len(b)-start) {
-		return k, nil, 0, &Error{Frame: k, Key: -1, Rule: RuleTruncatedPreamble, Err: io.ErrUnexpectedEOF}
+	start = 2 + vn
+	if hl > uint64(math.MaxInt-start) {
+		// Only a limit no buffer can meet gets here (a 32-bit int): the
+		// header cannot arrive whole, so it stays truncated.
+		return k, start, math.MaxInt, nil
 	}
-	end := start + int(hl)
-	return k, b[start:end:end], end, nil
+	return k, start, start + int(hl), nil
 }
 
 // AppendPreamble appends the preamble for a header of len(header) bytes

@@ -263,3 +263,39 @@ func TestErrorMessages(t *testing.T) {
 		t.Error("sentinel without package prefix")
 	}
 }
+
+// TestPreambleNeedAgreesWithParse: for every prefix of good and bad
+// preambles, PreambleNeed reports a violation exactly when ParsePreamble
+// reports the same one, and a length no greater than the prefix exactly
+// when ParsePreamble succeeds on it.
+func TestPreambleNeedAgreesWithParse(t *testing.T) {
+	for _, s := range [][]byte{
+		{0x57, 0x01, 0x05, 0xA1, 0x00, 0x62, 0x2F, 0x74, 'p'},
+		{0x57, 0x01, 0x40, 0x05, 0xA1, 0x00, 0x62, 0x2F, 0x74},
+		{0x57, 0x03, 0xC0, 0, 0, 0, 0, 0, 0x40, 0x01},
+		{0x57, 0x00, 0x00},
+		{0x57, 0x08, 0x01, 0xA0},
+		{0x58, 0x01},
+		{0x57, 0x01, 0x3F},
+	} {
+		for cut := 0; cut <= len(s); cut++ {
+			b := s[:cut]
+			need, err := PreambleNeed(b, 32)
+			_, _, n, perr := ParsePreamble(b, 32)
+			var pe *Error
+			truncated := errors.As(perr, &pe) && pe.Rule == RuleTruncatedPreamble || perr == io.EOF
+			switch {
+			case err != nil:
+				if perr == nil || err.Error() != perr.Error() {
+					t.Errorf("% X: PreambleNeed %v, ParsePreamble %v", b, err, perr)
+				}
+			case need <= len(b):
+				if perr != nil || n != need {
+					t.Errorf("% X: PreambleNeed %d, ParsePreamble %d %v", b, need, n, perr)
+				}
+			case !truncated:
+				t.Errorf("% X: PreambleNeed wants %d bytes, ParsePreamble %v", b, need, perr)
+			}
+		}
+	}
+}

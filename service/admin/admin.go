@@ -1,4 +1,8 @@
-package connectors
+// Package admin serves the operator's view of a bridge runtime over HTTP:
+// metrics, liveness, readiness, the /status JSON and the status page. It
+// sits above the runtime it reports on and reads it only through [Runtime],
+// so the runtime knows nothing of HTTP.
+package admin
 
 import (
 	"context"
@@ -8,16 +12,29 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"weida.dev/connector/connectors"
 )
 
-// AdminHandler serves the operator's view of a runtime:
+// Runtime is what the admin listener reads from the bridge runtime;
+// [*connectors.Runtime] is the one the service passes.
+type Runtime interface {
+	// Alive reports whether the runtime answers before ctx ends.
+	Alive(ctx context.Context) bool
+	// Ready reports whether every resource runs with both sides up.
+	Ready() bool
+	// Statuses returns every resource's status, sorted by name.
+	Statuses() []connectors.Status
+}
+
+// Handler serves the operator's view of a runtime:
 //
 //	/metrics  Prometheus exposition of g
-//	/healthz  200 while the runtime answers within 2 s (see [Runtime.Alive]);
+//	/healthz  200 while the runtime answers within 2 s (see [connectors.Runtime.Alive]);
 //	          never fails because a broker is down
 //	/readyz   200 only when every resource's broker and weida sides are up
 //	/status   JSON: every resource with its conditions and counters
-func AdminHandler(rt *Runtime, g prometheus.Gatherer) http.Handler {
+func Handler(rt Runtime, g prometheus.Gatherer) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, req *http.Request) {
@@ -59,8 +76,8 @@ func AdminHandler(rt *Runtime, g prometheus.Gatherer) http.Handler {
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
 		_ = enc.Encode(struct {
-			Ready     bool     `json:"ready"`
-			Resources []Status `json:"resources"`
+			Ready     bool                `json:"ready"`
+			Resources []connectors.Status `json:"resources"`
 		}{rt.Ready(), rt.Statuses()})
 	})
 	mux.Handle("GET /", newStatusPage(rt)) // the status page at / and its files under /ui/; see statuspage.go

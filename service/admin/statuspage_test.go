@@ -1,7 +1,8 @@
-package connectors
+package admin
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -13,7 +14,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"weida.dev/connector/policy"
+	"weida.dev/connector/connectors"
 )
 
 const (
@@ -24,33 +25,54 @@ const (
 	hostileReason  = `<b onmouseover=alert(2)>`
 )
 
+// fixedRuntime is a runtime that reports a fixed set of statuses, so the
+// page can be shown text no real resource would produce. That the real
+// runtime reports such text verbatim is connectors' TestStatusesKeepHostileText.
+type fixedRuntime struct {
+	statuses []connectors.Status
+	alive    func(context.Context) bool
+}
+
+func (f fixedRuntime) Alive(ctx context.Context) bool {
+	if f.alive != nil {
+		return f.alive(ctx)
+	}
+	return true
+}
+
+func (f fixedRuntime) Ready() bool {
+	for _, s := range f.statuses {
+		if !s.Ready() {
+			return false
+		}
+	}
+	return len(f.statuses) > 0
+}
+
+func (f fixedRuntime) Statuses() []connectors.Status { return f.statuses }
+
 // hostileRuntime returns a runtime holding one resource whose name, route,
-// drop reason and error text are all markup, with known counters.
-func hostileRuntime(t *testing.T) *Runtime {
+// drop reason and error text are all markup, with known counters: the
+// status connectors' hostileRuntime reports.
+func hostileRuntime(t *testing.T) Runtime {
 	t.Helper()
-	deps := Deps{Metrics: NewMetrics(prometheus.NewRegistry())}
-	rt := NewRuntime(deps)
-	spec := Spec{
+	now := time.Now()
+	return fixedRuntime{statuses: []connectors.Status{{
 		Name:      hostileName,
-		Protocol:  policy.MQTT,
-		Direction: policy.Inbound,
+		Protocol:  "mqtt",
+		Direction: "inbound",
 		Broker:    "mqtt://127.0.0.1:1883",
 		Endpoint:  "weida://127.0.0.1:7000/x",
-		Routes:    []Route{{Name: hostileForeign, Foreign: hostileForeign, Weida: hostileWeida}},
+		Routes:    []connectors.RouteStatus{{Name: hostileForeign, Foreign: hostileForeign, Weida: hostileWeida}},
 		Losses:    []string{"dotted-levels", "ordering"},
-	}
-	b := NewInbound(spec, nil, nil, rt.deps)
-	b.stats.count.received.Add(7)
-	b.stats.count.bridged.Add(5)
-	b.stats.count.drop("mqtt-dotted-level", 1)
-	b.stats.count.drop(hostileReason, 1)
-	b.failed(FailureStatus{Reason: FailListen, Message: hostileError, Attempts: 1, LastErrorTime: time.Now()}, condWeida)
-	done := make(chan struct{})
-	close(done)
-	rt.mu.Lock()
-	rt.running[spec.Name] = &runningUnit{unit: Unit{Spec: spec}, bridge: b, cancel: func() {}, done: done}
-	rt.mu.Unlock()
-	return rt
+		Conditions: []connectors.Condition{
+			{Type: connectors.CondBrokerConnected, Status: "Unknown", Reason: "Starting", LastTransitionTime: now},
+			{Type: connectors.CondWeidaReady, Status: "False", Reason: connectors.FailListen, Message: hostileError, LastTransitionTime: now},
+			{Type: connectors.CondReady, Status: "False", Reason: connectors.FailListen, Message: hostileError, LastTransitionTime: now},
+		},
+		Counters: connectors.Counters{Received: 7, Bridged: 5, Dropped: map[string]uint64{"mqtt-dotted-level": 1, hostileReason: 1}},
+		Failure:  &connectors.FailureStatus{Reason: connectors.FailListen, Message: hostileError, Attempts: 1, LastErrorTime: now},
+	}}}
 }
 
 func get(t *testing.T, h http.Handler, path string) (*http.Response, string) {
@@ -66,7 +88,7 @@ func get(t *testing.T, h http.Handler, path string) (*http.Response, string) {
 }
 
 func TestStatusPageEscapesHostileText(t *testing.T) {
-	h := AdminHandler(hostileRuntime(t), prometheus.NewRegistry())
+	h := Handler(hostileRuntime(t), prometheus.NewRegistry())
 	res, body := get(t, h, "/")
 	if res.StatusCode != 200 {
 		t.Fatalf("GET / = %d\n%s", res.StatusCode, body)
@@ -107,7 +129,7 @@ func TestStatusPageEscapesHostileText(t *testing.T) {
 }
 
 func TestStatusPageHeaders(t *testing.T) {
-	h := AdminHandler(hostileRuntime(t), prometheus.NewRegistry())
+	h := Handler(hostileRuntime(t), prometheus.NewRegistry())
 	res, _ := get(t, h, "/")
 	csp := res.Header.Get("Content-Security-Policy")
 	for _, want := range []string{"default-src 'none'", "script-src 'self'", "style-src 'self'", "connect-src 'self'", "frame-ancestors 'none'"} {
@@ -126,7 +148,7 @@ func TestStatusPageHeaders(t *testing.T) {
 }
 
 func TestStatusPageAssets(t *testing.T) {
-	h := AdminHandler(hostileRuntime(t), prometheus.NewRegistry())
+	h := Handler(hostileRuntime(t), prometheus.NewRegistry())
 	for path, want := range map[string]string{
 		"/ui/page.js":     "text/javascript; charset=utf-8",
 		"/ui/page.css":    "text/css; charset=utf-8",
@@ -152,7 +174,7 @@ func TestStatusPageAssets(t *testing.T) {
 	}
 	// The routes that were there before the page keep answering.
 	res, body := get(t, h, "/status")
-	var st struct{ Resources []Status }
+	var st struct{ Resources []connectors.Status }
 	if err := json.Unmarshal([]byte(body), &st); res.StatusCode != 200 || err != nil || len(st.Resources) != 1 {
 		t.Fatalf("GET /status = %d, %v:\n%s", res.StatusCode, err, body)
 	}
@@ -184,9 +206,9 @@ func TestStatusPageRendersFailure(t *testing.T) {
 	page := &statusPage{tmpl: mustStatusTemplate(), now: time.Now}
 	at := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
 	d := pageData{Generated: at, Resources: []pageResource{
-		{Status: Status{Name: "down"}, Failure: &pageFailure{Reason: "ConnectFailed", Message: hostileError, Attempts: 3,
+		{Status: connectors.Status{Name: "down"}, Failure: &pageFailure{Reason: "ConnectFailed", Message: hostileError, Attempts: 3,
 			LastErrorTime: at, NextRetryTime: at.Add(4 * time.Second)}},
-		{Status: Status{Name: "fine"}},
+		{Status: connectors.Status{Name: "fine"}},
 	}}
 	var buf bytes.Buffer
 	if err := page.tmpl.Execute(&buf, d); err != nil {

@@ -1,4 +1,4 @@
-package connectors
+package admin
 
 import (
 	"bytes"
@@ -10,6 +10,8 @@ import (
 	"path"
 	"strconv"
 	"time"
+
+	"weida.dev/connector/connectors"
 )
 
 // The page's files are embedded so the admin listener depends on nothing
@@ -45,14 +47,14 @@ func statusPageAsset(name string) (string, bool) {
 // resource's Status as HTML, and /ui/ serves the page's script, style sheet
 // and icon. Safe for concurrent use.
 type statusPage struct {
-	rt   *Runtime
+	rt   Runtime
 	tmpl *template.Template
 	now  func() time.Time
 }
 
 // newStatusPage returns the handler of the status page for rt. Its patterns
 // are / (exactly) and /ui/; everything else under / is not found.
-func newStatusPage(rt *Runtime) http.Handler {
+func newStatusPage(rt Runtime) http.Handler {
 	p := &statusPage{
 		rt:   rt,
 		tmpl: mustStatusTemplate(),
@@ -81,7 +83,7 @@ type pageData struct {
 // JSON /status sends, so the two never differ, plus the fields the page
 // shows when a newer runtime reports them and ignores while it does not.
 type pageResource struct {
-	Status
+	connectors.Status
 	// Failure is the supervisor's account of why a resource is down.
 	Failure *pageFailure `json:"failure,omitempty"`
 }
@@ -96,13 +98,13 @@ type pageFailure struct {
 }
 
 // Condition returns the condition of type t, or false.
-func (r pageResource) Condition(t string) (Condition, bool) {
+func (r pageResource) Condition(t string) (connectors.Condition, bool) {
 	for _, c := range r.Conditions {
 		if c.Type == t {
 			return c, true
 		}
 	}
-	return Condition{}, false
+	return connectors.Condition{}, false
 }
 
 // DroppedTotal is the sum of the resource's drops over every reason.
