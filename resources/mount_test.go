@@ -10,11 +10,12 @@ import (
 )
 
 // mountedOut is mqttOut under a mount of orders/ at weida, which a mount
-// under a foreign prefix no longer loses empty-segments for.
+// under a foreign prefix no longer loses empty-segments or, since no
+// topic under orders/ starts with '$', dollar-topics for.
 func mountedOut(t *testing.T, name, weida string, edits ...string) string {
 	t.Helper()
 	doc := rename(t, mqttOut, "mqtt-out", name)
-	doc = edit(t, doc, "  conversion:\n", "  conversion:\n    mount: {foreign: \"orders/\", weida: \""+weida+"\"}\n", "empty-segments, ", "")
+	doc = edit(t, doc, "  conversion:\n", "  conversion:\n    mount: {foreign: \"orders/\", weida: \""+weida+"\"}\n", "empty-segments, ", "", "dollar-topics, ", "")
 	if len(edits) > 0 {
 		doc = edit(t, doc, edits...)
 	}

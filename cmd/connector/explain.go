@@ -275,7 +275,7 @@ func explainOne(pol policy.Policy, d policy.Direction, opts policy.Options, in e
 		r.Part = &part
 	}
 	if in.kind == "topic" {
-		if l, ok := policy.LossForRule(ref.Rule); ok {
+		if l, ok := pol.LossFor(ref.Rule); ok {
 			r.Losses = []policy.Loss{l}
 		}
 	}

@@ -113,7 +113,9 @@ func (driver) Broker(b *resources.BrokerBlock) resources.BrokerOptions {
 		checkCredentials(b, cr)
 	}
 	a := Options{Exchange: DefaultExchange, VHost: "/"}
-	out := resources.BrokerOptions{PolicyOK: true}
+	out := resources.BrokerOptions{PolicyOK: true, LastValues: resources.LastValues{
+		Why: "an AMQP queue keeps nothing for later consumers: each message goes to one consumer and is gone once acknowledged",
+	}}
 	if p := b.BrokerPath(); p != "" {
 		a.VHost = p
 	}

@@ -160,7 +160,23 @@ func (driver) Broker(b *resources.BrokerBlock) resources.BrokerOptions {
 		b.DirectionOnly(base+".retain", true, policy.Outbound,
 			"an inbound resource receives retained messages; to replay them to late weida subscribers, set spec.lastValue")
 	}
-	return resources.BrokerOptions{Options: m, Policy: policy.Options{QoS: int(m.QoS)}, PolicyOK: optsOK, Hold: hold(m)}
+	return resources.BrokerOptions{Options: m, Policy: policy.Options{QoS: int(m.QoS)}, PolicyOK: optsOK, Hold: hold(m), LastValues: lastValues(m)}
+}
+
+// lastValues says whether the source receives the broker's retained
+// messages. A shared subscription must not (MQTT 5 §4.8.2, §3.8.3.1):
+// a conforming broker would seed the cache with nothing, and Mosquitto
+// 2.0.11, which sends them anyway, would seed it with values the standard
+// says the connector never gets. So the two are refused together rather
+// than left to the broker.
+func lastValues(m Options) resources.LastValues {
+	if m.SharedGroup != "" {
+		return resources.LastValues{
+			Why:  "spec.broker.mqtt.sharedGroup subscribes to a shared subscription, to which MQTT 5 forbids sending retained messages (§4.8.2): a conforming broker seeds nothing (Mosquitto 2.0.11 sends them anyway)",
+			Hint: "remove sharedGroup so that the connector receives the retained messages, or write mode: all to cache the messages this replica bridges",
+		}
+	}
+	return resources.LastValues{OK: true}
 }
 
 // hold says whether the broker keeps what the connector does not

@@ -115,6 +115,9 @@ func (driver) Broker(b *resources.BrokerBlock) resources.BrokerOptions {
 	out := resources.BrokerOptions{PolicyOK: true, Hold: resources.Hold{
 		Why:  "core NATS delivers each message once, to whoever is subscribed, and keeps nothing",
 		Hint: "read from a JetStream stream: jetstream: {stream: NAME, durable: weida-connector}",
+	}, LastValues: resources.LastValues{
+		Why:  "core NATS keeps nothing (a JetStream stream keeps the last message of each subject)",
+		Hint: "write mode: all to cache every message bridged, or read from a JetStream stream",
 	}}
 	const base = "spec.broker.nats"
 	n.QueueGroup = raw.QueueGroup
@@ -126,6 +129,9 @@ func (driver) Broker(b *resources.BrokerBlock) resources.BrokerOptions {
 		// The durable consumer keeps what is not acknowledged, across
 		// the connector's restarts.
 		out.Hold = resources.Hold{OK: true}
+		// The stream keeps the last message of each subject; the
+		// source reads them when it starts.
+		out.LastValues = resources.LastValues{OK: true}
 		js := base + ".jetstream"
 		if raw.QueueGroup != "" {
 			b.Fail(base+".queueGroup", b.KeyAt(base+".queueGroup"), raw.QueueGroup, "jetstream-queue-group",
