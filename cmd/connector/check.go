@@ -7,7 +7,6 @@ import (
 	"io"
 	"strings"
 
-	"weida.dev/connector/internal/drivers"
 	"weida.dev/connector/policy"
 	"weida.dev/connector/resources"
 	"weida.dev/connector/service"
@@ -36,7 +35,7 @@ func cmdCheck(_ context.Context, args []string, _ io.Reader, stdout, stderr io.W
 		return exitUsage
 	}
 
-	set, err := resources.Load(service.Protocols(drivers.All()), paths...)
+	set, err := resources.Load(service.Protocols(programDrivers()), paths...)
 	if *output == "json" {
 		if werr := writeCheckJSON(stdout, set); werr != nil {
 			fmt.Fprintf(stderr, "connector check: %v\n", werr)
@@ -177,7 +176,7 @@ func brokerSummary(c *resources.Connector) string {
 	case !cr.Creds.IsZero():
 		parts = append(parts, fmt.Sprintf("credentials from %s", cr.Creds))
 	}
-	if d := service.Lookup(drivers.All(), string(c.Protocol)); d != nil {
+	if d := service.Lookup(programDrivers(), string(c.Protocol)); d != nil {
 		if s := d.Summary(c); s != "" {
 			parts = append(parts, s)
 		}

@@ -9,7 +9,6 @@ import (
 	"slices"
 	"strings"
 
-	"weida.dev/connector/internal/drivers"
 	"weida.dev/connector/policy"
 	"weida.dev/connector/service"
 )
@@ -119,7 +118,7 @@ type explainResult struct {
 }
 
 func cmdExplain(_ context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) int {
-	ds := drivers.All()
+	ds := programDrivers()
 	fs := newFlagSet("explain", explainSynopsis(ds), stderr)
 	var inputs []explainInput
 	protoNames, defaults := make([]string, len(ds)), make([]string, len(ds))
