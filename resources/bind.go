@@ -189,26 +189,6 @@ func (b *binder) setOptions(o BrokerOptions) {
 	b.lastVal = o.LastValues
 }
 
-// bindCredentials applies the rules every protocol shares; the protocol
-// applies its own (which methods it accepts, whether a password is
-// required) in its Broker.
-func (b *binder) bindCredentials(rc *rawCredentials) {
-	const base = "spec.broker.credentials"
-	cr := &b.c.Broker.Credentials
-	cr.Username = rc.Username
-	rel := func(r SecretRef) SecretRef {
-		if r.File != "" {
-			r.File = b.relTo(r.File)
-		}
-		return r
-	}
-	cr.Password, cr.Token, cr.NKeySeed, cr.Creds = rel(rc.Password), rel(rc.Token), rel(rc.NKeySeed), rel(rc.Creds)
-	if !rc.Password.IsZero() && rc.Username == "" {
-		b.fail(base+".password", b.lookupPos(base+".password", true), "", "credentials-incomplete",
-			"is set without a username", "add username: NAME")
-	}
-}
-
 func (b *binder) directionOnly(path string, set bool, dir, why string) {
 	if set && b.dirOK && b.raw.Spec.Direction != dir {
 		b.fail(path, b.lookupPos(path, true), "", "direction-field",

@@ -46,6 +46,12 @@ type Protocol interface {
 	// passes there. [JSONSchema] describes the block from them; Decode
 	// panics when Broker uses another type, so the two cannot drift.
 	BrokerSchema() (block any, s Schema)
+	// Credentials lists the secrets spec.broker.credentials may name for
+	// the protocol besides username, which every protocol shares. The
+	// loader accepts a kind that any protocol of its list declares,
+	// refuses it for a resource whose protocol does not, and resolves the
+	// rest into [ResolvedCredentials].
+	Credentials() []CredentialKind
 	// CheckSet applies the protocol's rules that span resources (two
 	// resources using one broker identity, say) and reports each conflict
 	// through s. It is called once per load with every resource of the

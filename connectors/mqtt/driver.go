@@ -134,9 +134,6 @@ func (driver) Broker(b *resources.BrokerBlock) resources.BrokerOptions {
 		return resources.BrokerOptions{}
 	}
 	base := b.Path()
-	if cr, ok := b.Credentials(); ok {
-		refuseNATSCredentials(b, cr)
-	}
 	m := Options{QoS: DefaultQoS, SessionExpiry: DefaultSessionExpiry}
 	optsOK := true
 	if raw.QoS != nil {
@@ -197,18 +194,9 @@ func hold(m Options) resources.Hold {
 	return resources.Hold{OK: true}
 }
 
-// refuseNATSCredentials reports the credential methods MQTT does not have.
-func refuseNATSCredentials(b *resources.BrokerBlock, cr resources.Credentials) {
-	for _, f := range []struct {
-		name string
-		ref  resources.SecretRef
-	}{{"token", cr.Token}, {"nkeySeed", cr.NKeySeed}, {"creds", cr.Creds}} {
-		if !f.ref.IsZero() {
-			path := "spec.broker.credentials." + f.name
-			b.Fail(path, b.KeyAt(path), "", "credentials-protocol",
-				"is a NATS credential, but spec.protocol is mqtt", "use username and password")
-		}
-	}
+// Credentials: username and password, MQTT 5's only method.
+func (driver) Credentials() []resources.CredentialKind {
+	return []resources.CredentialKind{{Name: "password", Doc: "the password, by reference: {env: NAME} or {file: PATH}", Label: "password"}}
 }
 
 // CheckSet refuses two resources with one client id on one broker: each
@@ -288,8 +276,8 @@ func configOf(bc resources.BrokerConfig) Config {
 		LoopMarker:    bc.LoopMarker,
 		Logger:        bc.Logger,
 	}
-	if !bc.Credentials.Password.IsZero() {
-		cfg.Password = []byte(bc.Credentials.Password.Reveal())
+	if pw := bc.Credentials.Secret("password"); !pw.IsZero() {
+		cfg.Password = []byte(pw.Reveal())
 	}
 	return cfg
 }
