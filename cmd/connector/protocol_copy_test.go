@@ -114,8 +114,9 @@ func useCopy(t *testing.T) {
 // copyResources are MQTT resources that go through every rule a new
 // protocol could trip over: the lastValue modes, a shared group with
 // mode: retained, mounts (accepted, badly written, selecting the parent),
-// declared losses (exact, one missing, dollar-topics under a '$' prefix)
-// and refused filters.
+// declared losses (exact, one missing, dollar-topics under a '$' prefix),
+// credentials (accepted, another protocol's kind, an unknown key) and
+// refused filters.
 var copyResources = map[string]string{
 	"in-last-value.yaml": copyDoc("in-last-value", "inbound", "      qos: 1\n", "",
 		"[delivery-best-effort, dotted-levels, expiry, ordering, properties, reply-to, topic-length]",
@@ -137,8 +138,19 @@ var copyResources = map[string]string{
 		"[delivery-best-effort, forbidden-chars, ordering, slashed-segments, topic-length, wildcard-names]", "", "$SYS/#"),
 	"out-bad-mount.yaml": copyDoc("out-bad-mount", "outbound", "      qos: 1\n", `{foreign: "factory", weida: "plants.berlin"}`,
 		"[delivery-best-effort, forbidden-chars, ordering, slashed-segments, topic-length, wildcard-names]", "", "factory/#"),
+	"in-credentials.yaml": withCredentials(copyDoc("in-credentials", "inbound", "      qos: 1\n", "",
+		"[delivery-best-effort, dotted-levels, expiry, ordering, properties, reply-to, retain, topic-length]", "", "sensors/#"),
+		"{username: bridge, password: {env: MQTT_PASSWORD}}"),
+	"in-token.yaml": withCredentials(copyDoc("in-token", "inbound", "      qos: 1\n", "",
+		"[delivery-best-effort, dotted-levels, expiry, ordering, properties, reply-to, retain, topic-length]", "", "sensors/#"),
+		"{token: {env: TOKEN}, apiKey: {env: KEY}}"),
 	"out-parent.yaml": copyDoc("out-parent", "outbound", "      qos: 1\n", `{foreign: "factory/", weida: ""}`,
 		"[delivery-best-effort, forbidden-chars, ordering, slashed-segments, topic-length, wildcard-names]", "", "factory/#"),
+}
+
+// withCredentials adds spec.broker.credentials to a copyDoc.
+func withCredentials(doc, creds string) string {
+	return strings.Replace(doc, "    mqtt:\n", "    credentials: "+creds+"\n    mqtt:\n", 1)
 }
 
 func copyDoc(name, dir, block, mount, losses, extra string, filters ...string) string {
@@ -210,10 +222,14 @@ func TestCopiedDriverCheck(t *testing.T) {
 			}
 			// What the comparison is about: the rules a new protocol
 			// used to trip over are all exercised.
-			for _, want := range []string{"last-value-retained", "loss-undeclared", "mount-boundary", "mount-parent", "mqtt-star-level", "dollar-topics"} {
+			for _, want := range []string{"last-value-retained", "loss-undeclared", "mount-boundary", "mount-parent", "mqtt-star-level", "dollar-topics",
+				"credentials-protocol", "unknown-field"} {
 				if !strings.Contains(orig, want) {
 					t.Errorf("the original's output does not show %s:\n%s", want, orig)
 				}
+			}
+			if output == "text" && !strings.Contains(orig, "user bridge (password from env MQTT_PASSWORD)") {
+				t.Errorf("the credentials are not summarized:\n%s", orig)
 			}
 			if output == "text" && !strings.Contains(orig, "out-mounted.yaml:1  out-mounted  valid") {
 				t.Errorf("the mounted outbound resource without dollar-topics is not valid:\n%s", orig)
