@@ -1,13 +1,17 @@
 package main
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
+	"weida.dev/connector/connectors"
 	"weida.dev/connector/connectors/mqtt"
 	"weida.dev/connector/internal/drivers"
 	"weida.dev/connector/policy"
@@ -275,5 +279,81 @@ func TestCopiedDriverExplain(t *testing.T) {
 					args, cc, oc, asOriginal(cout), asOriginal(cerr), oout, oerr)
 			}
 		}
+	}
+}
+
+// TestCopiedDriverCarriesRetained follows the lastValue path past the
+// loader, against the loopback Mosquitto: resources load and become units
+// through service.Units with the copy in the driver list, the copy's Sink
+// (retain: true) publishes a retained message, and the copy's Source
+// reads it back marked Retained, the mark the runtime's cache in mode
+// retained keeps. The original does the same, for comparison.
+func TestCopiedDriverCarriesRetained(t *testing.T) {
+	for _, proto := range []string{"mqtt", copyName} {
+		t.Run(proto, func(t *testing.T) {
+			topic := fmt.Sprintf("weida-test/copied-driver/%s/%d", proto, time.Now().UnixNano())
+			name := strings.ReplaceAll(strings.TrimPrefix(t.Name(), "Test"), "/", "-")
+			conv := func(s string) string { return s }
+			if proto == copyName {
+				conv = asCopy
+			}
+			in := conv(copyDoc("in-"+strings.ToLower(name), "inbound", "      qos: 1\n      cleanStart: true\n", "",
+				"[delivery-best-effort, dotted-levels, expiry, ordering, properties, reply-to, topic-length]",
+				"  lastValue: {mode: retained}\n", topic))
+			out := conv(copyDoc("out-"+strings.ToLower(name), "outbound", "      qos: 1\n      retain: true\n", "",
+				"[delivery-best-effort, dollar-topics, empty-segments, forbidden-chars, ordering, slashed-segments, topic-length, wildcard-names]", "", "#"))
+			dir := t.TempDir()
+			for n, doc := range map[string]string{"in.yaml": in, "out.yaml": out} {
+				if err := os.WriteFile(filepath.Join(dir, n), []byte(doc), 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			ds := withCopy()
+			set, err := resources.Load(service.Protocols(ds), filepath.Join(dir, "in.yaml"), filepath.Join(dir, "out.yaml"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			units, err := service.Units(set.Connectors(), service.Env{Drivers: ds, StateDir: t.TempDir()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			src, sink := units[0], units[1]
+			if src.Spec.LastValue.Mode != "retained" || string(src.Spec.Protocol) != proto {
+				t.Fatalf("inbound unit %s with last value %+v", src.Spec.Protocol, src.Spec.LastValue)
+			}
+			ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+			defer cancel()
+			report := func(connectors.ConnState) {}
+
+			sk, err := sink.NewSink(report)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := sk.Start(ctx); err != nil {
+				t.Fatal(err)
+			}
+			defer sk.Close(context.Background())
+			if err := sk.Write(ctx, &connectors.Message{Topic: topic, Payload: []byte("v1")}); err != nil {
+				t.Fatal(err)
+			}
+			defer sk.Write(context.Background(), &connectors.Message{Topic: topic}) // deletes the retained message
+
+			s, err := src.NewSource(report)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Start(ctx, []string{topic}); err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close(context.Background())
+			m, ack, err := s.Read(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ack(nil)
+			if m.Topic != topic || string(m.Payload) != "v1" || !m.Retained {
+				t.Errorf("read %q %q retained=%v, want %q \"v1\" retained", m.Topic, m.Payload, m.Retained, topic)
+			}
+		})
 	}
 }
