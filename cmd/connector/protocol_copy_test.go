@@ -357,3 +357,43 @@ func TestCopiedDriverCarriesRetained(t *testing.T) {
 		})
 	}
 }
+
+// oddPolicy is a policy written outside package policy with a refusal
+// rule of its own, mapped to a loss by the policy itself.
+type oddPolicy struct{ renamedPolicy }
+
+const ruleOdd = "twin-odd-level"
+
+func (p oddPolicy) TopicToWeida(t string) (string, error) {
+	if strings.Contains(t, "odd") {
+		return "", &policy.Refusal{Policy: p.Name(), Input: t, Part: "odd", Rule: ruleOdd, Reason: "the twin protocol keeps odd levels to itself"}
+	}
+	return p.renamedPolicy.TopicToWeida(t)
+}
+
+func (p oddPolicy) LossFor(rule string) (policy.Loss, bool) {
+	if rule == ruleOdd {
+		return policy.LossDottedLevels, true
+	}
+	return p.renamedPolicy.LossFor(rule)
+}
+
+type oddDriver struct{ copyDriver }
+
+func (d oddDriver) Policies() []policy.Policy {
+	return []policy.Policy{oddPolicy{d.copyDriver.Policies()[0].(renamedPolicy)}}
+}
+
+// TestExplainAsksThePolicyForLosses: explain names the loss of a refused
+// topic from the policy's own mapping, so a policy written in a
+// protocol's package, with rules package policy has never heard of, is
+// explained like the built-in ones.
+func TestExplainAsksThePolicyForLosses(t *testing.T) {
+	old := programDrivers
+	programDrivers = func() []service.Driver { return append(drivers.All(), oddDriver{copyDriver{mqtt.Driver}}) }
+	t.Cleanup(func() { programDrivers = old })
+	_, objs := explainJSON(t, "--protocol", copyName, "--topic", "a/odd")
+	if len(objs) != 1 || objs[0]["rule"] != ruleOdd || fmt.Sprint(objs[0]["losses"]) != "[dotted-levels]" {
+		t.Errorf("explain: %v, want rule %s with loss dotted-levels", objs, ruleOdd)
+	}
+}
