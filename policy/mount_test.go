@@ -474,3 +474,30 @@ func checkMounted(t *rapid.T, mp *Mounted, g protoGen, sep string, st *mountStat
 		}
 	}
 }
+
+// TestLossesUnderNoMount: LossesUnder with the zero Mount is Losses, for
+// every policy, direction and setting, and a Mounted's losses are its
+// policy's LossesUnder its mount; its LossFor is its policy's.
+func TestLossesUnderNoMount(t *testing.T) {
+	for _, p := range all() {
+		for _, dir := range []Direction{Inbound, Outbound, "sideways"} {
+			for _, o := range []Options{{}, {QoS: 1}, {JetStream: true}, {LastValue: true, QoS: 1}} {
+				if got, want := p.LossesUnder(Mount{}, dir, o), p.Losses(dir, o); !slices.Equal(got, want) {
+					t.Errorf("%s %s %+v: LossesUnder(Mount{}) = %v, Losses = %v", p.Name(), dir, o, got, want)
+				}
+				m := Mount{Foreign: "f" + string(p.Grammar().Separator()), Weida: "w."}
+				mp := mustMount(t, p, m)
+				if got, want := mp.Losses(dir, o), p.LossesUnder(m, dir, o); !slices.Equal(got, want) {
+					t.Errorf("%s under %+v %s: Mounted.Losses = %v, LossesUnder = %v", p.Name(), m, dir, got, want)
+				}
+			}
+		}
+		for _, rule := range []string{RuleTopicTooLong, RuleMQTTDottedLevel, RuleMountOutside, "no-such-rule"} {
+			l1, ok1 := p.LossFor(rule)
+			l2, ok2 := mustMount(t, p, Mount{Weida: "w."}).LossFor(rule)
+			if l1 != l2 || ok1 != ok2 {
+				t.Errorf("%s: LossFor(%s) = %q %v, mounted %q %v", p.Name(), rule, l1, ok1, l2, ok2)
+			}
+		}
+	}
+}
