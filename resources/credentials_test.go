@@ -83,3 +83,19 @@ func TestCredentialKindsFromDrivers(t *testing.T) {
 		t.Errorf("the schema does not list apiKey (%v)", err)
 	}
 }
+
+// TestTLSTransportSchemeAnyProtocol: a "+tls" transport scheme is named
+// as such for every protocol, not for the two the loader once listed.
+func TestTLSTransportSchemeAnyProtocol(t *testing.T) {
+	for _, c := range []struct{ doc, from, to, secure string }{
+		{mqttIn, "mqtt://127.0.0.1", "mqtt+tls://127.0.0.1", "mqtts://"},
+		{natsIn, "nats://127.0.0.1", "nats+tls://127.0.0.1", "tls://"},
+		{amqpIn, "amqp://127.0.0.1", "amqp+tls://127.0.0.1", "amqps://"},
+	} {
+		_, err := loadFiles(t, "a.yaml", edit(t, c.doc, c.from, c.to))
+		errs := resources.Errors(err)
+		if len(errs) != 1 || errs[0].Rule != "broker-url-scheme" || !strings.Contains(errs[0].Message, "is not accepted for") || !strings.Contains(errs[0].Hint, c.secure) {
+			t.Errorf("%s: %v", c.to, err)
+		}
+	}
+}
