@@ -249,15 +249,21 @@ func (m *Mounted) ConvertFilter(f string) (string, error) {
 // rest is never the start of a foreign filter, but a policy may read a
 // filter's first level specially (MQTT reads a leading $share as a shared
 // subscription, where inside a filter it is a literal level). So the rest
-// is converted behind a literal level, which is then dropped again; when
-// that cannot convert (the longer filter passes weida's 256 bytes, or the
-// rest is refused anyway), the rest alone decides, with its own refusal.
+// is converted behind a literal level, which is then dropped again. Where
+// the rest alone is refused too, or converts to a filter the literal level
+// would push past weida's 256 bytes, the rest alone decides; a rest that
+// is valid only at the start of a filter is refused.
 func (m *Mounted) convertRest(rest string) (string, error) {
 	const lit = "x"
-	if out, err := m.p.ConvertFilter(lit + string(m.sep) + rest); err == nil && strings.HasPrefix(out, lit+".") {
+	out, err := m.p.ConvertFilter(lit + string(m.sep) + rest)
+	if err == nil && strings.HasPrefix(out, lit+".") {
 		return out[len(lit)+1:], nil
 	}
-	return m.p.ConvertFilter(rest)
+	direct, derr := m.p.ConvertFilter(rest)
+	if derr != nil || err == nil || len(direct)+len(lit)+1 > topic.MaxLen {
+		return direct, derr
+	}
+	return "", err
 }
 
 // parentless refuses a filter that selects the foreign parent when it has

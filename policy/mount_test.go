@@ -501,3 +501,22 @@ func TestLossesUnderNoMount(t *testing.T) {
 		}
 	}
 }
+
+// TestMountRestAtWeidaLength: a rest is converted behind a literal level
+// (so that MQTT reads a $share inside it as a literal), and that level
+// never refuses a rest whose own weida form fits 256 bytes.
+func TestMountRestAtWeidaLength(t *testing.T) {
+	for _, p := range all() {
+		sep := string(p.Grammar().Separator())
+		for _, n := range []int{255, 256} {
+			rest := strings.Repeat("a", n)
+			if p.Grammar().ValidateFilter("f"+sep+rest) != nil {
+				continue // too long for the broker itself (AMQP's 255 bytes)
+			}
+			got, err := mustMount(t, p, Mount{Foreign: "f" + sep}).ConvertFilter("f" + sep + rest)
+			if err != nil || got != rest {
+				t.Errorf("%s: a %d-byte rest under f%s: %q, %v", p.Name(), n, sep, got, err)
+			}
+		}
+	}
+}
