@@ -785,8 +785,7 @@ func checkResourceFiles(t *testing.T, m *manifests, c *corev1.Container, pod *co
 			}
 		}
 		files := []string{r.Weida.CertFile, r.Weida.KeyFile, r.Weida.CAFile, r.Broker.TLS.CAFile, r.Broker.TLS.CertFile, r.Broker.TLS.KeyFile}
-		cr := r.Broker.Credentials
-		for _, ref := range []resources.SecretRef{cr.Password, cr.Token, cr.NKeySeed, cr.Creds} {
+		for _, ref := range r.Broker.Credentials.Secrets {
 			files = append(files, ref.File)
 			if ref.Env != "" && !env[ref.Env] {
 				t.Errorf("%s reads the environment variable %s, which the container does not set", r.Name, ref.Env)

@@ -85,7 +85,7 @@ func TestComposeMatchesExamples(t *testing.T) {
 		if _, ok := conn.DependsOn[svc]; !ok {
 			t.Errorf("connector does not wait for %s, which %s needs", svc, c.Name)
 		}
-		for _, ref := range []resources.SecretRef{c.Broker.Credentials.Password, c.Broker.Credentials.Token, c.Broker.Credentials.NKeySeed, c.Broker.Credentials.Creds} {
+		for _, ref := range c.Broker.Credentials.Secrets {
 			if ref.Env != "" {
 				envs[ref.Env] = true
 			}

@@ -25,6 +25,9 @@ type amqpGrammar struct{}
 
 func (amqpGrammar) Protocol() Protocol { return AMQP }
 
+func (amqpGrammar) Separator() byte               { return '.' }
+func (amqpGrammar) Wildcards() (one, many string) { return "*", "#" }
+
 func (amqpGrammar) ValidateFilter(f string) error {
 	if r := validateAMQP(f, true); r != nil {
 		return r
@@ -223,15 +226,38 @@ func (amqpWords) TopicFromWeida(w string) (string, error) {
 func (amqpWords) Admit(string, string) bool { return true }
 func (amqpWords) AdmitRule() string         { return "" }
 
-func (amqpWords) Losses(dir Direction, _ Options) []Loss {
-	ls := []Loss{LossOrdering, LossDeliveryBestEffort, LossEmptyRoutingKey}
+func (p amqpWords) Losses(dir Direction, opts Options) []Loss {
+	return p.LossesUnder(Mount{}, dir, opts)
+}
+
+// LossesUnder accounts for what a mount does to lengths and to the empty
+// routing key. Routing keys convert unchanged, so a key of f bytes under
+// the foreign prefix F is a weida topic of f-len(F)+len(W) bytes under the
+// weida prefix W: inbound, a 255-byte key passes weida's 256 bytes only
+// when W is two or more bytes longer than F; outbound, a 256-byte weida
+// topic fits AMQP's 255 whenever W is longer than F. Under a foreign
+// prefix the empty key is outside the mount (an empty rest is one empty
+// word, which both sides carry).
+func (amqpWords) LossesUnder(m Mount, dir Direction, _ Options) []Loss {
+	ls := []Loss{LossOrdering, LossDeliveryBestEffort}
+	if m.Foreign == "" {
+		ls = append(ls, LossEmptyRoutingKey)
+	}
+	grow := len(m.Weida) - len(m.Foreign)
 	switch dir {
 	case Inbound:
 		ls = append(ls, LossProperties, LossExpiry, LossReplyTo, LossNonUTF8Names)
+		if grow >= 2 {
+			ls = append(ls, LossTopicLength)
+		}
 	case Outbound:
-		ls = append(ls, LossTopicLength)
+		if grow <= 0 {
+			ls = append(ls, LossTopicLength)
+		}
 	default:
 		return nil
 	}
 	return lossSet(ls...)
 }
+
+func (amqpWords) LossFor(rule string) (Loss, bool) { return LossForRule(rule) }

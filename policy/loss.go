@@ -133,9 +133,12 @@ func (l Loss) Description() string {
 	return ""
 }
 
-// LossForRule returns the loss a topic refusal belongs to: the runtime drops
-// the message, counts it under the returned loss, and a resource that uses
-// the policy in that direction has declared that loss. ok is false for rules
+// LossForRule returns the loss a topic refusal by one of this package's
+// grammars or policies belongs to: the runtime drops the message, counts it
+// under the returned loss, and a resource that uses the policy in that
+// direction has declared that loss. Each of this package's policies answers
+// [Policy.LossFor] with it; callers holding a policy ask the policy, which
+// also covers policies written elsewhere. ok is false for rules
 // that never refuse a topic (filter rules, unknown names). RuleMQTTDollarTopic
 // maps to LossDollarTopics, for drops made because [Policy.Admit] is false.
 func LossForRule(rule string) (loss Loss, ok bool) {
@@ -162,6 +165,11 @@ func LossForRule(rule string) (loss Loss, ok bool) {
 		return LossDollarTopics, true
 	}
 	return "", false
+}
+
+// without returns ls without l, in a new slice.
+func without(ls []Loss, l Loss) []Loss {
+	return slices.DeleteFunc(slices.Clone(ls), func(x Loss) bool { return x == l })
 }
 
 // lossSet returns ls sorted and without duplicates.

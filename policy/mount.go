@@ -1,7 +1,6 @@
 package policy
 
 import (
-	"slices"
 	"strconv"
 	"strings"
 
@@ -53,35 +52,24 @@ type Mounted struct {
 
 var _ Policy = (*Mounted)(nil)
 
-// separator returns the level separator of protocol p.
-func separator(p Protocol) byte {
-	if p == MQTT {
-		return '/'
-	}
-	return '.'
-}
-
 // wildcardLevel reports whether lv is a whole wildcard level in a filter of
-// protocol p.
-func wildcardLevel(p Protocol, lv string) bool {
-	switch p {
-	case MQTT:
-		return lv == "+" || lv == "#"
-	case NATS:
-		return lv == "*" || lv == ">"
-	}
-	return lv == "*" || lv == "#"
+// grammar g.
+func wildcardLevel(g Grammar, lv string) bool {
+	one, many := g.Wildcards()
+	return lv == one || lv == many
 }
 
 // NewMounted returns p applied under m, or a *Refusal (Policy: p's name,
 // Input: the offending prefix) when m cannot be a bijection:
 //
 //   - [RuleMountBoundary]: a non-empty prefix does not end with its
-//     separator ('/' for MQTT, '.' for NATS, AMQP and weida);
+//     separator ([Grammar.Separator]: '/' for MQTT, '.' for NATS, AMQP;
+//     '.' for weida);
 //   - [RuleMountEmptyJoint]: the last level or segment of a prefix is empty
 //     ("a//", "a..", "/", "."), or the weida prefix is "";
-//   - [RuleMountWildcard]: a prefix holds a wildcard level ('+', '#' for
-//     MQTT; '*', '>' for NATS; '*', '#' for AMQP), or the weida prefix holds
+//   - [RuleMountWildcard]: a prefix holds a wildcard level
+//     ([Grammar.Wildcards]: '+', '#' for MQTT; '*', '>' for NATS; '*', '#'
+//     for AMQP), or the weida prefix holds
 //     '*' or '#' anywhere (a weida filter may not hold them as literals);
 //   - the grammar's own rule when the foreign parent is not a valid foreign
 //     topic name, and [RuleTopicTooLong] or [RuleInvalidUTF8] when the weida
@@ -92,8 +80,8 @@ func NewMounted(p Policy, m Mount) (*Mounted, error) {
 	if p == nil {
 		return nil, refuse("policy", "", "", RuleUnknownPolicy, "no policy to mount", "")
 	}
-	name, proto := p.Name(), p.Protocol()
-	mp := &Mounted{p: p, m: m, sep: separator(proto)}
+	name, g := p.Name(), p.Grammar()
+	mp := &Mounted{p: p, m: m, sep: g.Separator()}
 	if f := m.Foreign; f != "" {
 		if f[len(f)-1] != mp.sep {
 			return nil, refuse(name, f, f, RuleMountBoundary,
@@ -105,12 +93,12 @@ func NewMounted(p Policy, m Mount) (*Mounted, error) {
 			return nil, refuse(name, f, f, RuleMountEmptyJoint,
 				"the foreign prefix ends with an empty level, which would make its parent an empty level", "drop the trailing empty level")
 		}
-		if r := asRefusal(p.Grammar().ValidateTopic(mp.fparent)); r != nil {
+		if r := asRefusal(g.ValidateTopic(mp.fparent)); r != nil {
 			r.Policy, r.Input = name, f
 			return nil, r
 		}
 		for lv := range strings.SplitSeq(mp.fparent, string(mp.sep)) {
-			if wildcardLevel(proto, lv) {
+			if wildcardLevel(g, lv) {
 				return nil, refuse(name, f, lv, RuleMountWildcard,
 					"a prefix is one literal subtree; a wildcard level would make it many", "mount each subtree on its own")
 			}
@@ -217,15 +205,12 @@ func (m *Mounted) ConvertFilter(f string) (string, error) {
 	switch {
 	case m.m.Foreign != "" && rest == "":
 		// One empty level: one empty segment.
-	case m.m.Foreign != "" && m.p.Protocol() == MQTT && strings.HasPrefix(rest, "$share/"):
-		// Inside a filter "$share" is a literal level; the policy reads
-		// it as a shared subscription only at the start. Convert it
-		// behind a literal level and drop that level again.
-		out, err := m.p.ConvertFilter("x/" + rest)
+	case m.m.Foreign != "":
+		out, err := m.convertRest(rest)
 		if err != nil {
 			return "", m.rename(err, f)
 		}
-		c = out[2:]
+		c = out
 	default:
 		out, err := m.p.ConvertFilter(rest)
 		if err != nil {
@@ -260,17 +245,42 @@ func (m *Mounted) ConvertFilter(f string) (string, error) {
 	return out, nil
 }
 
+// convertRest converts what follows the foreign prefix in a filter. The
+// rest is never the start of a foreign filter, but a policy may read a
+// filter's first level specially (MQTT reads a leading $share as a shared
+// subscription, where inside a filter it is a literal level). So the rest
+// is converted behind a literal level, which is then dropped again. Where
+// the rest alone is refused too, or converts to a filter the literal level
+// would push past weida's 256 bytes, the rest alone decides; a rest that
+// is valid only at the start of a filter is refused.
+func (m *Mounted) convertRest(rest string) (string, error) {
+	const lit = "x"
+	out, err := m.p.ConvertFilter(lit + string(m.sep) + rest)
+	if err == nil && strings.HasPrefix(out, lit+".") {
+		return out[len(lit)+1:], nil
+	}
+	direct, derr := m.p.ConvertFilter(rest)
+	if derr != nil || err == nil || len(direct)+len(lit)+1 > topic.MaxLen {
+		return direct, derr
+	}
+	return "", err
+}
+
+// parentless refuses a filter that selects the foreign parent when it has
+// no weida form. The hint selects everything below the parent with the
+// grammar's own wildcards, asking the grammar whether its multi-level
+// wildcard also selects the parent (MQTT '#' and AMQP '#' do, NATS '>'
+// does not).
 func (m *Mounted) parentless(f string) error {
 	sep := string(m.sep)
-	hint := "select only what is below it, e.g. " + strconv.Quote(m.m.Foreign+"+"+sep+"#")
-	if m.p.Protocol() != MQTT {
-		hint = "select only what is below it, e.g. " + strconv.Quote(m.m.Foreign+"*"+sep+"#")
-	}
-	if m.p.Protocol() == NATS {
-		hint = "select only what is below it, e.g. " + strconv.Quote(m.m.Foreign+">")
+	one, many := m.Grammar().Wildcards()
+	below := m.m.Foreign + many
+	if m.Grammar().Match(below, m.fparent) {
+		below = m.m.Foreign + one + sep + many
 	}
 	return refuse(m.Name(), f, f, RuleMountParent,
-		"the filter selects "+strconv.Quote(m.fparent)+", the foreign prefix's parent, which has no weida form when the weida prefix is empty", hint)
+		"the filter selects "+strconv.Quote(m.fparent)+", the foreign prefix's parent, which has no weida form when the weida prefix is empty",
+		"select only what is below it, e.g. "+strconv.Quote(below))
 }
 
 // TopicToWeida converts a foreign topic inside the mount: the parent
@@ -366,25 +376,21 @@ func (m *Mounted) TopicFromWeida(w string) (string, error) {
 	return out, nil
 }
 
-// Losses are the wrapped policy's, adjusted for what the prefixes change:
-// under a foreign prefix the empty topic is outside the mount, so MQTT
-// outbound no longer loses empty-segments and AMQP no longer loses
-// empty-routing-key (an empty rest is one empty level, which both sides
-// carry); a weida prefix two or more bytes longer than the foreign prefix
-// can push a 255-byte AMQP key past weida's 256 bytes, adding topic-length
-// inbound.
+// Losses are the wrapped policy's under the mount
+// ([Policy.LossesUnder]): the policy knows which of its losses the
+// prefixes make impossible (MQTT's empty topic and '$' topics under a
+// foreign prefix) or possible (AMQP keys pushed past weida's 256 bytes by a
+// longer weida prefix).
 func (m *Mounted) Losses(dir Direction, opts Options) []Loss {
-	ls := m.p.Losses(dir, opts)
-	if ls == nil {
-		return nil
-	}
-	if m.m.Foreign != "" {
-		ls = slices.DeleteFunc(ls, func(l Loss) bool {
-			return l == LossEmptyRoutingKey || (l == LossEmptySegments && m.p.Protocol() == MQTT)
-		})
-	}
-	if dir == Inbound && len(m.m.Weida)-len(m.m.Foreign) >= 2 {
-		ls = append(ls, LossTopicLength)
-	}
-	return lossSet(ls...)
+	return m.p.LossesUnder(m.m, dir, opts)
 }
+
+// LossesUnder is Losses: a Mounted already carries its mount, and mounting
+// it again is not a mount of the wrapped policy.
+func (m *Mounted) LossesUnder(_ Mount, dir Direction, opts Options) []Loss {
+	return m.Losses(dir, opts)
+}
+
+// LossFor is the wrapped policy's: no mount rule refuses a topic that a
+// route of the same Mounted selects.
+func (m *Mounted) LossFor(rule string) (Loss, bool) { return m.p.LossFor(rule) }

@@ -224,6 +224,63 @@ func TestMountLosses(t *testing.T) {
 	}
 }
 
+// TestMountLossesExact: a mount leaves out exactly the losses no topic
+// inside it can incur (issue 24, item 7). Each row names a loss the mount
+// removes or keeps and, where kept, a weida topic under the mount that
+// incurs it, so that a kept loss is shown to occur and a removed one is
+// shown by reasoning in LossesUnder and by TestPropertyMounted.
+func TestMountLossesExact(t *testing.T) {
+	long := func(n int) string { return strings.Repeat(".", n) } // n+1 empty segments
+	for _, c := range []struct {
+		p       Policy
+		m       Mount
+		dir     Direction
+		loss    Loss
+		want    bool
+		witness string // a weida topic (outbound) or foreign topic (inbound) dropped under loss; "" when none exists
+	}{
+		{MQTTLevelsV1(), Mount{"factory/", "plants.berlin."}, Outbound, LossDollarTopics, false, ""},
+		{MQTTLevelsEscapedV1(), Mount{"factory/", "plants.berlin."}, Outbound, LossDollarTopics, false, ""},
+		{MQTTLevelsV1(), Mount{"factory/", ""}, Outbound, LossDollarTopics, false, ""},
+		{MQTTLevelsV1(), Mount{"$SYS/", "sys."}, Outbound, LossDollarTopics, true, ""},
+		{MQTTLevelsV1(), Mount{"", "plants."}, Outbound, LossDollarTopics, true, ""},
+		{MQTTLevelsV1(), Mount{"factory/", "plants.berlin."}, Outbound, LossEmptySegments, false, ""},
+		{MQTTLevelsV1(), Mount{"", "plants."}, Outbound, LossEmptySegments, true, "plants."},
+		// 257-len(W) segments plus the foreign levels: at 201 levels no
+		// topic is too long, at 202 one is.
+		{MQTTLevelsV1(), Mount{"f/", "w" + strings.Repeat("x", 55) + "."}, Outbound, LossTopicLength, false, ""},
+		{MQTTLevelsV1(), Mount{"f/", "w" + strings.Repeat("x", 54) + "."}, Outbound, LossTopicLength, true, "w" + strings.Repeat("x", 54) + "." + long(256-56)},
+		{MQTTLevelsV1(), Mount{"factory/", "plants.berlin."}, Outbound, LossTopicLength, true, "plants.berlin." + long(256-14)},
+		{MQTTLevelsV1(), Mount{"factory/", "plants.berlin."}, Outbound, LossSlashedSegments, true, "plants.berlin.a/b"},
+		{AMQPWordsV1(), Mount{"a.", "bb."}, Outbound, LossTopicLength, false, ""},
+		{AMQPWordsV1(), Mount{"aa.", "bb."}, Outbound, LossTopicLength, true, "bb." + strings.Repeat("x", 253)},
+		{AMQPWordsV1(), Mount{"a.", "b."}, Inbound, LossTopicLength, false, ""},
+		{AMQPWordsV1(), Mount{"a.", "bbb."}, Inbound, LossTopicLength, true, "a." + strings.Repeat("x", 253)},
+		{NATSTokensV1(), Mount{"orders.", "shop."}, Outbound, LossEmptySegments, true, "shop."},
+	} {
+		mp := mustMount(t, c.p, c.m)
+		if got := slices.Contains(mp.Losses(c.dir, Options{QoS: 1}), c.loss); got != c.want {
+			t.Errorf("%s under %+v %s: declares %s = %v, want %v", c.p.Name(), c.m, c.dir, c.loss, got, c.want)
+		}
+		if c.witness == "" {
+			continue
+		}
+		conv := mp.TopicFromWeida
+		if c.dir == Inbound {
+			conv = mp.TopicToWeida
+		}
+		_, err := conv(c.witness)
+		r := asRefusal(err)
+		if r == nil {
+			t.Errorf("%s under %+v: witness %q converts; want it dropped under %s", c.p.Name(), c.m, c.witness, c.loss)
+			continue
+		}
+		if l, _ := mp.LossFor(r.Rule); l != c.loss {
+			t.Errorf("%s under %+v: witness %q refused as %s (%s), want %s", c.p.Name(), c.m, c.witness, r.Rule, l, c.loss)
+		}
+	}
+}
+
 // Prefix generators: levels drawn from pieces that are valid in a prefix
 // most of the time, so that both valid and refused mounts occur.
 var (
@@ -282,7 +339,7 @@ func TestPropertyMounted(t *testing.T) {
 	for _, p := range all() {
 		t.Run(p.Name(), func(t *testing.T) {
 			g := protoGens[p.Protocol()]
-			sep := string(separator(p.Protocol()))
+			sep := string(p.Grammar().Separator())
 			var st mountStats
 			rapid.Check(t, func(t *rapid.T) {
 				m := Mount{
@@ -405,10 +462,61 @@ func checkMounted(t *rapid.T, mp *Mounted, g protoGen, sep string, st *mountStat
 	if back, err := mp.TopicToWeida(out); err != nil || back != wt2 {
 		t.Fatalf("%+v: %q → %q → %q, %v", m, wt2, out, back, err)
 	}
+	if ferr == nil && topic.Match(w, wt2) && !mp.Admit(f, out) {
+		// The runtime drops it under the AdmitRule's loss, which the
+		// mount must not have left out.
+		assertDeclared(t, mp, Outbound, &Refusal{Input: wt2, Rule: mp.AdmitRule()})
+	}
 	if ferr == nil {
 		want := mp.Grammar().Match(f, out)
 		if got := topic.Match(w, wt2) && mp.Admit(f, out); got != want {
 			t.Fatalf("%+v outbound: foreign Match(%q, %q) = %v, weida Match(%q, %q) && Admit = %v", m, f, out, want, w, wt2, got)
+		}
+	}
+}
+
+// TestLossesUnderNoMount: LossesUnder with the zero Mount is Losses, for
+// every policy, direction and setting, and a Mounted's losses are its
+// policy's LossesUnder its mount; its LossFor is its policy's.
+func TestLossesUnderNoMount(t *testing.T) {
+	for _, p := range all() {
+		for _, dir := range []Direction{Inbound, Outbound, "sideways"} {
+			for _, o := range []Options{{}, {QoS: 1}, {JetStream: true}, {LastValue: true, QoS: 1}} {
+				if got, want := p.LossesUnder(Mount{}, dir, o), p.Losses(dir, o); !slices.Equal(got, want) {
+					t.Errorf("%s %s %+v: LossesUnder(Mount{}) = %v, Losses = %v", p.Name(), dir, o, got, want)
+				}
+				m := Mount{Foreign: "f" + string(p.Grammar().Separator()), Weida: "w."}
+				mp := mustMount(t, p, m)
+				if got, want := mp.Losses(dir, o), p.LossesUnder(m, dir, o); !slices.Equal(got, want) {
+					t.Errorf("%s under %+v %s: Mounted.Losses = %v, LossesUnder = %v", p.Name(), m, dir, got, want)
+				}
+			}
+		}
+		for _, rule := range []string{RuleTopicTooLong, RuleMQTTDottedLevel, RuleMountOutside, "no-such-rule"} {
+			l1, ok1 := p.LossFor(rule)
+			l2, ok2 := mustMount(t, p, Mount{Weida: "w."}).LossFor(rule)
+			if l1 != l2 || ok1 != ok2 {
+				t.Errorf("%s: LossFor(%s) = %q %v, mounted %q %v", p.Name(), rule, l1, ok1, l2, ok2)
+			}
+		}
+	}
+}
+
+// TestMountRestAtWeidaLength: a rest is converted behind a literal level
+// (so that MQTT reads a $share inside it as a literal), and that level
+// never refuses a rest whose own weida form fits 256 bytes.
+func TestMountRestAtWeidaLength(t *testing.T) {
+	for _, p := range all() {
+		sep := string(p.Grammar().Separator())
+		for _, n := range []int{255, 256} {
+			rest := strings.Repeat("a", n)
+			if p.Grammar().ValidateFilter("f"+sep+rest) != nil {
+				continue // too long for the broker itself (AMQP's 255 bytes)
+			}
+			got, err := mustMount(t, p, Mount{Foreign: "f" + sep}).ConvertFilter("f" + sep + rest)
+			if err != nil || got != rest {
+				t.Errorf("%s: a %d-byte rest under f%s: %q, %v", p.Name(), n, sep, got, err)
+			}
 		}
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"strconv"
 	"strings"
 	"unicode/utf8"
+
+	"weida.dev/connector/weida/topic"
 )
 
 // MQTT limits.
@@ -33,6 +35,9 @@ func MQTTGrammar() Grammar { return mqttGrammar{} }
 type mqttGrammar struct{}
 
 func (mqttGrammar) Protocol() Protocol { return MQTT }
+
+func (mqttGrammar) Separator() byte               { return '/' }
+func (mqttGrammar) Wildcards() (one, many string) { return "+", "#" }
 
 func (mqttGrammar) ValidateFilter(f string) error {
 	if r := validateMQTT(f, true); r != nil {
@@ -358,6 +363,36 @@ func (mqttLevels) Admit(foreignFilter, foreignTopic string) bool {
 func (mqttLevels) AdmitRule() string { return RuleMQTTDollarTopic }
 
 func (p mqttLevels) Losses(dir Direction, opts Options) []Loss {
+	return p.LossesUnder(Mount{}, dir, opts)
+}
+
+// LossesUnder leaves out, on the way to MQTT, what a mount makes
+// impossible. Under a foreign prefix every MQTT topic starts with it, so
+// the empty topic (empty-segments) is outside the mount, and so is every
+// topic starting with '$' (dollar-topics) unless the prefix itself starts
+// with '$'. A weida topic under a weida prefix of w bytes has at most
+// 257-w segments, one MQTT level each after the foreign prefix's levels;
+// when that cannot pass [MQTTMaxLevels], topic-length cannot occur.
+func (p mqttLevels) LossesUnder(m Mount, dir Direction, opts Options) []Loss {
+	ls := p.losses(dir, opts)
+	if dir != Outbound {
+		return ls
+	}
+	if m.Foreign != "" {
+		ls = without(ls, LossEmptySegments)
+		if m.Foreign[0] != '$' {
+			ls = without(ls, LossDollarTopics)
+		}
+	}
+	if strings.Count(m.Foreign, "/")+topic.MaxLen+1-len(m.Weida) <= MQTTMaxLevels {
+		ls = without(ls, LossTopicLength)
+	}
+	return ls
+}
+
+func (mqttLevels) LossFor(rule string) (Loss, bool) { return LossForRule(rule) }
+
+func (p mqttLevels) losses(dir Direction, opts Options) []Loss {
 	ls := []Loss{LossOrdering, LossDeliveryBestEffort}
 	if opts.QoS == 0 {
 		ls = append(ls, LossAtMostOnce)

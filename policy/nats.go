@@ -27,6 +27,9 @@ type natsGrammar struct{}
 
 func (natsGrammar) Protocol() Protocol { return NATS }
 
+func (natsGrammar) Separator() byte               { return '.' }
+func (natsGrammar) Wildcards() (one, many string) { return "*", ">" }
+
 func (natsGrammar) ValidateFilter(f string) error {
 	if r := validateNATS(f, true); r != nil {
 		return r
@@ -280,6 +283,15 @@ func (p natsTokens) TopicFromWeida(w string) (string, error) {
 
 func (natsTokens) Admit(string, string) bool { return true }
 func (natsTokens) AdmitRule() string         { return "" }
+
+// LossesUnder is Losses: no NATS loss depends on where a subject starts.
+// Under a foreign prefix an empty rest still makes a subject ending with
+// '.', an empty token.
+func (p natsTokens) LossesUnder(_ Mount, dir Direction, opts Options) []Loss {
+	return p.Losses(dir, opts)
+}
+
+func (natsTokens) LossFor(rule string) (Loss, bool) { return LossForRule(rule) }
 
 func (natsTokens) Losses(dir Direction, opts Options) []Loss {
 	ls := []Loss{LossOrdering, LossDeliveryBestEffort}

@@ -24,7 +24,7 @@
 // both on inputs biased to the edges of each grammar.
 //
 // At run time a bridge drops a message whose topic a conversion refuses and
-// counts it under [LossForRule](refusal.Rule); outbound it also drops (as
+// counts it under [Policy.LossFor](refusal.Rule); outbound it also drops (as
 // [Policy.AdmitRule]) a topic for which Admit is false. Every such loss
 // is among those [Policy.Losses] declares for the direction.
 //
@@ -85,6 +85,13 @@ type Grammar interface {
 	// (the one rule Policy.Admit restates). Match allocates nothing; on
 	// invalid input its answer is unspecified.
 	Match(filter, topic string) bool
+	// Separator is the byte between levels or words ('/' for MQTT, '.'
+	// for NATS and AMQP). A mount's foreign prefix ends with it.
+	Separator() byte
+	// Wildcards are the filter levels that select any one level (one:
+	// MQTT "+") and any number of them (many: MQTT "#", NATS ">"). A
+	// mount's foreign prefix may hold neither.
+	Wildcards() (one, many string)
 }
 
 // Policy is one named, versioned conversion between a foreign grammar and
@@ -119,6 +126,17 @@ type Policy interface {
 	// this policy in dir with opts cannot carry, in a new slice. It returns
 	// nil for a direction other than Inbound and Outbound.
 	Losses(dir Direction, opts Options) []Loss
+	// LossesUnder is Losses for a bridge that carries only topics inside
+	// mount m (see [Mount]): a loss that no topic inside m can incur is
+	// left out, so that a resource never has to declare what cannot
+	// happen. LossesUnder(Mount{}, dir, opts) equals Losses(dir, opts).
+	LossesUnder(m Mount, dir Direction, opts Options) []Loss
+	// LossFor returns the loss under which a bridge counts a topic this
+	// policy refused with rule (a [Refusal]'s Rule, or AdmitRule), and
+	// which a resource using the policy declares. ok is false for rules
+	// that never refuse a topic. Each policy maps its own rules, so that
+	// one written outside this package is explained like the rest.
+	LossFor(rule string) (loss Loss, ok bool)
 }
 
 // Refusal explains why an input cannot be converted exactly.

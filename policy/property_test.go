@@ -366,7 +366,10 @@ func assertRefusal(t *rapid.T, p Policy, err error, in string) {
 func assertDeclared(t *rapid.T, p Policy, dir Direction, err error) {
 	var r *Refusal
 	errors.As(err, &r)
-	l, ok := LossForRule(r.Rule)
+	l, ok := p.LossFor(r.Rule)
+	if lr, lok := LossForRule(r.Rule); lok != ok || lr != l {
+		t.Fatalf("%s maps rule %s to %q, %v; LossForRule to %q, %v", p.Name(), r.Rule, l, ok, lr, lok)
+	}
 	if !ok {
 		t.Fatalf("%s %s refusal rule %s maps to no loss", p.Name(), dir, r.Rule)
 	}

@@ -28,8 +28,9 @@ type binder struct {
 	proto   Protocol            // the protocol spec.protocol names, when valid
 	protoOK bool
 	dirOK   bool
-	optsOK  bool // PolicyOptions reflect valid broker options
-	hold    Hold // whether the source can hold, from the protocol
+	optsOK  bool       // PolicyOptions reflect valid broker options
+	hold    Hold       // whether the source can hold, from the protocol
+	lastVal LastValues // whether the source knows its broker's last values, from the protocol
 }
 
 func (b *binder) ok(path string) bool {
@@ -185,26 +186,7 @@ func (b *binder) setOptions(o BrokerOptions) {
 	b.c.PolicyOptions = o.Policy
 	b.optsOK = o.PolicyOK
 	b.hold = o.Hold
-}
-
-// bindCredentials applies the rules every protocol shares; the protocol
-// applies its own (which methods it accepts, whether a password is
-// required) in its Broker.
-func (b *binder) bindCredentials(rc *rawCredentials) {
-	const base = "spec.broker.credentials"
-	cr := &b.c.Broker.Credentials
-	cr.Username = rc.Username
-	rel := func(r SecretRef) SecretRef {
-		if r.File != "" {
-			r.File = b.relTo(r.File)
-		}
-		return r
-	}
-	cr.Password, cr.Token, cr.NKeySeed, cr.Creds = rel(rc.Password), rel(rc.Token), rel(rc.NKeySeed), rel(rc.Creds)
-	if !rc.Password.IsZero() && rc.Username == "" {
-		b.fail(base+".password", b.lookupPos(base+".password", true), "", "credentials-incomplete",
-			"is set without a username", "add username: NAME")
-	}
+	b.lastVal = o.LastValues
 }
 
 func (b *binder) directionOnly(path string, set bool, dir, why string) {
@@ -357,7 +339,7 @@ func (b *binder) bindMount(rm rawMount) bool {
 		m            policy.Mount
 		hint         string
 	}{
-		{"foreign", m.Foreign, policy.Mount{Foreign: m.Foreign}, fmt.Sprintf("write a literal %s topic followed by its separator, e.g. %q", c.Protocol, exampleForeignPrefix(c.Protocol))},
+		{"foreign", m.Foreign, policy.Mount{Foreign: m.Foreign}, fmt.Sprintf("write a literal %s topic followed by its separator, e.g. %q", c.Protocol, exampleForeignPrefix(c.Policy.Grammar()))},
 		{"weida", m.Weida, policy.Mount{Weida: m.Weida}, `write literal segments followed by '.', e.g. "plants.berlin."`},
 	} {
 		if side.value == "" {
@@ -397,12 +379,10 @@ func (b *binder) bindMount(rm rawMount) bool {
 	return true
 }
 
-// exampleForeignPrefix is a foreign prefix of protocol p for hints.
-func exampleForeignPrefix(p policy.Protocol) string {
-	if p == policy.MQTT {
-		return "factory/"
-	}
-	return "orders."
+// exampleForeignPrefix is a foreign prefix in grammar g for hints: one
+// literal level and g's separator ("factory/" for MQTT).
+func exampleForeignPrefix(g policy.Grammar) string {
+	return "factory" + string(g.Separator())
 }
 
 func (b *binder) bindRoutes(routes []rawRoute) {
@@ -560,24 +540,21 @@ func (b *binder) bindLastValue(rl *rawLastValue) {
 	if rl.MaxBytes != nil && b.ok(base+".maxBytes") {
 		lv.MaxBytes = int64(*rl.MaxBytes)
 	}
-	if rl.Mode == "retained" && b.protoOK && b.optsOK {
-		keeps := c.Protocol == policy.MQTT || (c.Protocol == policy.NATS && c.PolicyOptions.JetStream)
-		if !keeps {
-			b.fail(base+".mode", b.at(base+".mode"), rl.Mode, "last-value-retained",
-				fmt.Sprintf("caches what the broker keeps for late subscribers, and %s keeps nothing (only MQTT retained messages and JetStream streams are kept)", b.describeBroker()),
-				"write mode: all to cache every message bridged")
-			return
+	if rl.Mode == "retained" && b.protoOK && b.optsOK && !b.lastVal.OK {
+		why, hint := b.lastVal.Why, b.lastVal.Hint
+		if why == "" {
+			why = string(c.Protocol) + " keeps nothing"
 		}
+		if hint == "" {
+			hint = "write mode: all to cache every message bridged"
+		}
+		b.fail(base+".mode", b.at(base+".mode"), rl.Mode, "last-value-retained",
+			"caches what the broker keeps for late subscribers, and "+why, hint)
+		// The losses are checked as the file means them, with the
+		// cache, so that the refused mode is reported alone.
+		c.PolicyOptions.LastValue = true
+		return
 	}
 	c.LastValue = lv
 	c.PolicyOptions.LastValue = true
-}
-
-// describeBroker names the resource's broker kind for messages.
-func (b *binder) describeBroker() string {
-	c := b.c
-	if c.Protocol == policy.NATS {
-		return "core NATS"
-	}
-	return string(c.Protocol)
 }

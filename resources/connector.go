@@ -149,16 +149,19 @@ type Broker struct {
 func (b Broker) Addr() string { return net.JoinHostPort(b.Host, strconv.Itoa(b.Port)) }
 
 // Credentials refer to secrets; [Resolver.Resolve] reads them when the
-// connector starts. Username and Password are the common method; Token,
-// NKeySeed and Creds are further methods a protocol may accept (NATS).
-// The protocol decides which combinations are valid.
+// connector starts. Username is shared by every protocol; the secrets are
+// the kinds the resource's protocol declares ([Protocol.Credentials]), by
+// name. The protocol decides which combinations are valid.
 type Credentials struct {
-	Username string    // not a secret; "" when none
-	Password SecretRef // zero when none
-	Token    SecretRef // a bearer token
-	NKeySeed SecretRef // an NKey seed ("SU...")
-	Creds    SecretRef // a credentials file (JWT and seed)
+	Username string // not a secret; "" when none
+	// Secrets are the references written, by kind ("password",
+	// "token"); nil when none. Read them with [Credentials.Secret].
+	Secrets map[string]SecretRef
 }
+
+// Secret returns the reference of kind, or the zero SecretRef when the
+// resource names none.
+func (c Credentials) Secret(kind string) SecretRef { return c.Secrets[kind] }
 
 // TLS configures the broker connection's TLS. File paths are relative to
 // the working directory or absolute (the loader resolved them against the

@@ -52,6 +52,9 @@ type decoder struct {
 	// sections are the protocol names whose spec.broker.<name> blocks
 	// are kept as nodes for the protocol to decode.
 	sections []string
+	// creds is the struct spec.broker.credentials decodes through, with
+	// a field for each credential kind the protocols declare.
+	creds reflect.Type
 	// meant are the fields an unknown field's did-you-mean named: a
 	// required one of them is not reported missing, since the unknown
 	// field's error already says what to write.
@@ -205,6 +208,9 @@ func (d *decoder) decode(path string, key Position, n ast.Node, v reflect.Value)
 		return
 	case typeByteSize:
 		d.decodeByteSize(path, at, n, v)
+		return
+	case typeRawCredentials:
+		d.decodeCredentials(path, at, n, v)
 		return
 	}
 

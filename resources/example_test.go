@@ -48,7 +48,7 @@ func ExampleLoader_Load() {
 		panic(err)
 	}
 	c := set.Connectors()[0]
-	fmt.Println(c.Name, c.Policy.Name(), c.Weida.Endpoint.Path, c.Broker.Credentials.Token)
+	fmt.Println(c.Name, c.Policy.Name(), c.Weida.Endpoint.Path, c.Broker.Credentials.Secret("token"))
 	for _, r := range c.Routes {
 		fmt.Printf("%s: %s → %s\n", r.Name, r.Foreign, r.Weida)
 	}

@@ -223,6 +223,8 @@ func (g *schemaGen) field(t reflect.Type, v, path string) (map[string]any, []tag
 // elements and keys when it is a list or a map.
 func (g *schemaGen) typ(t reflect.Type, path string, elem, keys []tag) (map[string]any, error) {
 	switch t {
+	case typeRawCredentials:
+		return g.object(g.ps.credentialsType(), path)
 	case typeSecretRef:
 		return map[string]any{
 			"type": "object",

@@ -16,6 +16,7 @@ type schemaProto struct {
 }
 
 func (schemaProto) Name() policy.Protocol                 { return policy.MQTT }
+func (schemaProto) Credentials() []CredentialKind         { return nil }
 func (schemaProto) URL() URLRules                         { return URLRules{Scheme: "mqtt", TLSScheme: "mqtts", Port: 1883} }
 func (schemaProto) Policies() []policy.Policy             { return []policy.Policy{policy.MQTTLevelsV1()} }
 func (schemaProto) DescribeOptions(policy.Options) string { return "" }

@@ -2,6 +2,7 @@ package resources_test
 
 import (
 	"slices"
+	"strings"
 	"testing"
 
 	"weida.dev/connector/policy"
@@ -48,6 +49,12 @@ func TestLastValue(t *testing.T) {
 		{"core-nats-retained", edit(t, natsIn, "  routes:", lastValue), []string{"spec.lastValue.mode last-value-retained"}},
 		{"core-nats-all", edit(t, natsIn, "  routes:", "  lastValue:\n    mode: all\n  routes:"), nil},
 		{"amqp-retained", edit(t, amqpIn, "  routes:", lastValue), []string{"spec.lastValue.mode last-value-retained"}},
+		// Each driver says what its sources keep: a JetStream stream
+		// keeps the last message per subject, a shared MQTT
+		// subscription receives no retained message (MQTT 5 §4.8.2).
+		{"jetstream-retained", edit(t, natsIn, "    url: nats://127.0.0.1:4222\n", "    url: nats://127.0.0.1:4222\n    nats: {jetstream: {stream: S, durable: d}}\n", "at-most-once, ", "", "  routes:", lastValue), nil},
+		{"mqtt-shared-retained", edit(t, mqttIn, withRetain, noRetain, "      qos: 1\n", "      qos: 1\n      sharedGroup: g\n", "  routes:", lastValue), []string{"spec.lastValue.mode last-value-retained"}},
+		{"mqtt-shared-all", edit(t, mqttIn, withRetain, noRetain, "      qos: 1\n", "      qos: 1\n      sharedGroup: g\n", "  routes:", "  lastValue:\n    mode: all\n  routes:"), nil},
 		{"outbound", edit(t, natsOut, "  routes:", "  lastValue:\n    mode: all\n  routes:"), []string{"spec.lastValue direction-field"}},
 		{"bad-mode", edit(t, mqttIn, "  routes:", "  lastValue:\n    mode: some\n  routes:"), []string{"spec.lastValue.mode oneof"}},
 		{"no-mode", edit(t, mqttIn, "  routes:", "  lastValue:\n    maxTopics: 3\n  routes:"), []string{"spec.lastValue.mode required"}},
@@ -55,6 +62,11 @@ func TestLastValue(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			_, err := loadFiles(t, "a.yaml", c.doc)
+			for _, fe := range resources.Errors(err) {
+				if fe.Rule == "last-value-retained" && (fe.Message == "" || fe.Hint == "") {
+					t.Errorf("%s: refused without a reason or a hint: %v", c.name, fe)
+				}
+			}
 			var got []string
 			for _, d := range diags(resources.Errors(err)) {
 				got = append(got, d.String())
@@ -63,5 +75,26 @@ func TestLastValue(t *testing.T) {
 				t.Errorf("diagnostics %q, want %q", got, c.want)
 			}
 		})
+	}
+}
+
+// TestLastValueSharedGroup: the refusal of a shared subscription with
+// mode: retained says why (the standard forbids the retained messages the
+// cache would hold) and what to write instead (issue 24, item 8).
+func TestLastValueSharedGroup(t *testing.T) {
+	doc := edit(t, mqttIn, "      qos: 1\n", "      qos: 1\n      sharedGroup: replicas\n", "  routes:", "  lastValue:\n    mode: retained\n  routes:",
+		"retain, ", "")
+	_, err := loadFiles(t, "a.yaml", doc)
+	errs := resources.Errors(err)
+	if len(errs) != 1 || errs[0].Rule != "last-value-retained" || errs[0].Field != "spec.lastValue.mode" {
+		t.Fatalf("errors %v, want one last-value-retained at spec.lastValue.mode", err)
+	}
+	for _, want := range []string{"sharedGroup", "shared subscription", "§4.8.2", "Mosquitto"} {
+		if !strings.Contains(errs[0].Message, want) {
+			t.Errorf("message %q does not name %q", errs[0].Message, want)
+		}
+	}
+	if !strings.Contains(errs[0].Hint, "remove sharedGroup") || !strings.Contains(errs[0].Hint, "mode: all") {
+		t.Errorf("hint %q names neither way out", errs[0].Hint)
 	}
 }

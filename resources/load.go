@@ -61,7 +61,7 @@ type Loader struct {
 func (l Loader) Load(paths ...string) (*Set, error) {
 	set := &Set{}
 	ps := protocolList(l.Protocols)
-	ld := &load{Loader: l, set: set, seen: map[string]bool{}, v: newValidator(ps), protocols: ps}
+	ld := &load{Loader: l, set: set, seen: map[string]bool{}, v: newValidator(ps), protocols: ps, creds: ps.credentialsType()}
 	for _, p := range paths {
 		ld.path(p)
 	}
@@ -150,6 +150,7 @@ type load struct {
 	v         *validator.Validate
 	protocols protocolList
 	blockVals map[reflect.Type]*validator.Validate // per protocol block type
+	creds     reflect.Type                         // what spec.broker.credentials decodes through
 }
 
 // blockValidator returns the validator of a protocol block's type: this
@@ -486,6 +487,7 @@ func syntaxDocument(file string, lineBase int, err error) *Document {
 func (ld *load) document(file string, lineBase int, body ast.Node, bad []badByte) *Document {
 	d := newDecoder(file, lineBase)
 	d.sections = ld.protocols.names()
+	d.creds = ld.creds
 	var raw rawResource
 	d.decode("", Position{}, body, reflect.ValueOf(&raw).Elem())
 	// Before validation and binding, so that a field holding a byte that

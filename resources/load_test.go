@@ -210,7 +210,7 @@ func TestDefaultsAndBinding(t *testing.T) {
 	if a.Broker.Options != (amqp.Options{VHost: "/", Exchange: "amq.topic", Queue: amqp.Queue{Exclusive: true}, Prefetch: 256}) || a.Broker.Path != "" {
 		t.Errorf("amqp options %+v path %q", a.Broker.Options, a.Broker.Path)
 	}
-	if a.Broker.Credentials.Username != "guest" || a.Broker.Credentials.Password != (SecretRef{Env: "AMQP_PASSWORD"}) {
+	if a.Broker.Credentials.Username != "guest" || a.Broker.Credentials.Secret("password") != (SecretRef{Env: "AMQP_PASSWORD"}) {
 		t.Errorf("credentials %+v", a.Broker.Credentials)
 	}
 	// Relative paths are relative to the file's directory.
@@ -222,8 +222,8 @@ func TestDefaultsAndBinding(t *testing.T) {
 	if !n.Broker.TLS.Enabled || n.Broker.TLS.CAFile != "ca.pem" || n.Broker.Port != 4222 || n.Broker.Scheme != "tls" {
 		t.Errorf("nats tls %+v port %d", n.Broker.TLS, n.Broker.Port)
 	}
-	if n.Broker.Credentials.Creds != (SecretRef{File: "cfg/user.creds"}) {
-		t.Errorf("creds %+v", n.Broker.Credentials.Creds)
+	if n.Broker.Credentials.Secret("creds") != (SecretRef{File: "cfg/user.creds"}) {
+		t.Errorf("creds %+v", n.Broker.Credentials.Secret("creds"))
 	}
 	if n.Weida.CAFile != "cfg/ca.pem" || n.Weida.Endpoint.Fingerprint != "" {
 		t.Errorf("dial trust %+v", n.Weida)

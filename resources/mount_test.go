@@ -10,11 +10,12 @@ import (
 )
 
 // mountedOut is mqttOut under a mount of orders/ at weida, which a mount
-// under a foreign prefix no longer loses empty-segments for.
+// under a foreign prefix no longer loses empty-segments or, since no
+// topic under orders/ starts with '$', dollar-topics for.
 func mountedOut(t *testing.T, name, weida string, edits ...string) string {
 	t.Helper()
 	doc := rename(t, mqttOut, "mqtt-out", name)
-	doc = edit(t, doc, "  conversion:\n", "  conversion:\n    mount: {foreign: \"orders/\", weida: \""+weida+"\"}\n", "empty-segments, ", "")
+	doc = edit(t, doc, "  conversion:\n", "  conversion:\n    mount: {foreign: \"orders/\", weida: \""+weida+"\"}\n", "empty-segments, ", "", "dollar-topics, ", "")
 	if len(edits) > 0 {
 		doc = edit(t, doc, edits...)
 	}
@@ -171,5 +172,42 @@ func TestNATSTailPolicy(t *testing.T) {
 	errs := Errors(err)
 	if len(errs) != 1 || errs[0].Rule != policy.RuleNATSOneOrMore || !strings.Contains(errs[0].Hint, policy.NATSTokensTail) {
 		t.Errorf("default policy: %v", errs)
+	}
+}
+
+// TestMountLossesChecked: the declared-losses check asks for exactly the
+// losses that can occur under the mount (issue 24, item 7). An MQTT
+// outbound resource mounting factory/ at plants.berlin. is valid without
+// dollar-topics, is refused when it states it, and is still refused when
+// it leaves out a loss that can occur; under a '$' prefix dollar-topics
+// is required again.
+func TestMountLossesChecked(t *testing.T) {
+	base := func(foreign, route string, edits ...string) string {
+		doc := mountedOut(t, "a", "plants.berlin.", `"orders/"`, `"`+foreign+`"`, "orders/+/created", route)
+		if len(edits) > 0 {
+			doc = edit(t, doc, edits...)
+		}
+		return doc
+	}
+	for _, tt := range []struct {
+		name string
+		doc  string
+		want []diag
+	}{
+		{"exact", base("factory/", "factory/#"), nil},
+		{"dollar-topics stated", base("factory/", "factory/#", "delivery-best-effort, ", "delivery-best-effort, dollar-topics, "),
+			[]diag{{"spec.conversion.losses[1]", "loss-not-incurred"}}},
+		{"a possible loss left out", base("factory/", "factory/#", "slashed-segments, ", ""),
+			[]diag{{"spec.conversion.losses", "loss-undeclared"}}},
+		{"under a dollar prefix", base("$SYS/", "$SYS/#"),
+			[]diag{{"spec.conversion.losses", "loss-undeclared"}}},
+		{"under a dollar prefix, stated", base("$SYS/", "$SYS/#", "delivery-best-effort, ", "delivery-best-effort, dollar-topics, "), nil},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			set, err := loadFiles(t, "a.yaml", tt.doc)
+			if got := diags(Errors(err)); !slices.Equal(got, tt.want) {
+				t.Fatalf("got %v, want %v\n%s", got, tt.want, dump(set))
+			}
+		})
 	}
 }

@@ -46,6 +46,12 @@ type Protocol interface {
 	// passes there. [JSONSchema] describes the block from them; Decode
 	// panics when Broker uses another type, so the two cannot drift.
 	BrokerSchema() (block any, s Schema)
+	// Credentials lists the secrets spec.broker.credentials may name for
+	// the protocol besides username, which every protocol shares. The
+	// loader accepts a kind that any protocol of its list declares,
+	// refuses it for a resource whose protocol does not, and resolves the
+	// rest into [ResolvedCredentials].
+	Credentials() []CredentialKind
 	// CheckSet applies the protocol's rules that span resources (two
 	// resources using one broker identity, say) and reports each conflict
 	// through s. It is called once per load with every resource of the
@@ -98,6 +104,24 @@ type BrokerOptions struct {
 	// (spec.delivery.whenNoSubscriber: hold). The zero value says it
 	// cannot.
 	Hold Hold
+	// LastValues says whether an inbound source so configured knows which
+	// messages its broker keeps as each topic's current value for later
+	// subscribers (MQTT retained messages, a JetStream stream's last
+	// message per subject), which spec.lastValue.mode: retained caches.
+	// The zero value says it does not.
+	LastValues LastValues
+}
+
+// LastValues is whether a source can tell which messages its broker keeps
+// as last values. Each driver says so for its own sources, so that the
+// loader names no protocol when it refuses spec.lastValue.mode: retained.
+type LastValues struct {
+	OK bool
+	// Why completes, when OK is false, the loader's "caches what the
+	// broker keeps for late subscribers, and ..." ("core NATS keeps
+	// nothing"). Hint says what to write instead; when it is empty the
+	// loader suggests mode: all.
+	Why, Hint string
 }
 
 // Hold is whether a source's broker keeps the messages the connector leaves

@@ -64,14 +64,6 @@ type section struct {
 	node ast.Node
 }
 
-type rawCredentials struct {
-	Username string    `yaml:"username" validate:"omitempty,max=1024" doc:"the user name to authenticate as"`
-	Password SecretRef `yaml:"password" doc:"the password, by reference: {env: NAME} or {file: PATH}"`
-	Token    SecretRef `yaml:"token" doc:"a NATS token, by reference"`
-	NKeySeed SecretRef `yaml:"nkeySeed" doc:"a NATS NKey seed, by reference"`
-	Creds    SecretRef `yaml:"creds" doc:"a NATS .creds file (JWT and seed), by reference"`
-}
-
 type rawTLS struct {
 	CAFile     string `yaml:"caFile" doc:"PEM trust anchors for the broker's certificate, instead of the system's"`
 	CertFile   string `yaml:"certFile" validate:"required_with=KeyFile" doc:"a PEM client certificate, with keyFile"`

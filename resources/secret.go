@@ -160,33 +160,32 @@ func (s Secret) MarshalJSON() ([]byte, error) { return []byte(`"` + redacted + `
 func (s Secret) MarshalText() ([]byte, error) { return []byte(redacted), nil }
 
 // ResolvedCredentials are a resource's [Credentials] with their secrets
-// read. Zero Secrets stand for absent references.
+// read. Secret returns the zero Secret for a kind the resource does not
+// name.
 type ResolvedCredentials struct {
-	Username                         string
-	Password, Token, NKeySeed, Creds Secret
+	Username string
+	secrets  map[string]Secret
 }
+
+// Secret returns the secret of kind, or the zero Secret when the resource
+// names none.
+func (c ResolvedCredentials) Secret(kind string) Secret { return c.secrets[kind] }
 
 // Credentials resolves every secret c refers to, all or nothing. The error
 // names each field that failed and its reference, never a value.
 func (r Resolver) Credentials(c Credentials) (ResolvedCredentials, error) {
 	out := ResolvedCredentials{Username: c.Username}
 	var errs []error
-	for _, f := range []struct {
-		name string
-		ref  SecretRef
-		dst  *Secret
-	}{
-		{"password", c.Password, &out.Password},
-		{"token", c.Token, &out.Token},
-		{"nkeySeed", c.NKeySeed, &out.NKeySeed},
-		{"creds", c.Creds, &out.Creds},
-	} {
-		s, err := r.Resolve(f.ref)
+	for _, kind := range sortedKeys(c.Secrets) {
+		s, err := r.Resolve(c.Secrets[kind])
 		if err != nil {
-			errs = append(errs, fmt.Errorf("credentials.%s: %w", f.name, err))
+			errs = append(errs, fmt.Errorf("credentials.%s: %w", kind, err))
 			continue
 		}
-		*f.dst = s
+		if out.secrets == nil {
+			out.secrets = map[string]Secret{}
+		}
+		out.secrets[kind] = s
 	}
 	if len(errs) > 0 {
 		return ResolvedCredentials{}, errors.Join(errs...)

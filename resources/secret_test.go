@@ -147,11 +147,11 @@ func TestLoadNeverShowsSecrets(t *testing.T) {
 
 func TestResolveCredentials(t *testing.T) {
 	r := Resolver{LookupEnv: func(k string) (string, bool) { return canary, k == "P" }}
-	rc, err := r.Credentials(Credentials{Username: "u", Password: SecretRef{Env: "P"}})
-	if err != nil || rc.Username != "u" || rc.Password.Reveal() != canary || !rc.Token.IsZero() {
+	rc, err := r.Credentials(Credentials{Username: "u", Secrets: map[string]SecretRef{"password": {Env: "P"}}})
+	if err != nil || rc.Username != "u" || rc.Secret("password").Reveal() != canary || !rc.Secret("token").IsZero() {
 		t.Fatalf("%+v %v", rc, err)
 	}
-	_, err = r.Credentials(Credentials{Token: SecretRef{Env: "T"}, Creds: SecretRef{Env: "C"}})
+	_, err = r.Credentials(Credentials{Secrets: map[string]SecretRef{"token": {Env: "T"}, "creds": {Env: "C"}}})
 	if err == nil || !strings.Contains(err.Error(), "credentials.token") || !strings.Contains(err.Error(), "credentials.creds") || !errors.Is(err, ErrSecret) {
 		t.Fatalf("err = %v", err)
 	}

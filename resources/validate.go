@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/url"
 	"reflect"
+	"slices"
 	"strings"
 	"time"
 	"unicode"
@@ -147,9 +148,11 @@ func brokerURLProblem(p Protocol, raw string) *urlProblem {
 		return &urlProblem{"broker-url-credentials", "carries user information; credentials never go in the URL",
 			"remove it and write spec.broker.credentials: {username: NAME, password: {env: VAR}}"}
 	}
-	switch u.Scheme {
-	case plain, secure:
-	case "tcp", "ssl", "ws", "wss", "mqtt+tls", "nats+tls":
+	switch {
+	case u.Scheme == plain || u.Scheme == secure:
+	case slices.Contains([]string{"tcp", "ssl", "ws", "wss"}, u.Scheme) || strings.HasSuffix(u.Scheme, "+tls"):
+		// Transports client libraries spell as schemes (mqtt+tls,
+		// nats+tls), which no protocol of the list accepts.
 		return &urlProblem{"broker-url-scheme", fmt.Sprintf("scheme %s:// is not accepted for %s", u.Scheme, protocol),
 			fmt.Sprintf("write %s:// (plain TCP) or %s:// (TLS); WebSocket transports are not supported", plain, secure)}
 	default:

@@ -175,7 +175,7 @@ spec:
 	if err != nil || len(units) != 1 {
 		t.Fatalf("Load: %v", err)
 	}
-	if got.Credentials.Token.Reveal() != "s3cret" || got.LoopMarker != "test" || got.Logger == nil || got.TLS != nil {
+	if got.Credentials.Secret("token").Reveal() != "s3cret" || got.LoopMarker != "test" || got.Logger == nil || got.TLS != nil {
 		t.Errorf("broker config %+v", got)
 	}
 	// The driver sees the expanded client id, the loaded resource keeps

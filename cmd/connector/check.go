@@ -7,7 +7,6 @@ import (
 	"io"
 	"strings"
 
-	"weida.dev/connector/cmd/internal/drivers"
 	"weida.dev/connector/policy"
 	"weida.dev/connector/resources"
 	"weida.dev/connector/service"
@@ -36,7 +35,7 @@ func cmdCheck(_ context.Context, args []string, _ io.Reader, stdout, stderr io.W
 		return exitUsage
 	}
 
-	set, err := resources.Load(service.Protocols(drivers.All()), paths...)
+	set, err := resources.Load(service.Protocols(programDrivers()), paths...)
 	if *output == "json" {
 		if werr := writeCheckJSON(stdout, set); werr != nil {
 			fmt.Fprintf(stderr, "connector check: %v\n", werr)
@@ -165,19 +164,22 @@ func brokerSummary(c *resources.Connector) string {
 	b := c.Broker
 	parts := []string{"client id " + b.ClientID}
 	cr := b.Credentials
-	switch {
-	case cr.Username != "" && !cr.Password.IsZero():
-		parts = append(parts, fmt.Sprintf("user %s (password from %s)", cr.Username, cr.Password))
+	d := service.Lookup(programDrivers(), string(c.Protocol))
+	switch pw := cr.Secret("password"); {
+	case cr.Username != "" && !pw.IsZero():
+		parts = append(parts, fmt.Sprintf("user %s (password from %s)", cr.Username, pw))
 	case cr.Username != "":
 		parts = append(parts, "user "+cr.Username)
-	case !cr.Token.IsZero():
-		parts = append(parts, fmt.Sprintf("token from %s", cr.Token))
-	case !cr.NKeySeed.IsZero():
-		parts = append(parts, fmt.Sprintf("NKey seed from %s", cr.NKeySeed))
-	case !cr.Creds.IsZero():
-		parts = append(parts, fmt.Sprintf("credentials from %s", cr.Creds))
+	case d != nil:
+		// The first other secret the protocol declares, by its label.
+		for _, k := range d.Credentials() {
+			if ref := cr.Secret(k.Name); k.Name != "password" && !ref.IsZero() {
+				parts = append(parts, fmt.Sprintf("%s from %s", k.Label, ref))
+				break
+			}
+		}
 	}
-	if d := service.Lookup(drivers.All(), string(c.Protocol)); d != nil {
+	if d != nil {
 		if s := d.Summary(c); s != "" {
 			parts = append(parts, s)
 		}

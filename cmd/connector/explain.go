@@ -10,7 +10,6 @@ import (
 	"slices"
 	"strings"
 
-	"weida.dev/connector/cmd/internal/drivers"
 	"weida.dev/connector/policy"
 	"weida.dev/connector/service"
 )
@@ -140,7 +139,7 @@ type explainRun struct {
 }
 
 func cmdExplain(_ context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) int {
-	ds := drivers.All()
+	ds := programDrivers()
 	fs := newFlagSet("explain", explainSynopsis(ds), stderr)
 	f := defineExplainFlags(fs, ds)
 	if code, done := parseFlags(fs, args, stdout); done {
@@ -345,7 +344,7 @@ func explainOne(pol policy.Policy, d policy.Direction, opts policy.Options, in e
 		r.Part = &part
 	}
 	if in.kind == "topic" {
-		if l, ok := policy.LossForRule(ref.Rule); ok {
+		if l, ok := pol.LossFor(ref.Rule); ok {
 			r.Losses = []policy.Loss{l}
 		}
 	}

@@ -3,6 +3,9 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -287,6 +290,45 @@ func TestExplainNATSTail(t *testing.T) {
 		code, objs := explainJSON(t, "--protocol", "nats", "--policy", "nats-tokens-tail/v1", "--filter", in)
 		if code != exitOK || len(objs) != 1 || objs[0]["output"] != want || objs[0]["policy"] != "nats-tokens-tail/v1" {
 			t.Errorf("%s: code %d, %v; want %s", in, code, objs, want)
+		}
+	}
+}
+
+// TestExplainAndCheckAgreeUnderMount: for MQTT outbound under factory/ ↔
+// plants.berlin., explain's losses are the losses check accepts for a
+// resource with that mount, and neither asks for dollar-topics, which no
+// topic under factory/ can incur (issue 24, item 7). Under $SYS/ both ask
+// for it.
+func TestExplainAndCheckAgreeUnderMount(t *testing.T) {
+	for _, c := range []struct {
+		foreign, weida string
+		dollar         bool
+	}{{"factory/", "plants.berlin.", false}, {"$SYS/", "sys.", true}} {
+		_, objs := explainJSON(t, "--protocol", "mqtt", "--direction", "outbound",
+			"--mount-foreign", c.foreign, "--mount-weida", c.weida, "--topic", c.weida+"a")
+		if len(objs) != 1 {
+			t.Fatalf("explain: %v", objs)
+		}
+		var explained []string
+		for _, l := range objs[0]["losses"].([]any) {
+			explained = append(explained, l.(string))
+		}
+		if got := slices.Contains(explained, "dollar-topics"); got != c.dollar {
+			t.Errorf("%s: explain's losses %v hold dollar-topics: %v, want %v", c.foreign, explained, got, c.dollar)
+		}
+		doc := copyDoc("mounted", "outbound", "      qos: 1\n", fmt.Sprintf("{foreign: %q, weida: %q}", c.foreign, c.weida),
+			"["+strings.Join(explained, ", ")+"]", "", c.foreign+"#")
+		dir := t.TempDir()
+		if err := os.WriteFile(filepath.Join(dir, "m.yaml"), []byte(doc), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		code, out, _ := runCLI(t, "", "check", "--output", "json", "-f", filepath.Join(dir, "m.yaml"))
+		var res checkJSON
+		if err := json.Unmarshal([]byte(out), &res); err != nil || code != exitOK || !res.Valid {
+			t.Fatalf("%s: check refuses the losses explain printed (exit %d, %v):\n%s", c.foreign, code, err, out)
+		}
+		if got := fmt.Sprint(res.Resources[0].Losses); got != fmt.Sprint(explained) {
+			t.Errorf("%s: check's losses %s, explain's %v", c.foreign, got, explained)
 		}
 	}
 }

@@ -13,7 +13,6 @@ import (
 	"syscall"
 	"time"
 
-	"weida.dev/connector/cmd/internal/drivers"
 	"weida.dev/connector/connectors"
 	"weida.dev/connector/resources"
 	"weida.dev/connector/service"
@@ -134,7 +133,7 @@ func runService(ctx context.Context, opts runOptions, stateSource string, stdout
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
 	err := service.Run(ctx, service.Config{
-		Env:   service.Env{Drivers: drivers.All(), LoopMarker: opts.instance, Logger: log, StateDir: opts.stateDir},
+		Env:   service.Env{Drivers: programDrivers(), LoopMarker: opts.instance, Logger: log, StateDir: opts.stateDir},
 		Paths: opts.paths,
 		Admin: opts.admin,
 		Drain: opts.drain,

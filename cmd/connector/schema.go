@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 
-	"weida.dev/connector/cmd/internal/drivers"
 	"weida.dev/connector/resources"
 	"weida.dev/connector/service"
 )
@@ -25,7 +24,7 @@ func cmdSchema(_ context.Context, args []string, _ io.Reader, stdout, stderr io.
 		fmt.Fprintf(stderr, "connector schema: unexpected argument %q\n", fs.Arg(0))
 		return exitUsage
 	}
-	b, err := resources.JSONSchema(service.Protocols(drivers.All()))
+	b, err := resources.JSONSchema(service.Protocols(programDrivers()))
 	if err != nil {
 		fmt.Fprintf(stderr, "connector schema: %v\n", err)
 		return exitFailure

@@ -113,7 +113,9 @@ func (driver) Broker(b *resources.BrokerBlock) resources.BrokerOptions {
 		checkCredentials(b, cr)
 	}
 	a := Options{Exchange: DefaultExchange, VHost: "/"}
-	out := resources.BrokerOptions{PolicyOK: true}
+	out := resources.BrokerOptions{PolicyOK: true, LastValues: resources.LastValues{
+		Why: "an AMQP queue keeps nothing for later consumers: each message goes to one consumer and is gone once acknowledged",
+	}}
 	if p := b.BrokerPath(); p != "" {
 		a.VHost = p
 	}
@@ -206,21 +208,16 @@ func bindQueue(b *resources.BrokerBlock, q *rawQueue) Queue {
 	return out
 }
 
-// checkCredentials applies AMQP's rules: username and password only, both
-// or neither.
+// Credentials: username and password, AMQP 0-9-1 PLAIN.
+func (driver) Credentials() []resources.CredentialKind {
+	return []resources.CredentialKind{{Name: "password", Doc: "the password, by reference: {env: NAME} or {file: PATH}", Label: "password"}}
+}
+
+// checkCredentials applies AMQP's rules: username and password, both or
+// neither.
 func checkCredentials(b *resources.BrokerBlock, cr resources.Credentials) {
 	const base = "spec.broker.credentials"
-	for _, f := range []struct {
-		name string
-		ref  resources.SecretRef
-	}{{"token", cr.Token}, {"nkeySeed", cr.NKeySeed}, {"creds", cr.Creds}} {
-		if !f.ref.IsZero() {
-			path := base + "." + f.name
-			b.Fail(path, b.KeyAt(path), "", "credentials-protocol",
-				"is a NATS credential, but spec.protocol is amqp", "use username and password")
-		}
-	}
-	if cr.Username != "" && cr.Password.IsZero() && b.OK(base+".password") {
+	if cr.Username != "" && cr.Secret("password").IsZero() && b.OK(base+".password") {
 		b.Fail(base+".username", b.KeyAt(base+".username"), cr.Username, "credentials-incomplete",
 			"is set without a password, which amqp requires", "add password: {env: NAME}")
 	}
@@ -298,7 +295,7 @@ func configOf(bc resources.BrokerConfig) Config {
 		VHost:           o.VHost,
 		TLS:             bc.BrokerTLS(),
 		Username:        bc.Credentials.Username,
-		Password:        bc.Credentials.Password.Reveal(),
+		Password:        bc.Credentials.Secret("password").Reveal(),
 		Exchange:        o.Exchange,
 		ExchangePassive: o.ExchangePassive,
 		Queue:           o.Queue,

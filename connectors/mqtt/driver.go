@@ -134,9 +134,6 @@ func (driver) Broker(b *resources.BrokerBlock) resources.BrokerOptions {
 		return resources.BrokerOptions{}
 	}
 	base := b.Path()
-	if cr, ok := b.Credentials(); ok {
-		refuseNATSCredentials(b, cr)
-	}
 	m := Options{QoS: DefaultQoS, SessionExpiry: DefaultSessionExpiry}
 	optsOK := true
 	if raw.QoS != nil {
@@ -160,7 +157,23 @@ func (driver) Broker(b *resources.BrokerBlock) resources.BrokerOptions {
 		b.DirectionOnly(base+".retain", true, policy.Outbound,
 			"an inbound resource receives retained messages; to replay them to late weida subscribers, set spec.lastValue")
 	}
-	return resources.BrokerOptions{Options: m, Policy: policy.Options{QoS: int(m.QoS)}, PolicyOK: optsOK, Hold: hold(m)}
+	return resources.BrokerOptions{Options: m, Policy: policy.Options{QoS: int(m.QoS)}, PolicyOK: optsOK, Hold: hold(m), LastValues: lastValues(m)}
+}
+
+// lastValues says whether the source receives the broker's retained
+// messages. A shared subscription must not (MQTT 5 §4.8.2, §3.8.3.1):
+// a conforming broker would seed the cache with nothing, and Mosquitto
+// 2.0.11, which sends them anyway, would seed it with values the standard
+// says the connector never gets. So the two are refused together rather
+// than left to the broker.
+func lastValues(m Options) resources.LastValues {
+	if m.SharedGroup != "" {
+		return resources.LastValues{
+			Why:  "spec.broker.mqtt.sharedGroup subscribes to a shared subscription, to which MQTT 5 forbids sending retained messages (§4.8.2): a conforming broker seeds nothing (Mosquitto 2.0.11 sends them anyway)",
+			Hint: "remove sharedGroup so that the connector receives the retained messages, or write mode: all to cache the messages this replica bridges",
+		}
+	}
+	return resources.LastValues{OK: true}
 }
 
 // hold says whether the broker keeps what the connector does not
@@ -181,18 +194,9 @@ func hold(m Options) resources.Hold {
 	return resources.Hold{OK: true}
 }
 
-// refuseNATSCredentials reports the credential methods MQTT does not have.
-func refuseNATSCredentials(b *resources.BrokerBlock, cr resources.Credentials) {
-	for _, f := range []struct {
-		name string
-		ref  resources.SecretRef
-	}{{"token", cr.Token}, {"nkeySeed", cr.NKeySeed}, {"creds", cr.Creds}} {
-		if !f.ref.IsZero() {
-			path := "spec.broker.credentials." + f.name
-			b.Fail(path, b.KeyAt(path), "", "credentials-protocol",
-				"is a NATS credential, but spec.protocol is mqtt", "use username and password")
-		}
-	}
+// Credentials: username and password, MQTT 5's only method.
+func (driver) Credentials() []resources.CredentialKind {
+	return []resources.CredentialKind{{Name: "password", Doc: "the password, by reference: {env: NAME} or {file: PATH}", Label: "password"}}
 }
 
 // CheckSet refuses two resources with one client id on one broker: each
@@ -272,8 +276,8 @@ func configOf(bc resources.BrokerConfig) Config {
 		LoopMarker:    bc.LoopMarker,
 		Logger:        bc.Logger,
 	}
-	if !bc.Credentials.Password.IsZero() {
-		cfg.Password = []byte(bc.Credentials.Password.Reveal())
+	if pw := bc.Credentials.Secret("password"); !pw.IsZero() {
+		cfg.Password = []byte(pw.Reveal())
 	}
 	return cfg
 }

@@ -115,6 +115,9 @@ func (driver) Broker(b *resources.BrokerBlock) resources.BrokerOptions {
 	out := resources.BrokerOptions{PolicyOK: true, Hold: resources.Hold{
 		Why:  "core NATS delivers each message once, to whoever is subscribed, and keeps nothing",
 		Hint: "read from a JetStream stream: jetstream: {stream: NAME, durable: weida-connector}",
+	}, LastValues: resources.LastValues{
+		Why:  "core NATS keeps nothing (a JetStream stream keeps the last message of each subject)",
+		Hint: "write mode: all to cache every message bridged, or read from a JetStream stream",
 	}}
 	const base = "spec.broker.nats"
 	n.QueueGroup = raw.QueueGroup
@@ -126,6 +129,9 @@ func (driver) Broker(b *resources.BrokerBlock) resources.BrokerOptions {
 		// The durable consumer keeps what is not acknowledged, across
 		// the connector's restarts.
 		out.Hold = resources.Hold{OK: true}
+		// The stream keeps the last message of each subject; the
+		// source reads them when it starts.
+		out.LastValues = resources.LastValues{OK: true}
 		js := base + ".jetstream"
 		if raw.QueueGroup != "" {
 			b.Fail(base+".queueGroup", b.KeyAt(base+".queueGroup"), raw.QueueGroup, "jetstream-queue-group",
@@ -150,24 +156,32 @@ func (driver) Broker(b *resources.BrokerBlock) resources.BrokerOptions {
 	return out
 }
 
+// Credentials: NATS authenticates with a user and password, a token, an
+// NKey seed or a .creds file (JWT and seed).
+func (driver) Credentials() []resources.CredentialKind {
+	return []resources.CredentialKind{
+		{Name: "password", Doc: "the password, by reference: {env: NAME} or {file: PATH}", Label: "password"},
+		{Name: "token", Doc: "a NATS token, by reference", Label: "token"},
+		{Name: "nkeySeed", Doc: "a NATS NKey seed, by reference", Label: "NKey seed"},
+		{Name: "creds", Doc: "a NATS .creds file (JWT and seed), by reference", Label: "credentials"},
+	}
+}
+
 // checkCredentials applies NATS's rules: a password needs a username, and
 // one method only.
 func checkCredentials(b *resources.BrokerBlock, cr resources.Credentials) {
 	const base = "spec.broker.credentials"
-	if cr.Username != "" && cr.Password.IsZero() && b.OK(base+".password") {
+	if cr.Username != "" && cr.Secret("password").IsZero() && b.OK(base+".password") {
 		b.Fail(base+".username", b.KeyAt(base+".username"), cr.Username, "credentials-incomplete",
 			"is set without a password, which nats requires", "add password: {env: NAME}")
 	}
 	var methods []string
-	if cr.Username != "" || !cr.Password.IsZero() {
+	if cr.Username != "" || !cr.Secret("password").IsZero() {
 		methods = append(methods, "username/password")
 	}
-	for _, f := range []struct {
-		name string
-		ref  resources.SecretRef
-	}{{"token", cr.Token}, {"nkeySeed", cr.NKeySeed}, {"creds", cr.Creds}} {
-		if !f.ref.IsZero() {
-			methods = append(methods, f.name)
+	for _, name := range []string{"token", "nkeySeed", "creds"} {
+		if !cr.Secret(name).IsZero() {
+			methods = append(methods, name)
 		}
 	}
 	if len(methods) > 1 {
@@ -245,14 +259,14 @@ func configOf(bc resources.BrokerConfig) Config {
 		TLS:        bc.BrokerTLS(),
 		Name:       c.Broker.ClientID,
 		User:       creds.Username,
-		Password:   creds.Password.Reveal(),
-		Token:      creds.Token.Reveal(),
-		NKeySeed:   creds.NKeySeed.Reveal(),
+		Password:   creds.Secret("password").Reveal(),
+		Token:      creds.Secret("token").Reveal(),
+		NKeySeed:   creds.Secret("nkeySeed").Reveal(),
 		LoopMarker: bc.LoopMarker,
 		Logger:     bc.Logger,
 	}
-	if !creds.Creds.IsZero() {
-		cfg.Creds = []byte(creds.Creds.Reveal())
+	if cf := creds.Secret("creds"); !cf.IsZero() {
+		cfg.Creds = []byte(cf.Reveal())
 	}
 	if o, ok := OptionsOf(c); ok {
 		cfg.QueueGroup = o.QueueGroup
