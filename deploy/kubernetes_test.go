@@ -18,6 +18,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"weida.dev/connector/cmd/drivers"
+	"weida.dev/connector/service"
 
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	appsv1 "k8s.io/api/apps/v1"
@@ -31,9 +33,6 @@ import (
 	sigsjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
 
-	"weida.dev/connector/connectors/amqp"
-	"weida.dev/connector/connectors/mqtt"
-	"weida.dev/connector/connectors/nats"
 	"weida.dev/connector/resources"
 )
 
@@ -741,7 +740,7 @@ func checkResourceFiles(t *testing.T, m *manifests, c *corev1.Container, pod *co
 		}
 	}
 
-	set, err := resources.Load([]resources.Protocol{mqtt.Driver, nats.Driver, amqp.Driver}, dir)
+	set, err := resources.Load(service.Protocols(drivers.All()), dir)
 	if err != nil {
 		t.Fatalf("resources.Load: %v", err)
 	}

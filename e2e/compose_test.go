@@ -5,12 +5,11 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"weida.dev/connector/cmd/drivers"
+	"weida.dev/connector/service"
 
 	"github.com/goccy/go-yaml"
 
-	"weida.dev/connector/connectors/amqp"
-	"weida.dev/connector/connectors/mqtt"
-	"weida.dev/connector/connectors/nats"
 	"weida.dev/connector/policy"
 	"weida.dev/connector/resources"
 )
@@ -46,7 +45,7 @@ func TestComposeMatchesExamples(t *testing.T) {
 	if err := yaml.Unmarshal(raw, &cf); err != nil {
 		t.Fatalf("docker-compose.yml: %v", err)
 	}
-	set, err := resources.Load([]resources.Protocol{mqtt.Driver, nats.Driver, amqp.Driver}, "../examples")
+	set, err := resources.Load(service.Protocols(drivers.All()), "../examples")
 	if err != nil {
 		t.Fatalf("examples/ must be valid: %v", err)
 	}

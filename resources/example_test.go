@@ -5,10 +5,9 @@ import (
 	"log/slog"
 	"os"
 	"testing/fstest"
+	"weida.dev/connector/cmd/drivers"
+	"weida.dev/connector/service"
 
-	"weida.dev/connector/connectors/amqp"
-	"weida.dev/connector/connectors/mqtt"
-	"weida.dev/connector/connectors/nats"
 	"weida.dev/connector/resources"
 )
 
@@ -35,7 +34,7 @@ spec:
 func ExampleLoader_Load() {
 	fsys := fstest.MapFS{"orders.yaml": {Data: []byte(example)}}
 	// The protocols a program speaks are its drivers' (see package service).
-	loader := resources.Loader{FS: fsys, Protocols: []resources.Protocol{mqtt.Driver, nats.Driver, amqp.Driver}}
+	loader := resources.Loader{FS: fsys, Protocols: service.Protocols(drivers.All())}
 	set, err := loader.Load("orders.yaml")
 	for _, e := range resources.Errors(err) {
 		fmt.Printf("%s %s %s\n", e.Position, e.Field, e.Rule)

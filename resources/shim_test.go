@@ -2,10 +2,9 @@ package resources_test
 
 import (
 	"io/fs"
+	"weida.dev/connector/cmd/drivers"
+	"weida.dev/connector/service"
 
-	"weida.dev/connector/connectors/amqp"
-	"weida.dev/connector/connectors/mqtt"
-	"weida.dev/connector/connectors/nats"
 	"weida.dev/connector/resources"
 )
 
@@ -26,7 +25,7 @@ type (
 )
 
 func protocols() []resources.Protocol {
-	return []resources.Protocol{mqtt.Driver, nats.Driver, amqp.Driver}
+	return service.Protocols(drivers.All())
 }
 
 // Loader is resources.Loader with the program's protocols.

@@ -9,17 +9,16 @@ import (
 	"strings"
 	"testing"
 	"time"
+	driverlist "weida.dev/connector/cmd/drivers"
 
 	"weida.dev/connector/connectors"
-	"weida.dev/connector/connectors/amqp"
-	"weida.dev/connector/connectors/mqtt"
 	"weida.dev/connector/connectors/nats"
 	"weida.dev/connector/policy"
 	"weida.dev/connector/resources"
 	"weida.dev/connector/service"
 )
 
-func drivers() []service.Driver { return []service.Driver{mqtt.Driver, nats.Driver, amqp.Driver} }
+func drivers() []service.Driver { return driverlist.All() }
 
 // env reads secrets from a map instead of the process environment.
 func env(vars map[string]string, ds ...service.Driver) service.Env {

@@ -1,6 +1,6 @@
 package main
 
-import "weida.dev/connector/cmd/internal/drivers"
+import "weida.dev/connector/cmd/drivers"
 
 // programDrivers returns the drivers of every protocol the connector
 // speaks: the one list, in [drivers.All]. Every subcommand takes it from

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"weida.dev/connector/cmd/internal/drivers"
+	"weida.dev/connector/cmd/drivers"
 	"weida.dev/connector/connectors"
 	"weida.dev/connector/connectors/mqtt"
 	"weida.dev/connector/policy"

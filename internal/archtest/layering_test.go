@@ -30,7 +30,7 @@ const (
 	root = "../.."
 	// driverList is the package holding the one list of protocol drivers.
 	// The driver packages are whatever it imports from connectors/.
-	driverList = "cmd/internal/drivers"
+	driverList = "cmd/drivers"
 )
 
 // allowed lists, for each project package, the project packages it may

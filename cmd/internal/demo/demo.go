@@ -34,7 +34,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"weida.dev/connector/cmd/internal/drivers"
+	"weida.dev/connector/cmd/drivers"
 	"weida.dev/connector/connectors"
 	"weida.dev/connector/policy"
 	"weida.dev/connector/resources"

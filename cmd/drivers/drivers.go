@@ -1,7 +1,10 @@
 // Package drivers holds the one list of broker protocols the connector
 // speaks. Both commands (connector and connector-demo) take it from here, so
 // that a protocol is added in exactly one place (docs/DRIVERS.md) and no
-// command package imports a protocol package itself.
+// command package imports a protocol package itself. It is not under
+// cmd/internal so that the tests of the packages it wires (resources,
+// service, deploy, e2e) take the same list instead of keeping copies; only
+// tests import it from below, which internal/archtest allows.
 package drivers
 
 import (
