@@ -158,7 +158,7 @@ func TestBudget(t *testing.T) {
 		sc.subscribe("/a", "")
 	}
 	f, _ := l.frames.get("/a", &msg)
-	fits := int(1000 / f.charge())
+	fits := int(1000 / f.queuedCharge())
 	f.release()
 	for i := range fits {
 		if r, _ := p.Publish(context.Background(), msg); r != (Result{Matched: 3, Queued: 2, Dropped: 1}) {

@@ -572,11 +572,31 @@ func (sc *serverConn) enqueue(f *frame) pushResult {
 	return r
 }
 
+// sendNow is the write limiter of a copy the writer waits for: it limits
+// nothing, but a write with a limiter returns only once QUIC has put the
+// bytes into packets, where a plain Write of a small copy returns at once
+// with the bytes parked in the stream.
+func sendNow(maxBytes int) int { return maxBytes }
+
 // writer opens one uni stream per queued copy and writes it, in queue
-// order. Opening can wait for stream credit from a slow subscriber; that
-// wait is here, never in Publish.
+// order. Opening can wait for stream credit from a slow subscriber, and
+// writing for its flow-control credit; those waits are here, never in
+// Publish.
+//
+// At most maxParked copies are parked in QUIC at a time: the copy that
+// reaches that number, or that empties the queue, is written with a
+// limiter (sendNow) and the writer waits until QUIC has packetized it.
+// QUIC sends a connection's streams of one priority round robin, in the
+// order they got data, so by then the copies parked before it are in
+// packets too and their charge is released. A subscriber's backlog
+// therefore waits in its send queue, charged against its budget and
+// dropped there when it does not fit, rather than in quic-go's stream
+// state, which no budget saw (issue 21: 2.2 GB of it with 1,000
+// subscribers) and which died uncounted with the peer.
 func (sc *serverConn) writer() {
 	st := &sc.l.stats
+	parked := 0
+	defer func() { sc.q.sent(parked) }()
 	for {
 		f := sc.q.pop(sc.c.ctx)
 		if f == nil {
@@ -590,7 +610,13 @@ func (sc *serverConn) writer() {
 			f.release()
 			return
 		}
-		if _, err = s.Write(f.buf); err == nil {
+		wait := parked+1 >= maxParked || sc.q.waitingNone()
+		if wait {
+			_, err = s.WriteWithLimit(f.buf, sendNow)
+		} else {
+			_, err = s.Write(f.buf)
+		}
+		if err == nil {
 			err = s.Close()
 		}
 		if err != nil {
@@ -602,11 +628,17 @@ func (sc *serverConn) writer() {
 				st.dropped.connectionClosed.Add(1)
 				f.pub.copiesLost(1)
 			}
+			sc.q.done(f)
 		} else {
 			st.copiesWritten.Add(1)
 			sc.wl.written(f)
+			sc.q.parked(f)
+			parked++
 		}
-		sc.q.done(f)
 		f.release()
+		if wait {
+			sc.q.sent(parked)
+			parked = 0
+		}
 	}
 }

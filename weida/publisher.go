@@ -239,10 +239,10 @@ func (p *Publisher) PublishWith(ctx context.Context, m Message, record func()) (
 		return Result{}, err
 	}
 	f.pub = p
-	if f.charge() > p.l.limits.SubscriberBufferBytes {
+	if f.queuedCharge() > p.l.limits.SubscriberBufferBytes {
 		f.release()
-		return Result{}, fmt.Errorf("weida: publish on %s: %d bytes of payload and header: %w",
-			p.path, f.charge(), ErrPayloadTooLarge)
+		return Result{}, fmt.Errorf("weida: publish on %s: %d bytes of payload and header (%d with the copy's overhead): %w",
+			p.path, f.charge(), f.queuedCharge(), ErrPayloadTooLarge)
 	}
 	fo := fanoutPool.Get().(*fanout)
 	fo.f, fo.r = f, Result{}
@@ -302,8 +302,18 @@ type frame struct {
 	pub    *Publisher // who published it, told of its copies lost after queueing
 }
 
-// charge is what the frame costs a subscriber's budget.
+// charge is the frame's bytes, header and payload; what a copy of it
+// costs a subscriber's budget while queued is queuedCharge.
 func (f *frame) charge() int64 { return int64(len(f.buf)) }
+
+// queuedCharge is what a queued copy of f costs its subscriber's budget:
+// its buffer as allocated (its capacity, which a pooled buffer may have
+// beyond its length, and up to an eighth more that the allocator rounds
+// it up to its size class) and its slot and frame (queuedCopyOverhead).
+func (f *frame) queuedCharge() int64 {
+	c := int64(cap(f.buf))
+	return c + c/8 + queuedCopyOverhead
+}
 
 func (f *frame) retain() { f.refs.Add(1) }
 
