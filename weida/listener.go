@@ -261,7 +261,7 @@ func (l *Listener) admit(qc *quic.Conn) {
 		log = log.With("fingerprint", peer)
 	}
 	sc.c = newConn(qc, &l.limits, log, sc, &l.hooks)
-	sc.q.init()
+	sc.q.init(l.limits.SlowConsumerAfter)
 	sc.wl.init(&l.limits)
 	l.conns[sc] = struct{}{}
 	if peer != "" {
@@ -417,7 +417,12 @@ type serverConn struct {
 func (sc *serverConn) serve() {
 	var wg sync.WaitGroup
 	wg.Go(sc.writer)
-	<-sc.c.ctx.Done()
+	select {
+	case <-sc.c.ctx.Done():
+	case <-sc.q.stalled:
+		sc.closeSlowConsumer()
+		<-sc.c.ctx.Done()
+	}
 	ended := time.Since(sc.wl.start)
 	sc.dropSubscriptions()
 	sc.q.close(&sc.l.stats)
@@ -437,6 +442,25 @@ func (sc *serverConn) serve() {
 	}
 	l.mu.Unlock()
 	sc.c.log.Debug("weida: connection ended", "cause", cause)
+}
+
+// closeSlowConsumer applies the slow-consumer policy (see
+// Limits.SlowConsumerAfter): the subscriber is over its bound and has
+// taken no copy for that long, so it is closed with LIMIT_EXCEEDED, the
+// code PROTOCOL §7 gives a local limit, logged and counted. Its queued
+// copies are then counted as ConnectionClosed, like any closed
+// connection's.
+func (sc *serverConn) closeSlowConsumer() {
+	st := &sc.l.stats
+	st.slowConsumersClosed.Add(1)
+	sc.q.mu.Lock()
+	queued, charged := len(sc.q.items)-sc.q.head, sc.q.bytes
+	sc.q.mu.Unlock()
+	sc.c.log.Warn("weida: closing slow consumer: over its buffer and no copy taken",
+		"remote", sc.c.qc.RemoteAddr().String(), "for", sc.l.limits.SlowConsumerAfter,
+		"queued_copies", queued, "charged_bytes", charged,
+		"subscriber_buffer_bytes", sc.l.limits.SubscriberBufferBytes)
+	sc.c.close(LimitExceeded, "slow consumer: no copy taken for "+sc.l.limits.SlowConsumerAfter.String())
 }
 
 func (sc *serverConn) dropSubscriptions() {

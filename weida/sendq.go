@@ -3,6 +3,7 @@ package weida
 import (
 	"context"
 	"sync"
+	"time"
 )
 
 type pushResult int
@@ -24,9 +25,22 @@ type sendQueue struct {
 	writing bool
 	closed  bool
 	wake    chan struct{} // capacity 1: "items may be waiting"
+
+	// poppedAt is when the writer took the copy it is writing (valid
+	// while writing); stallAfter is Limits.SlowConsumerAfter; stalled is
+	// closed once a copy was refused while the writer had been stuck on
+	// one copy for stallAfter (see push).
+	poppedAt   time.Time
+	stallAfter time.Duration
+	stalled    chan struct{}
+	stallSeen  bool
 }
 
-func (q *sendQueue) init() { q.wake = make(chan struct{}, 1) }
+func (q *sendQueue) init(stallAfter time.Duration) {
+	q.wake = make(chan struct{}, 1)
+	q.stalled = make(chan struct{})
+	q.stallAfter = stallAfter
+}
 
 // push queues f (taking a reference) unless that would take the charged
 // bytes past budget or the queue is closed. When it does not fit, the
@@ -42,6 +56,7 @@ func (q *sendQueue) push(f *frame, budget int64) pushResult {
 		q.mu.Unlock()
 		return pushClosed
 	case q.bytes+c > budget:
+		q.noteStallLocked()
 		q.mu.Unlock()
 		return pushFull
 	}
@@ -54,6 +69,20 @@ func (q *sendQueue) push(f *frame, budget int64) pushResult {
 	default:
 	}
 	return pushOK
+}
+
+// noteStallLocked closes q.stalled, once, when the writer has been stuck
+// on one copy for stallAfter: the subscriber is over its bound (a copy was
+// just refused) and has taken nothing for that long, a slow consumer. A
+// subscriber that reads, however slowly the endpoint serves it, lets the
+// writer hand a copy to QUIC now and then and is never taken for one. The
+// clock is read only here, on a refused copy. q.mu must be held.
+func (q *sendQueue) noteStallLocked() {
+	if q.stallSeen || !q.writing || time.Since(q.poppedAt) < q.stallAfter {
+		return
+	}
+	q.stallSeen = true
+	close(q.stalled)
 }
 
 // pop returns the oldest waiting frame, waiting for one; nil once the queue
@@ -83,6 +112,7 @@ func (q *sendQueue) pop(ctx context.Context) *frame {
 				q.head = 0
 			}
 			q.writing = true
+			q.poppedAt = time.Now()
 			q.mu.Unlock()
 			return f
 		}
