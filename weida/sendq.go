@@ -206,3 +206,9 @@ const (
 // Waiting costs a hand-off to QUIC's send loop and back, so it is paid
 // once per maxParked copies under load, not per copy.
 const maxParked = 64
+
+// ParkedBytesPerConnection bounds what a listener's writer leaves unsent in
+// quic-go for one subscriber connection beyond its SubscriberBufferBytes:
+// maxParked copies at parkedCopyCost. What QUIC has sent and not yet seen
+// acknowledged comes on top (see docs/WEIDA.md, "Memory").
+const ParkedBytesPerConnection = maxParked * parkedCopyCost
