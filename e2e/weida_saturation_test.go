@@ -161,11 +161,16 @@ func TestWeidaSaturation(t *testing.T) {
 	st := l.Stats()
 	closed := 0
 	var unread uint64
+	causes := map[string]int{}
 	for _, s := range ss {
-		if s.Err() != nil {
+		if err := s.Err(); err != nil {
 			closed++
+			causes[err.Error()]++
 		}
 		unread += s.Stats().DroppedUnread
+	}
+	for cause, n := range causes {
+		t.Logf("%d subscribers ended: %s", n, cause)
 	}
 	t.Logf("%d subscribers offered copies for %v (load average %s): published %d, matched %d, queued %d (%.0f copies/s), received %d, "+
 		"dropped at publish %d (buffer full %d, header too large %d, closing %d), lost after queueing %d, unconfirmed %d, refused %d, unread at close %d; "+
@@ -181,7 +186,9 @@ func TestWeidaSaturation(t *testing.T) {
 	if matched.Load() != queued.Load()+dropped.Load() {
 		t.Errorf("matched %d != queued %d + dropped %d", matched.Load(), queued.Load(), dropped.Load())
 	}
-	if un := queued.Load() - accounted(); un != 0 {
+	// Unconfirmed copies are a bound (some of them arrived), so the sum
+	// may exceed what was queued; it must not fall short.
+	if un := queued.Load() - accounted(); un > 0 {
 		t.Errorf("%d copies queued are neither received nor counted (queued %d, accounted %d)", un, queued.Load(), accounted())
 	}
 	if closed != 0 || st.Connections != subs || st.SlowConsumersClosed != 0 {

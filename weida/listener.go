@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"runtime"
 	"sync"
 	"time"
 
@@ -46,6 +47,7 @@ type Listener struct {
 	perPeer map[string]int
 
 	frames framePool
+	turns  sendTurns // see sendTurns
 	stats  listenerCounters
 	hooks  connHooks
 }
@@ -101,6 +103,7 @@ func Listen(ctx context.Context, addr string, cfg ListenConfig) (*Listener, erro
 		paths:   make(map[string]*pathState),
 		conns:   make(map[*serverConn]struct{}),
 		perPeer: make(map[string]int),
+		turns:   newSendTurns(),
 	}
 	l.proofs = newProofs(log, &l.stats.clientsRefused)
 	tlsConf, fp, generated, err := serverTLS(addr, &cfg, log, &l.stats.clientsRefused, l.proofs)
@@ -617,52 +620,153 @@ func sendNow(maxBytes int) int { return maxBytes }
 // dropped there when it does not fit, rather than in quic-go's stream
 // state, which no budget saw (issue 21: 2.2 GB of it with 1,000
 // subscribers) and which died uncounted with the peer.
+//
+// A writer hands copies to QUIC only while it holds one of the listener's
+// send turns (see Listener.turns), at most writeBatch copies per turn,
+// and gives its turn up before any wait.
 func (sc *serverConn) writer() {
-	st := &sc.l.stats
-	parked := 0
-	defer func() { sc.q.sent(parked) }()
+	w := copyWriter{sc: sc}
+	defer func() {
+		w.give()
+		sc.q.sent(w.parked)
+	}()
 	for {
 		f := sc.q.pop(sc.c.ctx)
 		if f == nil {
 			return
 		}
-		s, err := sc.c.qc.OpenUniStreamSync(sc.c.ctx)
-		if err != nil {
-			sc.q.done(f)
-			st.dropped.connectionClosed.Add(1)
-			f.pub.copiesLost(1)
-			f.release()
-			return
-		}
-		wait := parked+1 >= maxParked || sc.q.waitingNone()
-		if wait {
-			_, err = s.WriteWithLimit(f.buf, sendNow)
-		} else {
-			_, err = s.Write(f.buf)
-		}
-		if err == nil {
-			err = s.Close()
-		}
-		if err != nil {
-			var se *quic.StreamError
-			if errors.As(err, &se) && se.Remote {
-				st.copiesRefused.Add(1) // the subscriber stopped the stream
-			} else {
-				s.CancelWrite(quic.StreamErrorCode(Canceled))
-				st.dropped.connectionClosed.Add(1)
-				f.pub.copiesLost(1)
+		for n := 1; ; n++ {
+			if !w.write(f) {
+				return
 			}
-			sc.q.done(f)
-		} else {
-			st.copiesWritten.Add(1)
-			sc.wl.written(f)
-			sc.q.parked(f)
-			parked++
+			if n == writeBatch {
+				break
+			}
+			var closed bool
+			if f, closed = sc.q.tryPop(); f == nil || closed {
+				break
+			}
 		}
-		f.release()
-		if wait {
-			sc.q.sent(parked)
-			parked = 0
-		}
+		w.give()
 	}
 }
+
+// writeBatch is how many copies a writer hands to QUIC per send turn
+// before it lets the next subscriber's writer have one.
+const writeBatch = 16
+
+// copyWriter is a connection's writer's state: whether it holds a send
+// turn, and the copies it has parked in QUIC since it last waited for them
+// to be packetized.
+type copyWriter struct {
+	sc      *serverConn
+	holding bool
+	parked  int
+}
+
+func (w *copyWriter) take() bool {
+	if !w.holding {
+		w.holding = w.sc.l.turns.take(w.sc.c.ctx)
+	}
+	return w.holding
+}
+
+func (w *copyWriter) give() {
+	if w.holding {
+		w.sc.l.turns.give()
+		w.holding = false
+	}
+}
+
+// write opens f's stream and writes f, handing copies to QUIC only while
+// it holds a send turn and giving the turn up before any wait; it reports
+// false once the connection is gone.
+func (w *copyWriter) write(f *frame) bool {
+	sc := w.sc
+	st := &sc.l.stats
+	if !w.take() {
+		w.lost(f)
+		return false
+	}
+	s, err := sc.c.qc.OpenUniStream()
+	if err != nil {
+		// No stream credit: the subscriber holds as many unread copies as
+		// it allows. Wait for it without a turn.
+		w.give()
+		if s, err = sc.c.qc.OpenUniStreamSync(sc.c.ctx); err != nil {
+			w.lost(f)
+			return false
+		}
+		if !w.take() {
+			s.CancelWrite(quic.StreamErrorCode(Canceled))
+			w.lost(f)
+			return false
+		}
+	}
+	wait := w.parked+1 >= maxParked || sc.q.waitingNone()
+	if wait {
+		w.give()
+		_, err = s.WriteWithLimit(f.buf, sendNow)
+	} else {
+		_, err = s.Write(f.buf)
+	}
+	if err == nil {
+		err = s.Close()
+	}
+	if err != nil {
+		var se *quic.StreamError
+		if errors.As(err, &se) && se.Remote {
+			st.copiesRefused.Add(1) // the subscriber stopped the stream
+		} else {
+			s.CancelWrite(quic.StreamErrorCode(Canceled))
+			st.dropped.connectionClosed.Add(1)
+			f.pub.copiesLost(1)
+		}
+		sc.q.done(f)
+	} else {
+		st.copiesWritten.Add(1)
+		sc.wl.written(f)
+		sc.q.parked(f)
+		w.parked++
+	}
+	f.release()
+	if wait {
+		sc.q.sent(w.parked)
+		w.parked = 0
+	}
+	return true
+}
+
+// lost counts f, popped and never written, as lost with its connection.
+func (w *copyWriter) lost(f *frame) {
+	w.sc.q.done(f)
+	w.sc.l.stats.dropped.connectionClosed.Add(1)
+	f.pub.copiesLost(1)
+	f.release()
+}
+
+// sendTurns limits how many connection writers hand copies to QUIC at
+// once. Under a load the endpoint cannot send, every writer with a
+// backlog would otherwise stay runnable, and a thousand of them would
+// outnumber, on the Go scheduler's run queues, the few goroutines that
+// read the sockets and process acknowledgements and keep-alives: readers
+// lost their connections to the listener's idle timeout (issue 21). With
+// turns, writers waiting for one are parked, not runnable, and a
+// channel's waiters are served in order, so subscribers take turns
+// fairly and the transport's goroutines are never outnumbered by more
+// than the turns.
+type sendTurns chan struct{}
+
+func newSendTurns() sendTurns { return make(sendTurns, 2*runtime.GOMAXPROCS(0)) }
+
+// take waits for a turn; false when ctx ended first.
+func (t sendTurns) take(ctx context.Context) bool {
+	select {
+	case t <- struct{}{}:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+func (t sendTurns) give() { <-t }

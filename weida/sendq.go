@@ -86,43 +86,50 @@ func (q *sendQueue) noteStallLocked() {
 }
 
 // pop returns the oldest waiting frame, waiting for one; nil once the queue
-// is closed or ctx is done. The frame stays charged until done.
+// is closed or ctx is done. The frame stays charged until done or parked.
 func (q *sendQueue) pop(ctx context.Context) *frame {
 	for {
-		q.mu.Lock()
-		if q.closed {
-			q.mu.Unlock()
-			return nil
-		}
-		if q.head < len(q.items) {
-			f := q.items[q.head]
-			q.items[q.head] = nil
-			q.head++
-			switch {
-			case q.head == len(q.items):
-				q.head = 0
-				q.items = q.items[:0]
-				if cap(q.items) > 4096 {
-					q.items = nil // a burst is over: do not keep its backlog's array
-				}
-			case q.head >= 1024 && 2*q.head >= len(q.items):
-				n := copy(q.items, q.items[q.head:])
-				clear(q.items[n:])
-				q.items = q.items[:n]
-				q.head = 0
-			}
-			q.writing = true
-			q.poppedAt = time.Now()
-			q.mu.Unlock()
+		if f, closed := q.tryPop(); f != nil || closed {
 			return f
 		}
-		q.mu.Unlock()
 		select {
 		case <-q.wake:
 		case <-ctx.Done():
 			return nil
 		}
 	}
+}
+
+// tryPop is pop without the wait: nil when nothing waits, and closed once
+// the queue is closed.
+func (q *sendQueue) tryPop() (f *frame, closed bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed {
+		return nil, true
+	}
+	if q.head == len(q.items) {
+		return nil, false
+	}
+	f = q.items[q.head]
+	q.items[q.head] = nil
+	q.head++
+	switch {
+	case q.head == len(q.items):
+		q.head = 0
+		q.items = q.items[:0]
+		if cap(q.items) > 4096 {
+			q.items = nil // a burst is over: do not keep its backlog's array
+		}
+	case q.head >= 1024 && 2*q.head >= len(q.items):
+		n := copy(q.items, q.items[q.head:])
+		clear(q.items[n:])
+		q.items = q.items[:n]
+		q.head = 0
+	}
+	q.writing = true
+	q.poppedAt = time.Now()
+	return f, false
 }
 
 // done releases the budget of the frame pop returned, when it did not
