@@ -47,7 +47,8 @@ func rssBytes(t *testing.T) int64 {
 // smoke run (4 subscribers, 1.5 s); WEIDA_SATURATION=1 makes it the heavy
 // run (WEIDA_SATURATION_SUBSCRIBERS, default 300, for
 // WEIDA_SATURATION_DURATION, default 10 s), which is what PERFORMANCE.md
-// records. Nothing here asserts a rate: the numbers are logged.
+// records; WEIDA_SATURATION_IDLE_TIMEOUT overrides the listener's 2 s
+// idle timeout. Nothing here asserts a rate: the numbers are logged.
 func TestWeidaSaturation(t *testing.T) {
 	subs, dur := 4, 1500*time.Millisecond
 	if os.Getenv("WEIDA_SATURATION") == "1" {
@@ -61,7 +62,14 @@ func TestWeidaSaturation(t *testing.T) {
 	)
 	ctx, cancel := context.WithTimeout(t.Context(), dur+3*time.Minute)
 	defer cancel()
-	l, err := weida.Listen(ctx, "127.0.0.1:0", weida.ListenConfig{Limits: weida.Limits{SubscriberBufferBytes: budget}})
+	// WEIDA_SATURATION_IDLE_TIMEOUT sets the listener's idle timeout
+	// (default 2 s), to tell starvation of the whole process from the
+	// endpoint's own doing.
+	var idle time.Duration
+	if os.Getenv("WEIDA_SATURATION_IDLE_TIMEOUT") != "" {
+		idle = envDuration(t, "WEIDA_SATURATION_IDLE_TIMEOUT", 0)
+	}
+	l, err := weida.Listen(ctx, "127.0.0.1:0", weida.ListenConfig{Limits: weida.Limits{SubscriberBufferBytes: budget, IdleTimeout: idle}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,10 +154,18 @@ func TestWeidaSaturation(t *testing.T) {
 	offeredFor := time.Since(start)
 
 	// Drain: every queued copy ends received, refused by its subscriber,
-	// lost with its connection (OnCopiesLost) or unconfirmed.
+	// lost with its connection (OnCopiesLost), unconfirmed, or unread in
+	// a subscriber whose connection ended.
+	// A subscriber whose connection ended counts what had arrived unread.
+	unreadAtClose := func() (n int64) {
+		for _, s := range ss {
+			n += int64(s.Stats().DroppedUnread)
+		}
+		return n
+	}
 	accounted := func() int64 {
 		st := l.Stats()
-		return received.Load() + int64(st.CopiesRefused) + lostAfterQueue.Load() + unconfirmed.Load()
+		return received.Load() + int64(st.CopiesRefused) + lostAfterQueue.Load() + unconfirmed.Load() + unreadAtClose()
 	}
 	drainBy := time.Now().Add(time.Minute)
 	for accounted() < queued.Load() && time.Now().Before(drainBy) {

@@ -46,10 +46,14 @@ type Limits struct {
 	// refuses the extra Subscribe locally. Default 256.
 	MaxSubscriptions int
 
-	// SubscriberBufferBytes is the payload a listener holds queued for one
-	// subscriber connection; a copy that does not fit is dropped for that
-	// subscriber alone and counted, and a payload larger than this fails
-	// Publish. Default 8 MiB.
+	// SubscriberBufferBytes is the memory a listener spends on copies for
+	// one subscriber connection: queued ones, charged their buffer as
+	// allocated plus a fixed overhead, and those handed to QUIC and not
+	// yet put into packets, charged quic-go's state for their stream
+	// (about 3 KiB each, however small). A copy that does not fit is
+	// dropped for that subscriber alone (the arriving copy, never a
+	// queued one) and counted as BufferFull, and a message whose copy
+	// could never fit fails Publish. Default 8 MiB.
 	SubscriberBufferBytes int64
 
 	// MaxConnections is the number of connections one listener serves at

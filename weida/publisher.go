@@ -204,7 +204,10 @@ func (p *Publisher) Close() error {
 // is dropped for that subscriber alone (the arriving copy, never a queued
 // one), as is a copy whose header exceeds the subscriber's advertised
 // max_header_bytes; both are counted in [Listener.Stats]. A copy is charged
-// its header and payload bytes.
+// what it costs the listener's memory, not only its header and payload
+// bytes: its buffer as allocated plus a fixed overhead while queued, and
+// quic-go's state for its stream while QUIC holds it unsent (see
+// docs/WEIDA.md, "Memory under load").
 //
 // Publish fails without sending anything when ctx is already done, the
 // publisher is closed ([ErrClosed]), a field breaks its cap
