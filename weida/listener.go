@@ -434,7 +434,7 @@ func (sc *serverConn) serve() {
 	cause := context.Cause(sc.c.ctx)
 	// Reported before the connection is forgotten, so that a caller who
 	// sees it gone from Stats().Connections also sees its report.
-	sc.wl.finish(&sc.l.stats, ended, cause, sc.c.qc.RemoteAddr().String())
+	sc.wl.finish(&sc.l.stats, ended, cause, sc.c.qc.RemoteAddr().String(), sc.c.agreed.peerMaxTransfers)
 	l := sc.l
 	l.mu.Lock()
 	delete(l.conns, sc)
@@ -692,6 +692,7 @@ func (w *copyWriter) write(f *frame) bool {
 	if err != nil {
 		// No stream credit: the subscriber holds as many unread copies as
 		// it allows. Wait for it without a turn.
+		sc.wl.creditExhausted()
 		w.give()
 		if s, err = sc.c.qc.OpenUniStreamSync(sc.c.ctx); err != nil {
 			w.lost(f)
