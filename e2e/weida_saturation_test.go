@@ -12,6 +12,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"runtime/pprof"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -170,6 +171,16 @@ func TestWeidaSaturation(t *testing.T) {
 	drainBy := time.Now().Add(time.Minute)
 	for accounted() < queued.Load() && time.Now().Before(drainBy) {
 		time.Sleep(20 * time.Millisecond)
+	}
+	if accounted() < queued.Load() {
+		// For whoever looks into it: what every goroutine was doing.
+		if d := os.Getenv("WEIDA_SATURATION_STACKS"); d != "" {
+			if f, err := os.Create(d); err == nil {
+				_ = pprof.Lookup("goroutine").WriteTo(f, 1)
+				_ = f.Close()
+			}
+		}
+		t.Logf("not drained after a minute: written %d, received %d", l.Stats().CopiesWritten, received.Load())
 	}
 	stopReading()
 	readers.Wait()
