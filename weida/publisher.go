@@ -138,8 +138,11 @@ func (p *Publisher) copiesLost(n int) {
 // stream data the peer acknowledged nor when its last packet arrived, so
 // the window covers every copy written after the peer's last packet, and
 // some before it that were delivered. A copy that QUIC held back longer
-// than the window before the peer vanished (flow control against a
-// subscriber that stopped reading) escapes it.
+// than the window before the peer vanished (a subscriber that lagged, its
+// stream credit used up) would escape it: when the connection's writer
+// found the peer's stream credit used up within the window, the last
+// copies written up to that credit (the peer's HELLO max_transfers) are
+// reported too, as Unkept.
 //
 // While fn is set, each connection keeps the copies it writes for this
 // Publisher (holding their encoded frames, not copies of them) for as long
