@@ -314,11 +314,12 @@ func (f *frame) charge() int64 { return int64(len(f.buf)) }
 
 // queuedCharge is what a queued copy of f costs its subscriber's budget:
 // its buffer as allocated (its capacity, which a pooled buffer may have
-// beyond its length, and up to an eighth more that the allocator rounds
-// it up to its size class) and its slot and frame (queuedCopyOverhead).
+// beyond its length, plus what the allocator rounds it up by: at most an
+// eighth to its size class up to 32 KiB, at most a page of 8 KiB above)
+// and its slot and frame (queuedCopyOverhead).
 func (f *frame) queuedCharge() int64 {
 	c := int64(cap(f.buf))
-	return c + c/8 + queuedCopyOverhead
+	return c + min(c/8, 8<<10) + queuedCopyOverhead
 }
 
 func (f *frame) retain() { f.refs.Add(1) }
