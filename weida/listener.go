@@ -628,6 +628,7 @@ func (sc *serverConn) writer() {
 	w := copyWriter{sc: sc}
 	defer func() {
 		w.give()
+		sc.wl.parkedAtEnd = uint64(w.parked)
 		sc.q.sent(w.parked)
 	}()
 	for {

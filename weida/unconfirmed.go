@@ -113,6 +113,9 @@ type writtenLog struct {
 	// peer may hold from before the window (see finish).
 	total      uint64
 	blocked    int64 // bucket number + 1 of the last time the peer's stream credit ran out; 0: never
+	// parkedAtEnd is how many of the last copies written were still
+	// parked in QUIC, not known to be in packets, when the writer ended.
+	parkedAtEnd uint64
 	totals     map[*Publisher]*uint64
 	lastTotPub *Publisher
 	lastTot    *uint64
@@ -253,6 +256,11 @@ func (w *writtenLog) totalOf(p *Publisher) *uint64 {
 // an upper bound, like the window. A peer that never used up its credit
 // within the window adds nothing beyond the window, so a reader that kept
 // up is counted as before.
+//
+// Likewise the copies the writer had parked in QUIC and not yet seen
+// packetized when it ended (at most maxParked, the last written): on a
+// starved endpoint they may have waited in quic-go for longer than the
+// window and died with the connection without ever being sent.
 func (w *writtenLog) finish(st *listenerCounters, ended time.Duration, cause error, remote string, hold uint64) {
 	defer func() {
 		for w.n > 0 {
@@ -271,6 +279,7 @@ func (w *writtenLog) finish(st *listenerCounters, ended time.Duration, cause err
 	if w.blocked == 0 || w.blocked-1 < first {
 		hold = 0 // the peer had credit to spare: the window covers it
 	}
+	hold = max(hold, w.parkedAtEnd)
 	total := max(w.counts.since(first), min(w.total, hold))
 	if total == 0 {
 		return

@@ -360,3 +360,31 @@ func TestWrittenLogHold(t *testing.T) {
 		t.Fatalf("reports %+v, want one with 4 unkept copies", reports)
 	}
 }
+
+// TestWrittenLogParkedAtEnd: the copies still parked in QUIC when the
+// writer of a vanished connection ended count as unconfirmed even when
+// they were handed over before the window, since QUIC may never have
+// sent them.
+func TestWrittenLogParkedAtEnd(t *testing.T) {
+	var fp framePool
+	var rec unconfirmedRecorder
+	p := &Publisher{path: "/log"}
+	p.CountCopiesUnconfirmed(rec.add)
+	limits, _ := Limits{}.withDefaults(true)
+	var w writtenLog
+	w.init(&limits)
+	for range 10 {
+		f := testFrame(t, &fp, p, Message{Topic: "w"})
+		w.written(f)
+		f.release()
+	}
+	w.parkedAtEnd = 3
+	var st listenerCounters
+	w.finish(&st, time.Since(w.start)+time.Hour, &quic.IdleTimeoutError{}, "peer", 1000)
+	if got := st.copiesUnconfirmed.Load(); got != 3 {
+		t.Errorf("CopiesUnconfirmed = %d, want the 3 parked", got)
+	}
+	if r := rec.all(); len(r) != 1 || r[0].Unkept != 3 {
+		t.Fatalf("reports %+v, want one with 3 unkept", r)
+	}
+}
