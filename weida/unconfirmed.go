@@ -111,14 +111,14 @@ type writtenLog struct {
 	// total counts every copy written; totals those of each publisher
 	// with a callback (the last lookup cached), for the copies a vanished
 	// peer may hold from before the window (see finish).
-	total      uint64
-	blocked    int64 // bucket number + 1 of the last time the peer's stream credit ran out; 0: never
+	total   uint64
+	blocked int64 // bucket number + 1 of the last time the peer's stream credit ran out; 0: never
 	// parkedAtEnd is how many of the last copies written were still
 	// parked in QUIC, not known to be in packets, when the writer ended.
 	parkedAtEnd uint64
-	totals     map[*Publisher]*uint64
-	lastTotPub *Publisher
-	lastTot    *uint64
+	totals      map[*Publisher]*uint64
+	lastTotPub  *Publisher
+	lastTot     *uint64
 
 	ring    []keptCopy // ring[head:head+n], modulo len(ring)
 	head, n int
