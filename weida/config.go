@@ -27,6 +27,7 @@ const (
 	DefaultMaxConcurrentBidiStreams = 1024
 	DefaultStreamReceiveWindow      = 1 << 20
 	DefaultConnectionReceiveWindow  = 16 << 20
+	DefaultSlowConsumerAfter        = 10 * time.Second
 )
 
 // Limits bounds what a peer can make this side hold, per connection unless
@@ -45,10 +46,14 @@ type Limits struct {
 	// refuses the extra Subscribe locally. Default 256.
 	MaxSubscriptions int
 
-	// SubscriberBufferBytes is the payload a listener holds queued for one
-	// subscriber connection; a copy that does not fit is dropped for that
-	// subscriber alone and counted, and a payload larger than this fails
-	// Publish. Default 8 MiB.
+	// SubscriberBufferBytes is the memory a listener spends on copies for
+	// one subscriber connection: queued ones, charged their buffer as
+	// allocated plus a fixed overhead, and those handed to QUIC and not
+	// yet put into packets, charged quic-go's state for their stream
+	// (about 3 KiB each, however small). A copy that does not fit is
+	// dropped for that subscriber alone (the arriving copy, never a
+	// queued one) and counted as BufferFull, and a message whose copy
+	// could never fit fails Publish. Default 8 MiB.
 	SubscriberBufferBytes int64
 
 	// MaxConnections is the number of connections one listener serves at
@@ -109,6 +114,17 @@ type Limits struct {
 	// connection. Defaults 1 MiB and 16 MiB.
 	StreamReceiveWindow     uint64
 	ConnectionReceiveWindow uint64
+
+	// SlowConsumerAfter is the listener's slow-consumer policy: a
+	// subscriber connection over its SubscriberBufferBytes (a copy was
+	// just dropped for it) whose writer has waited that long on one copy
+	// (for stream credit, flow-control credit or QUIC to send it) is
+	// closed with LIMIT_EXCEEDED, logged at Warn ("weida: closing slow
+	// consumer") and counted in [ListenerStats].SlowConsumersClosed. A
+	// subscriber that keeps reading, however slowly a busy endpoint
+	// serves it, hands the writer a copy now and then and only loses the
+	// copies that do not fit, counted as BufferFull. Default 10 s.
+	SlowConsumerAfter time.Duration
 }
 
 // withDefaults returns l with every zero field set to its default for the
@@ -135,6 +151,7 @@ func (l Limits) withDefaults(listening bool) (Limits, error) {
 		{"MaxPayloadBytes", l.MaxPayloadBytes},
 		{"MaxConcurrentUniStreams", l.MaxConcurrentUniStreams},
 		{"MaxConcurrentBidiStreams", l.MaxConcurrentBidiStreams},
+		{"SlowConsumerAfter", int64(l.SlowConsumerAfter)},
 	} {
 		if err := neg(c.name, c.v); err != nil {
 			return Limits{}, err
@@ -178,6 +195,7 @@ func (l Limits) withDefaults(listening bool) (Limits, error) {
 	def(&l.MaxConcurrentBidiStreams, DefaultMaxConcurrentBidiStreams)
 	defU(&l.StreamReceiveWindow, DefaultStreamReceiveWindow)
 	defU(&l.ConnectionReceiveWindow, DefaultConnectionReceiveWindow)
+	defDur(&l.SlowConsumerAfter, DefaultSlowConsumerAfter)
 	return l, nil
 }
 

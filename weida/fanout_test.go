@@ -27,7 +27,7 @@ func fakeConn(l *Listener, peerMaxHeader uint64) *serverConn {
 	sc := &serverConn{l: l, subs: make(map[subKey]struct{}), paths: make(map[string]*connPath)}
 	sc.c = &conn{helloDone: make(chan struct{}), agreed: agreed{sendMaxHeaderBytes: peerMaxHeader}}
 	close(sc.c.helloDone)
-	sc.q.init()
+	sc.q.init(l.limits.SlowConsumerAfter)
 	l.conns[sc] = struct{}{}
 	return sc
 }
@@ -158,7 +158,7 @@ func TestBudget(t *testing.T) {
 		sc.subscribe("/a", "")
 	}
 	f, _ := l.frames.get("/a", &msg)
-	fits := int(1000 / f.charge())
+	fits := int(1000 / f.queuedCharge())
 	f.release()
 	for i := range fits {
 		if r, _ := p.Publish(context.Background(), msg); r != (Result{Matched: 3, Queued: 2, Dropped: 1}) {
@@ -168,7 +168,7 @@ func TestBudget(t *testing.T) {
 	// The other subscriber's writer catches up; the slow one's does not.
 	other.q.close(&l.stats)
 	other.q = sendQueue{}
-	other.q.init()
+	other.q.init(l.limits.SlowConsumerAfter)
 	if r, _ := p.Publish(context.Background(), msg); r != (Result{Matched: 3, Queued: 1, Dropped: 2}) {
 		t.Fatalf("publish with the slow subscriber full: %+v", r)
 	}

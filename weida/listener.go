@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"runtime"
 	"sync"
 	"time"
 
@@ -46,6 +47,7 @@ type Listener struct {
 	perPeer map[string]int
 
 	frames framePool
+	turns  sendTurns // see sendTurns
 	stats  listenerCounters
 	hooks  connHooks
 }
@@ -101,6 +103,7 @@ func Listen(ctx context.Context, addr string, cfg ListenConfig) (*Listener, erro
 		paths:   make(map[string]*pathState),
 		conns:   make(map[*serverConn]struct{}),
 		perPeer: make(map[string]int),
+		turns:   newSendTurns(),
 	}
 	l.proofs = newProofs(log, &l.stats.clientsRefused)
 	tlsConf, fp, generated, err := serverTLS(addr, &cfg, log, &l.stats.clientsRefused, l.proofs)
@@ -261,7 +264,7 @@ func (l *Listener) admit(qc *quic.Conn) {
 		log = log.With("fingerprint", peer)
 	}
 	sc.c = newConn(qc, &l.limits, log, sc, &l.hooks)
-	sc.q.init()
+	sc.q.init(l.limits.SlowConsumerAfter)
 	sc.wl.init(&l.limits)
 	l.conns[sc] = struct{}{}
 	if peer != "" {
@@ -417,7 +420,12 @@ type serverConn struct {
 func (sc *serverConn) serve() {
 	var wg sync.WaitGroup
 	wg.Go(sc.writer)
-	<-sc.c.ctx.Done()
+	select {
+	case <-sc.c.ctx.Done():
+	case <-sc.q.stalled:
+		sc.closeSlowConsumer()
+		<-sc.c.ctx.Done()
+	}
 	ended := time.Since(sc.wl.start)
 	sc.dropSubscriptions()
 	sc.q.close(&sc.l.stats)
@@ -426,7 +434,7 @@ func (sc *serverConn) serve() {
 	cause := context.Cause(sc.c.ctx)
 	// Reported before the connection is forgotten, so that a caller who
 	// sees it gone from Stats().Connections also sees its report.
-	sc.wl.finish(&sc.l.stats, ended, cause, sc.c.qc.RemoteAddr().String())
+	sc.wl.finish(&sc.l.stats, ended, cause, sc.c.qc.RemoteAddr().String(), sc.c.agreed.peerMaxTransfers)
 	l := sc.l
 	l.mu.Lock()
 	delete(l.conns, sc)
@@ -437,6 +445,25 @@ func (sc *serverConn) serve() {
 	}
 	l.mu.Unlock()
 	sc.c.log.Debug("weida: connection ended", "cause", cause)
+}
+
+// closeSlowConsumer applies the slow-consumer policy (see
+// Limits.SlowConsumerAfter): the subscriber is over its bound and has
+// taken no copy for that long, so it is closed with LIMIT_EXCEEDED, the
+// code PROTOCOL §7 gives a local limit, logged and counted. Its queued
+// copies are then counted as ConnectionClosed, like any closed
+// connection's.
+func (sc *serverConn) closeSlowConsumer() {
+	st := &sc.l.stats
+	st.slowConsumersClosed.Add(1)
+	sc.q.mu.Lock()
+	queued, charged := len(sc.q.items)-sc.q.head, sc.q.bytes
+	sc.q.mu.Unlock()
+	sc.c.log.Warn("weida: closing slow consumer: over its buffer and no copy taken",
+		"remote", sc.c.qc.RemoteAddr().String(), "for", sc.l.limits.SlowConsumerAfter,
+		"queued_copies", queued, "charged_bytes", charged,
+		"subscriber_buffer_bytes", sc.l.limits.SubscriberBufferBytes)
+	sc.c.close(LimitExceeded, "slow consumer: no copy taken for "+sc.l.limits.SlowConsumerAfter.String())
 }
 
 func (sc *serverConn) dropSubscriptions() {
@@ -572,41 +599,176 @@ func (sc *serverConn) enqueue(f *frame) pushResult {
 	return r
 }
 
+// sendNow is the write limiter of a copy the writer waits for: it limits
+// nothing, but a write with a limiter returns only once QUIC has put the
+// bytes into packets, where a plain Write of a small copy returns at once
+// with the bytes parked in the stream.
+func sendNow(maxBytes int) int { return maxBytes }
+
 // writer opens one uni stream per queued copy and writes it, in queue
-// order. Opening can wait for stream credit from a slow subscriber; that
-// wait is here, never in Publish.
+// order. Opening can wait for stream credit from a slow subscriber, and
+// writing for its flow-control credit; those waits are here, never in
+// Publish.
+//
+// At most maxParked copies are parked in QUIC at a time: the copy that
+// reaches that number, or that empties the queue, is written with a
+// limiter (sendNow) and the writer waits until QUIC has packetized it.
+// QUIC sends a connection's streams of one priority round robin, in the
+// order they got data, so by then the copies parked before it are in
+// packets too and their charge is released. A subscriber's backlog
+// therefore waits in its send queue, charged against its budget and
+// dropped there when it does not fit, rather than in quic-go's stream
+// state, which no budget saw (issue 21: 2.2 GB of it with 1,000
+// subscribers) and which died uncounted with the peer.
+//
+// A writer hands copies to QUIC only while it holds one of the listener's
+// send turns (see Listener.turns), at most writeBatch copies per turn,
+// and gives its turn up before any wait.
 func (sc *serverConn) writer() {
-	st := &sc.l.stats
+	w := copyWriter{sc: sc}
+	defer func() {
+		w.give()
+		sc.wl.parkedAtEnd = uint64(w.parked)
+		sc.q.sent(w.parked)
+	}()
 	for {
 		f := sc.q.pop(sc.c.ctx)
 		if f == nil {
 			return
 		}
-		s, err := sc.c.qc.OpenUniStreamSync(sc.c.ctx)
-		if err != nil {
-			sc.q.done(f)
-			st.dropped.connectionClosed.Add(1)
-			f.pub.copiesLost(1)
-			f.release()
-			return
-		}
-		if _, err = s.Write(f.buf); err == nil {
-			err = s.Close()
-		}
-		if err != nil {
-			var se *quic.StreamError
-			if errors.As(err, &se) && se.Remote {
-				st.copiesRefused.Add(1) // the subscriber stopped the stream
-			} else {
-				s.CancelWrite(quic.StreamErrorCode(Canceled))
-				st.dropped.connectionClosed.Add(1)
-				f.pub.copiesLost(1)
+		for n := 1; ; n++ {
+			if !w.write(f) {
+				return
 			}
-		} else {
-			st.copiesWritten.Add(1)
-			sc.wl.written(f)
+			if n == writeBatch {
+				break
+			}
+			var closed bool
+			if f, closed = sc.q.tryPop(); f == nil || closed {
+				break
+			}
 		}
-		sc.q.done(f)
-		f.release()
+		w.give()
 	}
 }
+
+// writeBatch is how many copies a writer hands to QUIC per send turn
+// before it lets the next subscriber's writer have one.
+const writeBatch = 16
+
+// copyWriter is a connection's writer's state: whether it holds a send
+// turn, and the copies it has parked in QUIC since it last waited for them
+// to be packetized.
+type copyWriter struct {
+	sc      *serverConn
+	holding bool
+	parked  int
+}
+
+func (w *copyWriter) take() bool {
+	if !w.holding {
+		w.holding = w.sc.l.turns.take(w.sc.c.ctx)
+	}
+	return w.holding
+}
+
+func (w *copyWriter) give() {
+	if w.holding {
+		w.sc.l.turns.give()
+		w.holding = false
+	}
+}
+
+// write opens f's stream and writes f, handing copies to QUIC only while
+// it holds a send turn and giving the turn up before any wait; it reports
+// false once the connection is gone.
+func (w *copyWriter) write(f *frame) bool {
+	sc := w.sc
+	st := &sc.l.stats
+	if !w.take() {
+		w.lost(f)
+		return false
+	}
+	s, err := sc.c.qc.OpenUniStream()
+	if err != nil {
+		// No stream credit: the subscriber holds as many unread copies as
+		// it allows. Wait for it without a turn.
+		sc.wl.creditExhausted()
+		w.give()
+		if s, err = sc.c.qc.OpenUniStreamSync(sc.c.ctx); err != nil {
+			w.lost(f)
+			return false
+		}
+		if !w.take() {
+			s.CancelWrite(quic.StreamErrorCode(Canceled))
+			w.lost(f)
+			return false
+		}
+	}
+	wait := w.parked+1 >= maxParked || sc.q.waitingNone()
+	if wait {
+		w.give()
+		_, err = s.WriteWithLimit(f.buf, sendNow)
+	} else {
+		_, err = s.Write(f.buf)
+	}
+	if err == nil {
+		err = s.Close()
+	}
+	if err != nil {
+		var se *quic.StreamError
+		if errors.As(err, &se) && se.Remote {
+			st.copiesRefused.Add(1) // the subscriber stopped the stream
+		} else {
+			s.CancelWrite(quic.StreamErrorCode(Canceled))
+			st.dropped.connectionClosed.Add(1)
+			f.pub.copiesLost(1)
+		}
+		sc.q.done(f)
+	} else {
+		st.copiesWritten.Add(1)
+		sc.wl.written(f)
+		sc.q.parked(f)
+		w.parked++
+	}
+	f.release()
+	if wait {
+		sc.q.sent(w.parked)
+		w.parked = 0
+	}
+	return true
+}
+
+// lost counts f, popped and never written, as lost with its connection.
+func (w *copyWriter) lost(f *frame) {
+	w.sc.q.done(f)
+	w.sc.l.stats.dropped.connectionClosed.Add(1)
+	f.pub.copiesLost(1)
+	f.release()
+}
+
+// sendTurns limits how many connection writers hand copies to QUIC at
+// once. Under a load the endpoint cannot send, every writer with a
+// backlog would otherwise stay runnable, and a thousand of them would
+// outnumber, on the Go scheduler's run queues, the few goroutines that
+// read the sockets and process acknowledgements and keep-alives: readers
+// lost their connections to the listener's idle timeout (issue 21). With
+// turns, writers waiting for one are parked, not runnable, and a
+// channel's waiters are served in order, so subscribers take turns
+// fairly and the transport's goroutines are never outnumbered by more
+// than the turns.
+type sendTurns chan struct{}
+
+func newSendTurns() sendTurns { return make(sendTurns, 2*runtime.GOMAXPROCS(0)) }
+
+// take waits for a turn; false when ctx ended first.
+func (t sendTurns) take(ctx context.Context) bool {
+	select {
+	case t <- struct{}{}:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+func (t sendTurns) give() { <-t }

@@ -14,6 +14,10 @@ type agreed struct {
 	// this side sends. Our own receive cap is unaffected.
 	sendMaxHeaderBytes uint64
 	datagrams          bool
+	// peerMaxTransfers is the peer's HELLO max_transfers (advisory): the
+	// streams it says it allows at once, which bounds the copies it can
+	// hold unread (see writtenLog.finish).
+	peerMaxTransfers uint64
 }
 
 // localHello is the HELLO a v0 peer of this package sends: version 0, its
@@ -118,6 +122,7 @@ func negotiate(ours, theirs *wire.Hello) (agreed, error) {
 	return agreed{
 		version:            version,
 		sendMaxHeaderBytes: theirs.MaxHeaderBytes,
+		peerMaxTransfers:   theirs.MaxTransfers,
 		datagrams:          slices.Contains(ours.Capabilities, 1) && slices.Contains(theirs.Capabilities, 1),
 	}, nil
 }

@@ -138,8 +138,11 @@ func (p *Publisher) copiesLost(n int) {
 // stream data the peer acknowledged nor when its last packet arrived, so
 // the window covers every copy written after the peer's last packet, and
 // some before it that were delivered. A copy that QUIC held back longer
-// than the window before the peer vanished (flow control against a
-// subscriber that stopped reading) escapes it.
+// than the window before the peer vanished (a subscriber that lagged, its
+// stream credit used up) would escape it: when the connection's writer
+// found the peer's stream credit used up within the window, the last
+// copies written up to that credit (the peer's HELLO max_transfers) are
+// reported too, as Unkept.
 //
 // While fn is set, each connection keeps the copies it writes for this
 // Publisher (holding their encoded frames, not copies of them) for as long
@@ -204,7 +207,10 @@ func (p *Publisher) Close() error {
 // is dropped for that subscriber alone (the arriving copy, never a queued
 // one), as is a copy whose header exceeds the subscriber's advertised
 // max_header_bytes; both are counted in [Listener.Stats]. A copy is charged
-// its header and payload bytes.
+// what it costs the listener's memory, not only its header and payload
+// bytes: its buffer as allocated plus a fixed overhead while queued, and
+// quic-go's state for its stream while QUIC holds it unsent (see
+// docs/WEIDA.md, "Memory under load").
 //
 // Publish fails without sending anything when ctx is already done, the
 // publisher is closed ([ErrClosed]), a field breaks its cap
@@ -239,10 +245,10 @@ func (p *Publisher) PublishWith(ctx context.Context, m Message, record func()) (
 		return Result{}, err
 	}
 	f.pub = p
-	if f.charge() > p.l.limits.SubscriberBufferBytes {
+	if f.queuedCharge() > p.l.limits.SubscriberBufferBytes {
 		f.release()
-		return Result{}, fmt.Errorf("weida: publish on %s: %d bytes of payload and header: %w",
-			p.path, f.charge(), ErrPayloadTooLarge)
+		return Result{}, fmt.Errorf("weida: publish on %s: %d bytes of payload and header (%d with the copy's overhead): %w",
+			p.path, f.charge(), f.queuedCharge(), ErrPayloadTooLarge)
 	}
 	fo := fanoutPool.Get().(*fanout)
 	fo.f, fo.r = f, Result{}
@@ -302,8 +308,19 @@ type frame struct {
 	pub    *Publisher // who published it, told of its copies lost after queueing
 }
 
-// charge is what the frame costs a subscriber's budget.
+// charge is the frame's bytes, header and payload; what a copy of it
+// costs a subscriber's budget while queued is queuedCharge.
 func (f *frame) charge() int64 { return int64(len(f.buf)) }
+
+// queuedCharge is what a queued copy of f costs its subscriber's budget:
+// its buffer as allocated (its capacity, which a pooled buffer may have
+// beyond its length, plus what the allocator rounds it up by: at most an
+// eighth to its size class up to 32 KiB, at most a page of 8 KiB above)
+// and its slot and frame (queuedCopyOverhead).
+func (f *frame) queuedCharge() int64 {
+	c := int64(cap(f.buf))
+	return c + min(c/8, 8<<10) + queuedCopyOverhead
+}
 
 func (f *frame) retain() { f.refs.Add(1) }
 

@@ -81,7 +81,7 @@ func (sc *serverConn) replay(ps *pathState, filter string) {
 		// A replayed copy lost after queueing is the publisher's to count,
 		// as a live one is.
 		f.pub = ps.replayPub
-		if f.charge() > l.limits.SubscriberBufferBytes {
+		if f.queuedCharge() > l.limits.SubscriberBufferBytes {
 			l.stats.dropped.bufferFull.Add(1)
 		} else if sc.enqueue(f) == pushOK {
 			l.stats.copiesReplayed.Add(1)

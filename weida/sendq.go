@@ -3,6 +3,7 @@ package weida
 import (
 	"context"
 	"sync"
+	"time"
 )
 
 type pushResult int
@@ -20,24 +21,42 @@ type sendQueue struct {
 	mu      sync.Mutex
 	items   []*frame // items[head:] wait, oldest first
 	head    int
-	bytes   int64 // charged: waiting plus the one being written
+	bytes   int64 // charged: waiting, being written and parked in QUIC
 	writing bool
 	closed  bool
 	wake    chan struct{} // capacity 1: "items may be waiting"
+
+	// poppedAt is when the writer took the copy it is writing (valid
+	// while writing); stallAfter is Limits.SlowConsumerAfter; stalled is
+	// closed once a copy was refused while the writer had been stuck on
+	// one copy for stallAfter (see push).
+	poppedAt   time.Time
+	stallAfter time.Duration
+	stalled    chan struct{}
+	stallSeen  bool
 }
 
-func (q *sendQueue) init() { q.wake = make(chan struct{}, 1) }
+func (q *sendQueue) init(stallAfter time.Duration) {
+	q.wake = make(chan struct{}, 1)
+	q.stalled = make(chan struct{})
+	q.stallAfter = stallAfter
+}
 
 // push queues f (taking a reference) unless that would take the charged
-// bytes past budget or the queue is closed.
+// bytes past budget or the queue is closed. When it does not fit, the
+// arriving copy is the one dropped, never a queued one (PROTOCOL §9.5):
+// a queued copy was counted Queued in its Publish's Result, and dropping
+// it later would turn a delivery the publisher was told of into a loss
+// it learns of only through a callback.
 func (q *sendQueue) push(f *frame, budget int64) pushResult {
-	c := f.charge()
+	c := f.queuedCharge()
 	q.mu.Lock()
 	switch {
 	case q.closed:
 		q.mu.Unlock()
 		return pushClosed
 	case q.bytes+c > budget:
+		q.noteStallLocked()
 		q.mu.Unlock()
 		return pushFull
 	}
@@ -52,37 +71,27 @@ func (q *sendQueue) push(f *frame, budget int64) pushResult {
 	return pushOK
 }
 
+// noteStallLocked closes q.stalled, once, when the writer has been stuck
+// on one copy for stallAfter: the subscriber is over its bound (a copy was
+// just refused) and has taken nothing for that long, a slow consumer. A
+// subscriber that reads, however slowly the endpoint serves it, lets the
+// writer hand a copy to QUIC now and then and is never taken for one. The
+// clock is read only here, on a refused copy. q.mu must be held.
+func (q *sendQueue) noteStallLocked() {
+	if q.stallSeen || !q.writing || time.Since(q.poppedAt) < q.stallAfter {
+		return
+	}
+	q.stallSeen = true
+	close(q.stalled)
+}
+
 // pop returns the oldest waiting frame, waiting for one; nil once the queue
-// is closed or ctx is done. The frame stays charged until done.
+// is closed or ctx is done. The frame stays charged until done or parked.
 func (q *sendQueue) pop(ctx context.Context) *frame {
 	for {
-		q.mu.Lock()
-		if q.closed {
-			q.mu.Unlock()
-			return nil
-		}
-		if q.head < len(q.items) {
-			f := q.items[q.head]
-			q.items[q.head] = nil
-			q.head++
-			switch {
-			case q.head == len(q.items):
-				q.head = 0
-				q.items = q.items[:0]
-				if cap(q.items) > 4096 {
-					q.items = nil // a burst is over: do not keep its backlog's array
-				}
-			case q.head >= 1024 && 2*q.head >= len(q.items):
-				n := copy(q.items, q.items[q.head:])
-				clear(q.items[n:])
-				q.items = q.items[:n]
-				q.head = 0
-			}
-			q.writing = true
-			q.mu.Unlock()
+		if f, closed := q.tryPop(); f != nil || closed {
 			return f
 		}
-		q.mu.Unlock()
 		select {
 		case <-q.wake:
 		case <-ctx.Done():
@@ -91,11 +100,64 @@ func (q *sendQueue) pop(ctx context.Context) *frame {
 	}
 }
 
-// done releases the budget of the frame pop returned.
+// tryPop is pop without the wait: nil when nothing waits, and closed once
+// the queue is closed.
+func (q *sendQueue) tryPop() (f *frame, closed bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed {
+		return nil, true
+	}
+	if q.head == len(q.items) {
+		return nil, false
+	}
+	f = q.items[q.head]
+	q.items[q.head] = nil
+	q.head++
+	switch {
+	case q.head == len(q.items):
+		q.head = 0
+		q.items = q.items[:0]
+		if cap(q.items) > 4096 {
+			q.items = nil // a burst is over: do not keep its backlog's array
+		}
+	case q.head >= 1024 && 2*q.head >= len(q.items):
+		n := copy(q.items, q.items[q.head:])
+		clear(q.items[n:])
+		q.items = q.items[:n]
+		q.head = 0
+	}
+	q.writing = true
+	q.poppedAt = time.Now()
+	return f, false
+}
+
+// done releases the budget of the frame pop returned, when it did not
+// reach QUIC.
 func (q *sendQueue) done(f *frame) {
 	q.mu.Lock()
-	q.bytes -= f.charge()
+	q.bytes -= f.queuedCharge()
 	q.writing = false
+	q.mu.Unlock()
+}
+
+// parked turns the charge of the frame pop returned from its queued
+// charge into parkedCopyCost: the writer handed it to QUIC, which holds
+// its stream state until it has packetized it.
+func (q *sendQueue) parked(f *frame) {
+	q.mu.Lock()
+	q.bytes += parkedCopyCost - f.queuedCharge()
+	q.writing = false
+	q.mu.Unlock()
+}
+
+// sent releases the charge of n parked copies that QUIC has packetized.
+func (q *sendQueue) sent(n int) {
+	if n == 0 {
+		return
+	}
+	q.mu.Lock()
+	q.bytes -= int64(n) * parkedCopyCost
 	q.mu.Unlock()
 }
 
@@ -105,7 +167,7 @@ func (q *sendQueue) close(st *listenerCounters) {
 	q.closed = true
 	waiting := q.items[q.head:]
 	for _, f := range waiting {
-		q.bytes -= f.charge()
+		q.bytes -= f.queuedCharge()
 		f.pub.copiesLost(1)
 		f.release()
 	}
@@ -114,9 +176,46 @@ func (q *sendQueue) close(st *listenerCounters) {
 	q.mu.Unlock()
 }
 
+// waitingNone reports whether no copy waits behind the one being written.
+func (q *sendQueue) waitingNone() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.head == len(q.items)
+}
+
 // idle reports whether nothing waits and nothing is being written.
 func (q *sendQueue) idle() bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	return q.head == len(q.items) && !q.writing
 }
+
+// What a copy costs a subscriber's budget. A queued copy holds a slot in
+// the queue and a reference to a frame that every subscriber's copy
+// shares; it is charged its frame as allocated (as if it were alone on the
+// frame, which over-counts a shared one; see frame.queuedCharge): the
+// buffer, and queuedCopyOverhead for the frame's struct and the slot. Once the writer
+// has handed it to QUIC and until QUIC has put it into packets, it costs
+// quic-go's state for its stream instead: a SendStream with its flow
+// controller and a pooled STREAM frame with a packet-sized buffer holding
+// a copy of up to one packet of its bytes (a larger write returns only
+// when all but that much is in packets). That is parkedCopyCost, whatever
+// the copy's size; TestParkedStreamCost measures it (about 2.4 KiB with
+// quic-go v0.65 on linux/amd64) and TestQueuedCopyCost the queue's part.
+const (
+	queuedCopyOverhead = 96
+	parkedCopyCost     = 3 << 10
+)
+
+// maxParked is how many copies a connection's writer hands to QUIC before
+// it waits until QUIC has put them into packets: the bound on copies
+// parked in quic-go per connection (maxParked x parkedCopyCost, 192 KiB).
+// Waiting costs a hand-off to QUIC's send loop and back, so it is paid
+// once per maxParked copies under load, not per copy.
+const maxParked = 64
+
+// ParkedBytesPerConnection bounds what a listener's writer leaves unsent in
+// quic-go for one subscriber connection beyond its SubscriberBufferBytes:
+// maxParked copies at parkedCopyCost. What QUIC has sent and not yet seen
+// acknowledged comes on top (see docs/WEIDA.md, "Memory").
+const ParkedBytesPerConnection = maxParked * parkedCopyCost

@@ -28,6 +28,9 @@ type ListenerStats struct {
 	StreamsRefused      uint64 // streams refused per PROTOCOL §9.4 (UNSUPPORTED, UNKNOWN_ENDPOINT)
 	ProtocolViolations  uint64 // connections closed with PROTOCOL_VIOLATION
 	NegotiationFailures uint64 // connections closed with NEGOTIATION_FAILED (incl. hello_timeout)
+	// SlowConsumersClosed counts subscriber connections closed with
+	// LIMIT_EXCEEDED by the slow-consumer policy (Limits.SlowConsumerAfter).
+	SlowConsumersClosed uint64
 }
 
 // DropCounts counts copies that were matched but not sent, by reason.
@@ -55,6 +58,7 @@ type listenerCounters struct {
 	dropped                                 dropCounters
 	streamsParked, streamsRefused           atomic.Uint64
 	protocolViolations, negotiationFailures atomic.Uint64
+	slowConsumersClosed                     atomic.Uint64
 }
 
 // Stats returns a snapshot of the listener's counters. The fields are read
@@ -85,5 +89,6 @@ func (l *Listener) Stats() ListenerStats {
 		StreamsRefused:      c.streamsRefused.Load(),
 		ProtocolViolations:  c.protocolViolations.Load(),
 		NegotiationFailures: c.negotiationFailures.Load(),
+		SlowConsumersClosed: c.slowConsumersClosed.Load(),
 	}
 }

@@ -108,6 +108,17 @@ type writtenLog struct {
 	maxBytes int64
 
 	counts buckets
+	// total counts every copy written; totals those of each publisher
+	// with a callback (the last lookup cached), for the copies a vanished
+	// peer may hold from before the window (see finish).
+	total   uint64
+	blocked int64 // bucket number + 1 of the last time the peer's stream credit ran out; 0: never
+	// parkedAtEnd is how many of the last copies written were still
+	// parked in QUIC, not known to be in packets, when the writer ended.
+	parkedAtEnd uint64
+	totals      map[*Publisher]*uint64
+	lastTotPub  *Publisher
+	lastTot     *uint64
 
 	ring    []keptCopy // ring[head:head+n], modulo len(ring)
 	head, n int
@@ -133,6 +144,7 @@ func (w *writtenLog) bucketOf(d time.Duration) int64 { return int64(d / w.width)
 func (w *writtenLog) written(f *frame) {
 	idx := w.bucketOf(time.Since(w.start))
 	w.counts.add(idx, 1)
+	w.total++
 	if f.pub == nil {
 		return
 	}
@@ -140,6 +152,7 @@ func (w *writtenLog) written(f *frame) {
 	if cb == nil {
 		return
 	}
+	*w.totalOf(f.pub)++
 	if !cb.keep {
 		w.unkeptBuckets(f.pub).add(idx, 1)
 		return
@@ -202,22 +215,72 @@ func (w *writtenLog) unkeptBuckets(p *Publisher) *buckets {
 	return bs
 }
 
+// creditExhausted notes that the writer found the peer's stream credit
+// used up: the peer held as many unread copies as it allows.
+func (w *writtenLog) creditExhausted() {
+	w.blocked = w.bucketOf(time.Since(w.start)) + 1
+}
+
+// totalOf is the counter of p's written copies.
+func (w *writtenLog) totalOf(p *Publisher) *uint64 {
+	if p == w.lastTotPub && w.lastTot != nil {
+		return w.lastTot
+	}
+	if w.totals == nil {
+		w.totals = make(map[*Publisher]*uint64)
+	}
+	n := w.totals[p]
+	if n == nil {
+		n = new(uint64)
+		w.totals[p] = n
+	}
+	w.lastTotPub, w.lastTot = p, n
+	return n
+}
+
 // finish settles the log of a connection whose end was seen ended after
 // its start: when cause says the peer vanished, the copies written within
 // the window are counted in st and reported to their publishers'
 // callbacks. Every kept frame is released.
-func (w *writtenLog) finish(st *listenerCounters, ended time.Duration, cause error, remote string) {
+//
+// The window alone misses copies written earlier that the peer still
+// held: a subscriber starved of CPU, or reading slowly, keeps copies
+// unread, in flight or in its QUIC buffers, for longer than any window
+// (issue 21: 5,498 copies of a 300-subscriber run counted nowhere). What
+// it can hold is bounded by the stream credit it grants, since a copy is
+// a stream and a weida Subscriber returns a stream's credit only once
+// Receive has read it; its HELLO states that bound as max_transfers
+// (hold, advisory; the defaults when absent). So when the peer's credit
+// ran out within the window (it then held all it allows), at least the
+// last hold copies written are counted too, per publisher and in total:
+// an upper bound, like the window. A peer that never used up its credit
+// within the window adds nothing beyond the window, so a reader that kept
+// up is counted as before.
+//
+// Likewise the copies the writer had parked in QUIC and not yet seen
+// packetized when it ended (at most maxParked, the last written): on a
+// starved endpoint they may have waited in quic-go for longer than the
+// window and died with the connection without ever being sent.
+func (w *writtenLog) finish(st *listenerCounters, ended time.Duration, cause error, remote string, hold uint64) {
 	defer func() {
 		for w.n > 0 {
 			w.dropOldest(false)
 		}
 		w.ring, w.unkept, w.lastPub, w.lastBs = nil, nil, nil, nil
+		w.totals, w.lastTotPub, w.lastTot = nil, nil, nil
 	}()
 	if !vanished(cause) {
 		return
 	}
+	if hold == 0 {
+		hold = DefaultMaxConcurrentUniStreams + DefaultMaxConcurrentBidiStreams
+	}
 	first := w.bucketOf(ended) - w.span
-	total := w.counts.since(first)
+	if w.blocked == 0 || w.blocked-1 < first {
+		hold = 0 // the peer had credit to spare: the window covers it
+	}
+	hold = max(hold, w.parkedAtEnd)
+	total := max(w.counts.since(first), min(w.total, hold))
 	if total == 0 {
 		return
 	}
@@ -244,6 +307,13 @@ func (w *writtenLog) finish(st *listenerCounters, ended time.Duration, cause err
 	for p, bs := range w.unkept {
 		if n := bs.since(first); n > 0 {
 			report(p).u.Unkept += int(n)
+		}
+	}
+	for p, n := range w.totals {
+		if held := int(min(*n, hold)); held > 0 {
+			if r := report(p); r.u.Len() < held {
+				r.u.Unkept += held - r.u.Len()
+			}
 		}
 	}
 	for _, r := range reports {

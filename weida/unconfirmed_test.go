@@ -195,7 +195,7 @@ func TestWrittenLogBounds(t *testing.T) {
 		t.Fatalf("kept %d copies, want the bound 4", w.n)
 	}
 	var st listenerCounters
-	w.finish(&st, time.Since(w.start), &quic.IdleTimeoutError{}, "peer")
+	w.finish(&st, time.Since(w.start), &quic.IdleTimeoutError{}, "peer", 1)
 	if got := st.copiesUnconfirmed.Load(); got != 20 {
 		t.Errorf("CopiesUnconfirmed = %d, want all 20 written", got)
 	}
@@ -234,7 +234,7 @@ func TestWrittenLogNotVanished(t *testing.T) {
 		t.Fatalf("a kept copy holds its frame: refs %d", f.refs.Load())
 	}
 	var st listenerCounters
-	w.finish(&st, time.Since(w.start), &quic.ApplicationError{Remote: true}, "peer")
+	w.finish(&st, time.Since(w.start), &quic.ApplicationError{Remote: true}, "peer", 1)
 	if f.refs.Load() != 1 || st.copiesUnconfirmed.Load() != 0 || len(rec.all()) != 0 {
 		t.Errorf("refs %d, unconfirmed %d, reports %d", f.refs.Load(), st.copiesUnconfirmed.Load(), len(rec.all()))
 	}
@@ -304,11 +304,87 @@ func TestWrittenLogCountOnly(t *testing.T) {
 		}
 	}
 	var st listenerCounters
-	w.finish(&st, time.Since(w.start), &quic.StatelessResetError{}, "peer")
+	w.finish(&st, time.Since(w.start), &quic.StatelessResetError{}, "peer", 1)
 	reports := rec.all()
 	want := int(st.copiesUnconfirmed.Load())
 	if len(reports) != 1 || len(reports[0].Messages) != 0 || reports[0].Unkept != want || want < 7 {
 		t.Fatalf("reports %+v, want one with Unkept = %d (>= 7) and no messages", reports, want)
 	}
 	f.release()
+}
+
+// TestWrittenLogHold: when a vanished peer had used up its stream credit
+// within the window, copies written before the window still count as
+// unconfirmed up to what it could hold unread (its HELLO's
+// max_transfers), per publisher with a callback and in total; a publisher
+// without a callback gets no report.
+func TestWrittenLogHold(t *testing.T) {
+	var fp framePool
+	var rec unconfirmedRecorder
+	watched := &Publisher{path: "/log"}
+	watched.OnCopiesUnconfirmed(rec.add)
+	other := &Publisher{path: "/log"}
+	limits, _ := Limits{}.withDefaults(true)
+	var w writtenLog
+	w.init(&limits)
+	for i := range 10 {
+		f := testFrame(t, &fp, watched, Message{Topic: "w", Payload: numbered(i, 16)})
+		w.written(f)
+		f.release()
+	}
+	g := testFrame(t, &fp, other, Message{Topic: "o"})
+	w.written(g)
+	g.release()
+	// A peer that had credit to spare adds nothing beyond the window...
+	var fast writtenLog
+	fast.init(&limits)
+	f := testFrame(t, &fp, watched, Message{Topic: "w"})
+	fast.written(f)
+	f.release()
+	var none listenerCounters
+	fast.finish(&none, time.Since(fast.start)+time.Hour, &quic.IdleTimeoutError{}, "peer", 4)
+	if got := none.copiesUnconfirmed.Load(); got != 0 || len(rec.all()) != 0 {
+		t.Fatalf("a peer that never ran out of credit: %d unconfirmed outside the window", got)
+	}
+	// ... one whose credit ran out held up to its hold. The end is seen
+	// an hour later: nothing written lies in the window but the block.
+	var st listenerCounters
+	ended := time.Since(w.start) + time.Hour
+	w.blocked = w.bucketOf(ended) + 1
+	w.finish(&st, ended, &quic.IdleTimeoutError{}, "peer", 4)
+	if got := st.copiesUnconfirmed.Load(); got != 4 {
+		t.Errorf("CopiesUnconfirmed = %d, want the hold of 4", got)
+	}
+	reports := rec.all()
+	if len(reports) != 1 || reports[0].Len() != 4 || len(reports[0].Messages) != 0 {
+		t.Fatalf("reports %+v, want one with 4 unkept copies", reports)
+	}
+}
+
+// TestWrittenLogParkedAtEnd: the copies still parked in QUIC when the
+// writer of a vanished connection ended count as unconfirmed even when
+// they were handed over before the window, since QUIC may never have
+// sent them.
+func TestWrittenLogParkedAtEnd(t *testing.T) {
+	var fp framePool
+	var rec unconfirmedRecorder
+	p := &Publisher{path: "/log"}
+	p.CountCopiesUnconfirmed(rec.add)
+	limits, _ := Limits{}.withDefaults(true)
+	var w writtenLog
+	w.init(&limits)
+	for range 10 {
+		f := testFrame(t, &fp, p, Message{Topic: "w"})
+		w.written(f)
+		f.release()
+	}
+	w.parkedAtEnd = 3
+	var st listenerCounters
+	w.finish(&st, time.Since(w.start)+time.Hour, &quic.IdleTimeoutError{}, "peer", 1000)
+	if got := st.copiesUnconfirmed.Load(); got != 3 {
+		t.Errorf("CopiesUnconfirmed = %d, want the 3 parked", got)
+	}
+	if r := rec.all(); len(r) != 1 || r[0].Unkept != 3 {
+		t.Fatalf("reports %+v, want one with 3 unkept", r)
+	}
 }
