@@ -44,6 +44,9 @@ var allowed = map[string][]string{
 	"connectors/nats":     driverImports,
 	"connectors/amqp":     driverImports,
 	"connectors/conntest": {"connectors", "policy", "weida", "weida/topic", "weida/address", "internal/brokertest"},
+	// Leases on etcd or Kubernetes: a leaf the service will use for
+	// placement (issue 23); it knows nothing of resources or drivers.
+	"service/placement": {},
 	// The service knows drivers only through their common interface.
 	"service": {"connectors", "resources", "policy", "weida", "weida/topic", "weida/address", "internal/safefile"},
 	// The one list of drivers: the only package that names the protocol
