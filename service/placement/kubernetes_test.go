@@ -2,7 +2,9 @@ package placement
 
 import (
 	"context"
+	"errors"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -134,4 +136,70 @@ func TestKubernetesPlacement(t *testing.T) {
 		rs[2].close()
 		waitSpread(t, etcdTiming.LeaseDuration+etcdTiming.RetryPeriod, 6, rs[:2]...)
 	})
+}
+
+// TestKubernetesOutage makes the API server refuse every Lease request:
+// every holder must stop within the renew deadline, nobody may start
+// anything meanwhile, and they hold everything again once it answers.
+func TestKubernetesOutage(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cs := casClientset()
+		var down atomic.Bool
+		cs.PrependReactor("*", "leases", func(k8stesting.Action) (bool, runtime.Object, error) {
+			if down.Load() {
+				return true, nil, apierrors.NewServiceUnavailable("the test took the API server down")
+			}
+			return false, nil, nil
+		})
+		resources := resourceNames(6)
+		rec := newRecorder(t)
+		var rs []*replica
+		for _, id := range []string{"a", "b", "c"} {
+			rs = append(rs, startReplica(t, newKubernetesBackend(t, cs), id, resources, etcdTiming, rec))
+		}
+		waitSpread(t, 10*time.Second, 6, rs...)
+
+		from := rec.mark()
+		downAt := time.Now()
+		down.Store(true)
+		time.Sleep(etcdTiming.LeaseDuration)
+		evs, _ := rec.since(from)
+		stops := 0
+		for _, e := range evs {
+			switch {
+			case e.start:
+				t.Errorf("%s started %s while the API server was down", e.replica, e.resource)
+			case !errors.Is(e.reason, ErrRenewDeadline):
+				t.Errorf("%s stopped %s because %v; want the renew deadline", e.replica, e.resource, e.reason)
+			case e.at.Sub(downAt) > etcdTiming.RenewDeadline:
+				t.Errorf("%s stopped %s %v after the outage began; want within %v", e.replica, e.resource, e.at.Sub(downAt), etcdTiming.RenewDeadline)
+			default:
+				stops++
+			}
+		}
+		if stops != 6 {
+			t.Fatalf("%d of 6 holdings stopped during the outage: %v", stops, describe(evs))
+		}
+		down.Store(false)
+		waitSpread(t, 3*etcdTiming.LeaseDuration, 6, rs...)
+	})
+}
+
+func TestTiming(t *testing.T) {
+	d, err := Timing{}.withDefaults()
+	if err != nil || d != DefaultTiming || d.Margin() != 2*time.Second {
+		t.Fatalf("zero Timing = %+v, %v, margin %v; want DefaultTiming with a 2 s margin", d, err, d.Margin())
+	}
+	for _, bad := range []Timing{
+		{LeaseDuration: 3 * time.Second, RenewDeadline: 3 * time.Second, RetryPeriod: time.Second},
+		{LeaseDuration: 5 * time.Second, RenewDeadline: time.Second, RetryPeriod: time.Second},
+		{RetryPeriod: -time.Second},
+	} {
+		if _, err := bad.withDefaults(); err == nil {
+			t.Errorf("%+v was accepted; want 0 < retry < renew deadline < lease", bad)
+		}
+	}
+	if s := wholeSeconds(2100 * time.Millisecond); s != 3 {
+		t.Errorf("2.1 s rounds to %d whole seconds; want 3 (never shorter)", s)
+	}
 }
