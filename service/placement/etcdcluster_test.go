@@ -72,6 +72,7 @@ func startEtcdCluster(t *testing.T) *etcdCluster {
 		for _, m := range c.members {
 			c.kill(m)
 		}
+		http.DefaultClient.CloseIdleConnections() // health and metrics reads
 	})
 	for _, m := range c.members {
 		c.start(m)
