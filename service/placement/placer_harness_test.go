@@ -232,3 +232,12 @@ func checkFencedTakeover(t testing.TB, evs []event, paused string, pausedAt time
 			res, paused, stop.at.Sub(pausedAt).Round(time.Millisecond), took.replica, took.at.Sub(stop.at).Round(time.Millisecond), stop.epoch, took.epoch)
 	}
 }
+
+// describeFrom is describe with each event's time after t0.
+func describeFrom(evs []event, t0 time.Time) []string {
+	lines := describe(evs)
+	for i, e := range evs {
+		lines[i] = fmt.Sprintf("+%v %s", e.at.Sub(t0).Round(time.Millisecond), lines[i])
+	}
+	return lines
+}
