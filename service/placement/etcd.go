@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -60,8 +61,11 @@ func (e *Etcd) TryAcquire(ctx context.Context, name, holder string) (Claim, erro
 		Else(clientv3.OpGet(key)).
 		Commit()
 	if err != nil || !txn.Succeeded {
-		// The grant is of no use: revoke it rather than let it expire.
-		_, _ = e.client.Revoke(context.WithoutCancel(ctx), grant.ID)
+		// The grant is of no use: revoke it rather than let it expire,
+		// but wait no longer than the lease would live anyway.
+		revoke, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Duration(e.ttl)*time.Second)
+		_, _ = e.client.Revoke(revoke, grant.ID)
+		cancel()
 	}
 	if err != nil {
 		return nil, fmt.Errorf("placement: etcd: creating lease %q: %w", name, err)

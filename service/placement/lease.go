@@ -194,7 +194,9 @@ func (l *Lease) tryAcquire(ctx context.Context, onEnd func(*Holding)) (*Holding,
 	}
 	if time.Since(sent) >= l.timing.RenewDeadline {
 		// Acquired too late to act on it safely: give it back.
-		_ = claim.Release(context.WithoutCancel(ctx))
+		release, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.timing.RenewDeadline)
+		_ = claim.Release(release)
+		cancel()
 		return nil, fmt.Errorf("placement: acquiring lease %q took longer than the renew deadline", l.name)
 	}
 	return newHolding(l, claim, sent, onEnd), nil
