@@ -57,6 +57,9 @@ var allowed = map[string][]string{
 	"resources":           {"policy", "weida/topic", "weida/address", "internal/safefile"},
 	"connectors":          {"policy", "weida", "weida/topic", "weida/wire", "weida/address"},
 	"connectors/conntest": {"connectors", "policy", "weida", "weida/topic", "weida/address", "internal/brokertest"},
+	// Leases on etcd or Kubernetes: a leaf the service will use for
+	// placement (issue 23); it knows nothing of resources or drivers.
+	"service/placement": {},
 	// The service knows drivers only through their common interface.
 	"service": {"service/admin", "connectors", "resources", "policy", "weida", "weida/topic", "weida/address", "internal/safefile"},
 	// The admin listener reads the runtime it reports on.

@@ -1,0 +1,200 @@
+package placement
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// etcdTiming renews twice as often as DefaultTiming, so that the cluster
+// test stays well under a minute, and keeps the renew deadline (3.5 s) well
+// above an election with the cluster's raft timers (0.5 to 1 s when the
+// machine is idle). With a 2 s deadline, killing the leader made every
+// holder stop in two runs of three on a two-core machine loaded twentyfold.
+var etcdTiming = Timing{LeaseDuration: 5 * time.Second, RenewDeadline: 3500 * time.Millisecond, RetryPeriod: 500 * time.Millisecond}
+
+// slack is what a loaded test machine may add to a bound.
+const slack = 500 * time.Millisecond
+
+func newEtcdBackend(t *testing.T, c *etcdCluster, prefix string) *Etcd {
+	t.Helper()
+	b, err := NewEtcd(c.client(), prefix, etcdTiming)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// TestEtcd runs everything that needs a real cluster against one: a
+// three-member etcd started for the test, its members killed and
+// restarted as the steps need.
+func TestEtcd(t *testing.T) {
+	c := startEtcdCluster(t)
+	t.Run("Lease", func(t *testing.T) { testLease(t, newEtcdBackend(t, c, "/lease/"), newEtcdBackend(t, c, "/lease/")) })
+	t.Run("Placement", func(t *testing.T) { testEtcdPlacement(t, c) })
+}
+
+// testLease checks one lease's contract on two backends (two replicas'
+// clients of one service).
+func testLease(t *testing.T, a, b Backend) {
+	ctx := context.Background()
+	la, err := NewLease(a, "one", "a", etcdTiming)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lb, _ := NewLease(b, "one", "b", etcdTiming)
+
+	ha, err := la.TryAcquire(ctx)
+	if err != nil {
+		t.Fatalf("first acquisition: %v", err)
+	}
+	if !ha.Valid() || ha.Err() != nil {
+		t.Fatalf("a fresh holding is not valid: %v", ha.Err())
+	}
+	var held *HeldError
+	if _, err := lb.TryAcquire(ctx); !errors.As(err, &held) || held.Holder != "a" || held.Epoch != ha.Epoch() {
+		t.Fatalf("acquiring a held lease: %v; want a *HeldError naming a at epoch %d", err, ha.Epoch())
+	}
+	if who, epoch, err := lb.Holder(ctx); err != nil || who != "a" || epoch != ha.Epoch() {
+		t.Fatalf("Holder = %q, %d, %v; want a, %d", who, epoch, err, ha.Epoch())
+	}
+	// It outlives its lease duration by renewing.
+	time.Sleep(etcdTiming.LeaseDuration + etcdTiming.RetryPeriod)
+	if !ha.Valid() {
+		t.Fatalf("the holding did not survive its lease duration by renewing: %v", ha.Err())
+	}
+	ha.Release()
+	if !errors.Is(ha.Err(), ErrReleased) || ha.Valid() {
+		t.Fatalf("after Release: Err = %v, Valid = %v", ha.Err(), ha.Valid())
+	}
+	hb, err := lb.TryAcquire(ctx)
+	if err != nil {
+		t.Fatalf("acquiring a released lease: %v", err)
+	}
+	defer hb.Release()
+	if hb.Epoch() <= ha.Epoch() {
+		t.Fatalf("epoch went from %d to %d on a change of holder; want it to grow", ha.Epoch(), hb.Epoch())
+	}
+	if who, _, _ := la.Holder(ctx); who != "b" {
+		t.Fatalf("Holder = %q after b acquired; want b", who)
+	}
+}
+
+func testEtcdPlacement(t *testing.T, c *etcdCluster) {
+	resources := resourceNames(6)
+	rec := newRecorder(t)
+	var rs []*replica
+	for _, id := range []string{"a", "b", "c"} {
+		rs = append(rs, startReplica(t, newEtcdBackend(t, c, "/placement/"), id, resources, etcdTiming, rec))
+	}
+
+	took := waitSpread(t, 10*time.Second, 6, rs...)
+	t.Logf("three replicas spread six resources 2/2/2 in %v: %v", took.Round(time.Millisecond), holdings(t, rs...))
+
+	// The idle cost: requests every member served while nothing moved.
+	before := c.requests(t)
+	const window = 3 * time.Second
+	quiet(t, rec, window)
+	perSecond := float64(c.requests(t)-before) / window.Seconds()
+	t.Logf("idle cost with retry period %v: %.1f requests/s for 6 resources and 3 replicas, %.2f requests/s per resource (membership included)",
+		etcdTiming.RetryPeriod, perSecond, perSecond/6)
+
+	// Killing one member, the leader even, moves nothing: the survivors
+	// elect a leader well within the renew deadline.
+	leader := c.leader(rs[0].p.cfg.Backend.(*Etcd).client)
+	from := rec.mark()
+	killedAt := time.Now()
+	c.kill(leader)
+	time.Sleep(etcdTiming.LeaseDuration)
+	if evs, _ := rec.since(from); len(evs) > 0 {
+		t.Fatalf("killing the leader %s moved holdings (times from the kill): %v", leader.name, describeFrom(evs, killedAt))
+	}
+	c.start(leader)
+	c.waitHealthy(leader)
+	t.Logf("killing the leader %s for %v moved nothing", leader.name, etcdTiming.LeaseDuration)
+
+	// A replica that cannot renew learns it must stop before another
+	// replica takes its resources over, and the new epochs are larger.
+	from = rec.mark()
+	pausedAt := time.Now()
+	rs[0].pause()
+	waitSpread(t, etcdTiming.LeaseDuration+etcdTiming.RenewDeadline+slack, 6, rs[1:]...)
+	evs, _ := rec.since(from)
+	checkFencedTakeover(t, evs, rs[0].id, pausedAt, etcdTiming, slack)
+	rs[0].resume()
+	took = waitSpread(t, 10*time.Second, 6, rs...)
+	t.Logf("the resumed replica got its share back in %v", took.Round(time.Millisecond))
+
+	// A replica that leaves releases at once: its resources move within a
+	// retry period or two, not a lease duration.
+	closedAt := time.Now()
+	rs[2].close()
+	took = waitSpread(t, etcdTiming.LeaseDuration+etcdTiming.RetryPeriod, 6, rs[:2]...)
+	t.Logf("closing a replica moved its resources to the survivors in %v (after %v closing)", took.Round(time.Millisecond), time.Since(closedAt).Round(time.Millisecond)-took.Round(time.Millisecond))
+	rs = rs[:2]
+
+	// Without the cluster, every holder stops within the renew deadline;
+	// they resume when it returns.
+	from = rec.mark()
+	downAt := time.Now()
+	for _, m := range c.members {
+		c.kill(m)
+	}
+	for _, r := range rs {
+		for len(r.p.Held()) > 0 {
+			if time.Since(downAt) > etcdTiming.RenewDeadline+slack {
+				t.Fatalf("%s still holds %v %v after the whole cluster died", r.id, r.p.Held(), time.Since(downAt))
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	evs, _ = rec.since(from)
+	for _, e := range evs {
+		if e.start {
+			t.Errorf("%s started %s while the cluster was down", e.replica, e.resource)
+		} else if late := e.at.Sub(downAt); late > etcdTiming.RenewDeadline+slack {
+			t.Errorf("%s stopped %s %v after the cluster died; want within the renew deadline %v", e.replica, e.resource, late, etcdTiming.RenewDeadline)
+		}
+	}
+	t.Logf("with the cluster down every holder stopped within %v: %v", time.Since(downAt).Round(time.Millisecond), describe(evs))
+	time.Sleep(time.Second)
+	upAt := time.Now()
+	for _, m := range c.members {
+		c.start(m)
+	}
+	c.waitHealthy(c.members...)
+	took = waitSpread(t, 15*time.Second, 6, rs...)
+	t.Logf("the cluster healthy again %v after restarting it; the replicas held everything again %v after that", time.Since(upAt).Round(time.Millisecond)-took.Round(time.Millisecond), took.Round(time.Millisecond))
+}
+
+// requests returns how many gRPC calls the cluster's members have started
+// (their grpc_server_started_total), summed.
+func (c *etcdCluster) requests(t *testing.T) int64 {
+	t.Helper()
+	var total float64
+	for _, m := range c.members {
+		resp, err := http.Get(m.clientURL() + "/metrics")
+		if err != nil {
+			t.Fatalf("reading %s's metrics: %v", m.name, err)
+		}
+		sc := bufio.NewScanner(resp.Body)
+		for sc.Scan() {
+			line := sc.Text()
+			if !strings.HasPrefix(line, "grpc_server_started_total{") {
+				continue
+			}
+			fields := strings.Fields(line)
+			v, err := strconv.ParseFloat(fields[len(fields)-1], 64)
+			if err == nil {
+				total += v
+			}
+		}
+		resp.Body.Close()
+	}
+	return int64(total)
+}

@@ -1,0 +1,251 @@
+package placement
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
+	coordinationclient "k8s.io/client-go/kubernetes/typed/coordination/v1"
+)
+
+// Kubernetes keeps leases as coordination.k8s.io/v1 Lease objects named
+// Prefix+name in one namespace. Every write is an update carrying the
+// resourceVersion last read or written, so the API server applies it only
+// if nobody wrote the object in between (optimistic concurrency): an
+// acquisition that races another fails with a conflict, and a renewal that
+// conflicts means the lease is no longer this holder's.
+//
+// The API server does not expire a Lease: a replica decides that the
+// holder has gone when the object has not changed for its
+// leaseDurationSeconds as measured by its own monotonic clock from the
+// moment it first saw that version (as client-go's leader election does).
+// Clocks' offsets therefore do not matter, only their rates; the price is
+// that a replica which has just started waits a whole lease duration
+// before taking over a lease it finds held.
+//
+// The epoch is spec.leaseTransitions, which every acquisition increments
+// (a Lease is created with 1). Release clears spec.holderIdentity and
+// keeps the object, so the count survives; deleting the object by hand
+// starts it again at 1, which breaks the fencing of any zombie holder
+// still running: do not delete Lease objects of running replicas.
+type Kubernetes struct {
+	leases  coordinationclient.LeaseInterface
+	prefix  string
+	seconds int32
+
+	mu   sync.Mutex
+	seen map[string]sighting // by object name
+}
+
+// sighting is a version of a Lease and when this replica first saw it.
+type sighting struct {
+	resourceVersion string
+	at              time.Time
+}
+
+// NewKubernetes returns a backend on the Lease objects that leases reaches
+// (one namespace: clientset.CoordinationV1().Leases(ns)), named prefix+name,
+// with leases of t.LeaseDuration. Object names must be DNS subdomains, so
+// prefix, the resource names and the replica identities must be lowercase
+// letters, digits, '-' and '.'.
+func NewKubernetes(leases coordinationclient.LeaseInterface, prefix string, t Timing) (*Kubernetes, error) {
+	t, err := t.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	return &Kubernetes{leases: leases, prefix: prefix, seconds: int32(wholeSeconds(t.LeaseDuration)), seen: make(map[string]sighting)}, nil
+}
+
+func (k *Kubernetes) object(name string) (string, error) {
+	obj := k.prefix + name
+	if errs := validation.IsDNS1123Subdomain(obj); len(errs) > 0 {
+		return "", fmt.Errorf("placement: kubernetes: %q cannot name a Lease object (%s): use lowercase letters, digits, '-' and '.' in the prefix, resource names and identities", obj, strings.Join(errs, "; "))
+	}
+	return obj, nil
+}
+
+// TryAcquire implements Backend.
+func (k *Kubernetes) TryAcquire(ctx context.Context, name, holder string) (Claim, error) {
+	obj, err := k.object(name)
+	if err != nil {
+		return nil, err
+	}
+	lease, err := k.leases.Get(ctx, obj, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return k.create(ctx, name, obj, holder)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("placement: kubernetes: reading Lease %s: %w", obj, err)
+	}
+	now := time.Now()
+	if current := holderOf(lease); current != "" && !k.expired(obj, lease, now) {
+		return nil, &HeldError{Name: name, Holder: current, Epoch: epochOf(lease)}
+	}
+	next := lease.DeepCopy()
+	stamp := metav1.NewMicroTime(now)
+	next.Spec.HolderIdentity = &holder
+	next.Spec.LeaseDurationSeconds = &k.seconds
+	next.Spec.AcquireTime, next.Spec.RenewTime = &stamp, &stamp
+	transitions := int32(epochOf(lease)) + 1
+	next.Spec.LeaseTransitions = &transitions
+	updated, err := k.leases.Update(ctx, next, metav1.UpdateOptions{})
+	if apierrors.IsConflict(err) {
+		return nil, &HeldError{Name: name, Holder: "(another replica, just now)", Epoch: uint64(transitions)}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("placement: kubernetes: taking Lease %s: %w", obj, err)
+	}
+	return &kubernetesClaim{k: k, name: name, lease: updated}, nil
+}
+
+func (k *Kubernetes) create(ctx context.Context, name, obj, holder string) (Claim, error) {
+	stamp := metav1.NewMicroTime(time.Now())
+	one := int32(1)
+	lease := &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Name: obj},
+		Spec: coordinationv1.LeaseSpec{
+			HolderIdentity:       &holder,
+			LeaseDurationSeconds: &k.seconds,
+			AcquireTime:          &stamp,
+			RenewTime:            &stamp,
+			LeaseTransitions:     &one,
+		},
+	}
+	created, err := k.leases.Create(ctx, lease, metav1.CreateOptions{})
+	if apierrors.IsAlreadyExists(err) {
+		return nil, &HeldError{Name: name, Holder: "(another replica, just now)", Epoch: 1}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("placement: kubernetes: creating Lease %s: %w", obj, err)
+	}
+	return &kubernetesClaim{k: k, name: name, lease: created}, nil
+}
+
+// expired reports whether lease has stayed at the same version for its
+// duration since this replica first saw that version.
+func (k *Kubernetes) expired(obj string, lease *coordinationv1.Lease, now time.Time) bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	s, ok := k.seen[obj]
+	if !ok || s.resourceVersion != lease.ResourceVersion {
+		k.seen[obj] = sighting{resourceVersion: lease.ResourceVersion, at: now}
+		return false
+	}
+	d := time.Duration(k.seconds) * time.Second
+	if lease.Spec.LeaseDurationSeconds != nil {
+		d = max(d, time.Duration(*lease.Spec.LeaseDurationSeconds)*time.Second)
+	}
+	return now.Sub(s.at) >= d
+}
+
+func holderOf(l *coordinationv1.Lease) string {
+	if l.Spec.HolderIdentity == nil {
+		return ""
+	}
+	return *l.Spec.HolderIdentity
+}
+
+func epochOf(l *coordinationv1.Lease) uint64 {
+	if l.Spec.LeaseTransitions == nil || *l.Spec.LeaseTransitions < 0 {
+		return 0
+	}
+	return uint64(*l.Spec.LeaseTransitions)
+}
+
+// Holder implements Backend. It reports the holder the object names, even
+// if that holder has stopped renewing.
+func (k *Kubernetes) Holder(ctx context.Context, name string) (string, uint64, error) {
+	obj, err := k.object(name)
+	if err != nil {
+		return "", 0, err
+	}
+	lease, err := k.leases.Get(ctx, obj, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return "", 0, nil
+	}
+	if err != nil {
+		return "", 0, fmt.Errorf("placement: kubernetes: reading Lease %s: %w", obj, err)
+	}
+	return holderOf(lease), epochOf(lease), nil
+}
+
+// Holders implements Backend. A Lease counts as live while its renewTime
+// plus its duration lies ahead by this replica's wall clock: clock offsets
+// between replicas can miscount a member for that long, which skews the
+// fair share but never lets two replicas hold one lease.
+func (k *Kubernetes) Holders(ctx context.Context, prefix string) (map[string]string, error) {
+	list, err := k.leases.List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("placement: kubernetes: listing Leases: %w", err)
+	}
+	now := time.Now()
+	holders := make(map[string]string)
+	for i := range list.Items {
+		l := &list.Items[i]
+		name, ok := strings.CutPrefix(l.Name, k.prefix+prefix)
+		if !ok || holderOf(l) == "" || l.Spec.RenewTime == nil || l.Spec.LeaseDurationSeconds == nil {
+			continue
+		}
+		if now.Before(l.Spec.RenewTime.Add(time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second)) {
+			holders[prefix+name] = holderOf(l)
+		}
+	}
+	return holders, nil
+}
+
+type kubernetesClaim struct {
+	k    *Kubernetes
+	name string
+
+	mu    sync.Mutex
+	lease *coordinationv1.Lease // as last written by this claim
+}
+
+func (c *kubernetesClaim) Epoch() uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return epochOf(c.lease)
+}
+
+// Renew writes a new renewTime over the version this claim wrote last: a
+// conflict means somebody else wrote the Lease since, so it is lost.
+func (c *kubernetesClaim) Renew(ctx context.Context) error {
+	c.mu.Lock()
+	next := c.lease.DeepCopy()
+	c.mu.Unlock()
+	stamp := metav1.NewMicroTime(time.Now())
+	next.Spec.RenewTime = &stamp
+	updated, err := c.k.leases.Update(ctx, next, metav1.UpdateOptions{})
+	if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
+		return fmt.Errorf("placement: kubernetes: Lease %s was written by another: %w", next.Name, ErrLost)
+	}
+	if err != nil {
+		return fmt.Errorf("placement: kubernetes: renewing Lease %s: %w", next.Name, err)
+	}
+	c.mu.Lock()
+	c.lease = updated
+	c.mu.Unlock()
+	return nil
+}
+
+// Release clears the holder, over the version this claim wrote last, so
+// that another replica may take it without waiting; a conflict means it is
+// not this claim's to release any more.
+func (c *kubernetesClaim) Release(ctx context.Context) error {
+	c.mu.Lock()
+	next := c.lease.DeepCopy()
+	c.mu.Unlock()
+	none := ""
+	next.Spec.HolderIdentity = &none
+	_, err := c.k.leases.Update(ctx, next, metav1.UpdateOptions{})
+	if err != nil && !apierrors.IsConflict(err) && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("placement: kubernetes: releasing Lease %s: %w", next.Name, err)
+	}
+	return nil
+}
