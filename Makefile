@@ -8,7 +8,7 @@ BENCHCOUNT ?= 1
 # (no git) leaves the build information to speak.
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null)
 
-.PHONY: test brokers demo fuzz bench bench-bridge build compile chaos
+.PHONY: test brokers demo fuzz bench bench-bridge build compile chaos compose-test
 
 test:
 	./scripts/test
@@ -20,6 +20,11 @@ brokers:
 # short subset.
 chaos:
 	./scripts/chaos
+
+# docker-compose.yml for real, with images built here (docs/OPERATIONS.md,
+# "Running the compose file in the tests"); scripts/test runs it last.
+compose-test:
+	./scripts/compose-test
 
 # The README's first command: the bridge on embedded brokers, needing none.
 # It is its own command so that ./connector links no broker.

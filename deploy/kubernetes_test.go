@@ -336,7 +336,9 @@ func protocolOr(p corev1.Protocol) corev1.Protocol {
 	return p
 }
 
-var dockerUID = regexp.MustCompile(`adduser\b[^\n]*\s-u\s+(\d+)`)
+// dockerUID finds the UID of the user the Dockerfile writes into
+// /etc/passwd (it writes the line itself: its two bases differ in tools).
+var dockerUID = regexp.MustCompile(`'connector:x:(\d+):`)
 
 // imageUID is the user the Dockerfile creates and runs as.
 func imageUID(t *testing.T) int64 {
@@ -347,7 +349,7 @@ func imageUID(t *testing.T) int64 {
 	}
 	m := dockerUID.FindSubmatch(data)
 	if m == nil {
-		t.Fatal("Dockerfile: no adduser -u UID")
+		t.Fatal("Dockerfile: no connector:x:UID: line for /etc/passwd")
 	}
 	uid, err := strconv.ParseInt(string(m[1]), 10, 64)
 	if err != nil {

@@ -44,6 +44,7 @@ func commands() []command {
 		{"schema", "print the JSON Schema of resource files, for editors", cmdSchema},
 		{"weida", "talk to weida endpoints directly (sub, pub, bench)", weidacli.Main},
 		{"identity", "create an endpoint certificate, or show a certificate's fingerprint", cmdIdentity},
+		{"health", "ask a running connector's admin listener whether it is ready", cmdHealth},
 		{"version", "print the version and VCS revision of this build", cmdVersion},
 	}
 }

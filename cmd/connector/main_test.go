@@ -41,7 +41,7 @@ func TestVersionAndUsage(t *testing.T) {
 // TestHelpOnce: --help prints the usage once, to stdout, and nothing to
 // stderr; a bad flag prints the error and the usage to stderr.
 func TestHelpOnce(t *testing.T) {
-	for _, cmd := range []string{"run", "check", "explain", "weida", "version"} {
+	for _, cmd := range []string{"run", "check", "explain", "weida", "version", "health"} {
 		code, out, errOut := runCLI(t, "", cmd, "--help")
 		if code != 0 || strings.Count(out, "usage:") != 1 || errOut != "" {
 			t.Errorf("%s --help: code %d, %d usages on stdout, stderr %q", cmd, code, strings.Count(out, "usage:"), errOut)

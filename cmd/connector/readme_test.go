@@ -97,7 +97,7 @@ func TestReadmeOperating(t *testing.T) {
 	if end := strings.Index(section[3:], "\n## "); end >= 0 {
 		section = section[:end+3]
 	}
-	for _, want := range []string{"/status", "connector schema", "yaml-language-server", "deploy/kubernetes/", "deploy/grafana/", "No Docker engine", "--pprof"} {
+	for _, want := range []string{"/status", "connector schema", "yaml-language-server", "deploy/kubernetes/", "deploy/grafana/", "scripts/compose-test", "--pprof"} {
 		if !strings.Contains(section, want) {
 			t.Errorf("Operating it does not mention %q", want)
 		}
