@@ -96,47 +96,33 @@ func ReadPreamble(r io.Reader, maxHeader uint64, buf []byte) (Kind, []byte, erro
 		scratch = make([]byte, 256)
 		buf = scratch[:0]
 	}
-	// Magic, kind and the varint's first byte: three bytes every preamble has.
-	n, err := io.ReadFull(r, scratch[:3])
-	if err != nil {
-		if err == io.EOF {
-			return 0, nil, io.EOF
+	// scanPreamble, the one reading of the rules, says how many bytes it
+	// needs to tell more: three at first, then the rest of a longer varint.
+	have, need := 0, 3
+	var k Kind
+	var start, end int
+	for {
+		n, err := io.ReadFull(r, scratch[have:need])
+		have += n
+		var perr error
+		k, start, end, perr = scanPreamble(scratch[:have], maxHeader)
+		if perr != nil {
+			return k, nil, perr
 		}
-		if n > 0 && scratch[0] != Magic {
-			return 0, nil, &Error{Key: -1, Rule: RuleBadMagic, Detail: fmt.Sprintf("got 0x%02x", scratch[0])}
+		if err != nil {
+			if have == 0 && err == io.EOF {
+				return 0, nil, io.EOF
+			}
+			return k, nil, readErr(k, have >= 2, err)
 		}
-		if n < 2 {
-			return 0, nil, readErr(0, false, err)
+		if start > 0 {
+			break
 		}
-		k := Kind(scratch[1])
-		if !k.Defined() {
-			return k, nil, &Error{Frame: k, Key: -1, Rule: RuleReservedKind}
-		}
-		return k, nil, readErr(k, true, err)
+		need = end
 	}
-	if scratch[0] != Magic {
-		return 0, nil, &Error{Key: -1, Rule: RuleBadMagic, Detail: fmt.Sprintf("got 0x%02x", scratch[0])}
-	}
-	k := Kind(scratch[1])
-	if !k.Defined() {
-		return k, nil, &Error{Frame: k, Key: -1, Rule: RuleReservedKind}
-	}
-	size := 1 << (scratch[2] >> 6)
-	hl := uint64(scratch[2] & 0x3f)
-	if size > 1 {
-		if _, err := io.ReadFull(r, scratch[3:2+size]); err != nil {
-			return k, nil, readErr(k, true, err)
-		}
-		for _, c := range scratch[3 : 2+size] {
-			hl = hl<<8 | uint64(c)
-		}
-	}
-	if hl > maxHeader {
-		return k, nil, &Error{Frame: k, Key: -1, Rule: RuleHeaderTooLarge,
-			Detail: fmt.Sprintf("%d > %d", hl, maxHeader), Err: ErrHeaderTooLarge}
-	}
+	hl := end - start
 	// hl <= maxHeader: the caller's own limit bounds this allocation.
-	if uint64(cap(buf)) >= hl {
+	if cap(buf) >= hl {
 		buf = buf[:hl]
 	} else {
 		buf = make([]byte, hl)
