@@ -64,24 +64,14 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		load.Duration = 0
 	}
 	subs, err := parseCounts(*subsFlag)
-	switch {
-	case len(pos) > 0:
+	if len(pos) > 0 {
 		return bad("unexpected argument %q", pos[0])
-	case err != nil:
+	}
+	if err != nil {
 		return bad("--subscribers: %v", err)
-	case *messages < 0 || *duration < 0 || (load.Messages == 0 && load.Duration == 0):
-		return bad("give a positive --duration or --messages")
-	case *size < 1:
-		return bad("--size must be at least 1")
-	case *rounds < 1:
-		return bad("--rounds must be at least 1")
-	case *window < 1:
-		return bad("--window must be at least 1")
-	case int64(*window)*int64(len(bench.Frame(*size))) > weida.DefaultSubscriberBufferBytes:
-		return bad("--window %d of %d-byte messages exceeds the subscriber budget of %d bytes; the publisher would drop copies",
-			*window, *size, weida.DefaultSubscriberBufferBytes)
-	case *output != "text" && *output != "json":
-		return bad("--output must be text or json, not %q", *output)
+	}
+	if msg := benchFlagProblem(load, *messages, *duration, *size, *rounds, *window, *output); msg != "" {
+		return bad("%s", msg)
 	}
 
 	plan := bench.Plan{
@@ -107,17 +97,42 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return cli.ExitFailure
 	}
 	if *output == "json" {
-		out, err := marshalJSONLine(benchJSONReport(rep))
-		if err == nil {
-			_, err = stdout.Write(out)
-		}
-		if err != nil {
-			fmt.Fprintf(stderr, "connector weida bench: %v\n", err)
-			return cli.ExitFailure
-		}
-		return cli.ExitOK
+		return writeBenchJSON(stdout, stderr, rep)
 	}
 	writeBenchText(stdout, rep)
+	return cli.ExitOK
+}
+
+// benchFlagProblem says what is wrong with bench's numeric and format
+// flags, or returns "" when they describe a measurement that can run.
+func benchFlagProblem(load bench.Load, messages int64, duration time.Duration, size, rounds, window int, output string) string {
+	switch {
+	case messages < 0 || duration < 0 || (load.Messages == 0 && load.Duration == 0):
+		return "give a positive --duration or --messages"
+	case size < 1:
+		return "--size must be at least 1"
+	case rounds < 1:
+		return "--rounds must be at least 1"
+	case window < 1:
+		return "--window must be at least 1"
+	case int64(window)*int64(len(bench.Frame(size))) > weida.DefaultSubscriberBufferBytes:
+		return fmt.Sprintf("--window %d of %d-byte messages exceeds the subscriber budget of %d bytes; the publisher would drop copies",
+			window, size, weida.DefaultSubscriberBufferBytes)
+	case output != "text" && output != "json":
+		return fmt.Sprintf("--output must be text or json, not %q", output)
+	}
+	return ""
+}
+
+func writeBenchJSON(stdout, stderr io.Writer, rep *bench.Report) int {
+	out, err := marshalJSONLine(benchJSONReport(rep))
+	if err == nil {
+		_, err = stdout.Write(out)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "connector weida bench: %v\n", err)
+		return cli.ExitFailure
+	}
 	return cli.ExitOK
 }
 
