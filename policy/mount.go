@@ -179,6 +179,11 @@ func (m *Mounted) outside(input, prefix, what, hint string) error {
 // the weida prefix; an empty rest (MQTT "f/", AMQP "f.") is one empty level
 // and becomes one empty segment. A filter that could select a topic outside
 // (MQTT '#' or '+/x' under "factory/") is refused with [RuleMountOutside].
+//
+// Its branches are the ways a filter can stand to the foreign prefix (no
+// prefix, the parent itself, under it, outside it), then the two special
+// weida results ("#" and the empty rest); the mount property test proves
+// them together, so they stay in one place.
 func (m *Mounted) ConvertFilter(f string) (string, error) {
 	name := m.Name()
 	if m.m.Foreign == "" && m.m.Weida == "" {

@@ -111,6 +111,9 @@ func (b *binder) bindDelivery(rd *rawDelivery) {
 	b.c.Delivery = d
 }
 
+// bindBroker fills c.Broker from the raw block. Its branches are one per
+// field of spec.broker, each with its own refusal; kept together so that
+// the block's rules read in the order the schema lists its fields.
 func (b *binder) bindBroker(rb *rawBroker) {
 	c, s := b.c, b.raw.Spec
 	br := &c.Broker

@@ -127,6 +127,10 @@ func listenAddr(d *Document) string {
 	return net.JoinHostPort(canonicalHost(e.Host), strconv.Itoa(e.Port))
 }
 
+// listenConflicts reports resources that would share an endpoint or a
+// listener while disagreeing on what the listener owns. It stays one
+// function of one check per listener property, in the order an operator
+// reads a resource's weida block: splitting it would scatter that list.
 func listenConflicts(docs []*Document) {
 	const listen = "spec.weida.listen"
 	endpoint := func(d *Document) string { return d.partial.Weida.Endpoint.String() }

@@ -178,6 +178,9 @@ var (
 )
 
 // decode stores the YAML value n into v, which must be settable.
+//
+// One case per YAML node kind and special field type; the switch is the
+// decoder's whole dispatch and reads best in one place.
 func (d *decoder) decode(path string, key Position, n ast.Node, v reflect.Value) {
 	n, done := d.resolve(path, n)
 	defer done()

@@ -131,6 +131,9 @@ type urlProblem struct{ rule, msg, hint string }
 
 // brokerURLProblem checks a broker URL against p's rules, or returns nil
 // when it is acceptable.
+//
+// One check per URL part, in the order a URL is written, each with its
+// own rule name: the branches are the rules.
 func brokerURLProblem(p Protocol, raw string) *urlProblem {
 	rules, protocol := p.URL(), p.Name()
 	plain, secure, port := rules.Scheme, rules.TLSScheme, rules.Port
@@ -310,6 +313,9 @@ func genericPath(path string) string {
 }
 
 // explain turns a validator failure into a rule, a message and a hint.
+//
+// It is one switch over the validator's tags, each mapped to its message
+// and hint; the length is the vocabulary's, not nested logic.
 func explain(fe validator.FieldError, path, value string, ps protocolList) (rule, msg, hint string) {
 	tag, param := fe.Tag(), fe.Param()
 	rule = tag

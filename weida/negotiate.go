@@ -64,6 +64,8 @@ func level(set map[uint64]uint64, dim uint64) (uint64, bool) {
 // negotiate is PROTOCOL §2.3: a pure function of our HELLO and the peer's.
 // The peer's HELLO has passed wire.DecodeHello, so its guarantee sets hold
 // only defined levels and legal combinations.
+//
+// Its branches are §2.3's steps, in the spec's order.
 func negotiate(ours, theirs *wire.Hello) (agreed, error) {
 	// Steps 1-3: the highest common version.
 	var version uint64

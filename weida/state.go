@@ -77,6 +77,10 @@ func stateDir(dir string) error {
 // stateIdentity returns the listener identity kept in dir for addr,
 // generating and writing it when neither file exists. generated reports
 // that this call created the key.
+//
+// Its cases are the four combinations of the two files on disk plus the
+// race with another listener; each ends in its own operator-facing error,
+// so they stay side by side rather than behind helpers.
 func stateIdentity(dir, addr string, log *slog.Logger) (cert tls.Certificate, generated bool, err error) {
 	if err := stateDir(dir); err != nil {
 		return tls.Certificate{}, false, err

@@ -116,6 +116,9 @@ func cpuPerCopy(s Sample) float64 { return float64(s.CPUPerCopy()) }
 // the machine's load spreads over all of them. A garbage collection before
 // each sample keeps one rig's garbage out of the next one's numbers. Setup
 // is not measured. ctx aborts the whole comparison.
+//
+// Setup, warm-up and the sampling rounds stay in one function because
+// their order is the measurement method.
 func Compare(ctx context.Context, p Plan) (*Report, error) {
 	opts, err := p.Options.withDefaults()
 	if err != nil {

@@ -50,6 +50,8 @@ func (d *decoder) remaining() uint64 { return uint64(len(d.b) - d.off) }
 // a break, tags, half-precision floats and simple values other than
 // false/true/null/undefined. For major type 7 it consumes a float's bytes and
 // returns the additional information as arg.
+//
+// One case per forbidden head, as §5 lists them.
 func (d *decoder) head(key int) (major byte, arg uint64, err error) {
 	if d.off >= len(d.b) {
 		return 0, 0, d.fail(key, RuleTruncated)

@@ -171,6 +171,9 @@ func AppendData(dst []byte, d *Data) []byte {
 //
 // The text fields of the result share one string allocation; Producer and
 // Report are one allocation each when present.
+//
+// The function follows §6.2's key table one case per key, so that a reader
+// can check it against the spec line by line; helpers would hide that.
 func DecodeData(b []byte) (Data, error) {
 	var out Data
 	d := decoder{b: b, frame: KindData}
