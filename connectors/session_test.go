@@ -29,11 +29,11 @@ func TestSessionLost(t *testing.T) {
 		return b.conds.get(condBroker)
 	}
 	steps := []struct {
-		what    string
-		s       Session
-		lost    float64
-		reason  string
-		b       *Bridge
+		what   string
+		s      Session
+		lost   float64
+		reason string
+		b      *Bridge
 	}{
 		{"first connection, no session yet", Session{Key: "k1"}, 0, "Connected", b},
 		{"resumed", Session{Key: "k1", Resumed: true}, 0, "Connected", b},
