@@ -166,3 +166,47 @@ func TestCertFileEndpointResumesAfterRestart(t *testing.T) {
 		t.Errorf("the pinned subscriber took %s after the restarted connector was ready to receive again, want at most 1.5 s", sinceReady)
 	}
 }
+
+// TestCertFilesReloadWithoutRestart: an inbound resource's certFile and
+// keyFile replaced on disk (a renewal, a rotation: no signal, no change to
+// the resource file) reach new weida connections: /status shows the new
+// fingerprint, and a subscriber pinned to it receives.
+func TestCertFilesReloadWithoutRestart(t *testing.T) {
+	requireTCP(t, "Mosquitto", mosquittoAddr)
+	u := unique()
+	port := freePort(t, "udp")
+	dir := t.TempDir()
+	certFile, keyFile, fp1 := weidaCert(t, dir)
+	newCert, newKey, fp2 := weidaCert(t, t.TempDir())
+	res := mqttResource{
+		Name: "certreload", Direction: policy.Inbound, QoS: 1,
+		Endpoint: fmt.Sprintf("weida://127.0.0.1:%d/certreload", port),
+		CertFile: certFile, KeyFile: keyFile,
+		Routes: []mqttRoute{{"r", u + "/+"}},
+	}
+	c := StartConnector(t, nil, "-f", writeFile(t, dir, "r.yaml", res.YAML(t)))
+	c.WaitReady(30 * time.Second)
+	if st, _ := c.Status("certreload"); st.Fingerprint != fp1 {
+		t.Fatalf("fingerprint %s, want the certificate file's %s", st.Fingerprint, fp1)
+	}
+	for _, f := range [][2]string{{newKey, keyFile}, {newCert, certFile}} {
+		b, err := os.ReadFile(f[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		replaceFile(t, f[1], string(b))
+	}
+	Eventually(t, 20*time.Second, "/status to show the new certificate's fingerprint", func() bool {
+		st, _ := c.Status("certreload")
+		return st.Fingerprint == fp2
+	})
+	sub := collectWeida(t, fmt.Sprintf("weida://%s@127.0.0.1:%d/certreload", fp2, port), weida.Limits{}, "#")
+	pub := mqttConnect(t, mosquittoAddr, "pub-"+u)
+	sub.Sync(20*time.Second, "probe-"+u, func() { pub.publish(t, 1, u+"/probe", "probe-"+u) })
+	if strings.Contains(c.Output(), "reloading resources") {
+		t.Error("the connector reloaded its resources; only the certificate files changed")
+	}
+	if !strings.Contains(c.Output(), "reloaded the endpoint's certificate") {
+		t.Error("the certificate reload is not logged")
+	}
+}
