@@ -279,7 +279,7 @@ func TestUnitsErrorUnwraps(t *testing.T) {
 }
 
 // TestUnitsReadSecretsAtEachAttempt: a unit lists its secret files, and
-// each attempt's factory reads them again: a secret that can no longer be
+// each attempt's factory after the first reads them again: a secret that can no longer be
 // read fails that attempt with SecretUnavailable, naming the file, a
 // retryable failure; once readable, the next attempt builds its Source.
 func TestUnitsReadSecretsAtEachAttempt(t *testing.T) {
@@ -309,6 +309,12 @@ func TestUnitsReadSecretsAtEachAttempt(t *testing.T) {
 	if len(u.Files) != 1 || u.Files[0] != secret {
 		t.Fatalf("unit files %q, want [%s]", u.Files, secret)
 	}
+	// The first attempt uses the secrets Units read.
+	first, err := u.NewSource(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = first.Close(context.Background())
 	if err := os.Remove(secret); err != nil {
 		t.Fatal(err)
 	}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync/atomic"
 
 	"weida.dev/connector/connectors"
 	"weida.dev/connector/internal/safefile"
@@ -168,6 +169,9 @@ func unit(c *resources.Connector, env Env) (connectors.Unit, error) {
 		at.Credentials = creds
 		return at, nil
 	}
+	// The first attempt, which Apply starts at once, uses the secrets
+	// just read; every later one reads them again.
+	var firstUsed atomic.Bool
 	// A TLS configuration that cannot be built is reported through the
 	// runtime, which keeps the resource visible with its reason.
 	bc.TLS, err = brokerTLS(c.Broker, env.Resolver)
@@ -184,7 +188,11 @@ func unit(c *resources.Connector, env Env) (connectors.Unit, error) {
 		if err != nil {
 			u.NewSink = func(connectors.StateFunc) (connectors.Sink, error) { return nil, err }
 		} else {
+			first := d.Sink(bc)
 			u.NewSink = func(report connectors.StateFunc) (connectors.Sink, error) {
+				if !firstUsed.Swap(true) {
+					return first(report)
+				}
 				at, err := attemptConfig()
 				if err != nil {
 					return nil, err
@@ -210,7 +218,11 @@ func unit(c *resources.Connector, env Env) (connectors.Unit, error) {
 	if err != nil {
 		u.NewSource = func(connectors.StateFunc) (connectors.Source, error) { return nil, err }
 	} else {
+		first := d.Source(bc)
 		u.NewSource = func(report connectors.StateFunc) (connectors.Source, error) {
+			if !firstUsed.Swap(true) {
+				return first(report)
+			}
 			at, err := attemptConfig()
 			if err != nil {
 				return nil, err
