@@ -145,3 +145,50 @@ func TestSecretRotationAMQP(t *testing.T) {
 	sub := collectWeida(t, endpoint, weida.Limits{}, "#")
 	sub.Sync(20*time.Second, "probe", func() { pub.mustPublish(t, "amq.topic", u+".rot.probe", "probe") })
 }
+
+// TestSecretRotationMQTTWhileRunning: the rotation of a running resource.
+// The broker's password for the connector's user changes and so does the
+// secret file, while the connection stays up on the old one (rotation
+// applies at the next connection); when the broker restarts, the
+// connector's reconnection within the same attempt uses the new password
+// and the resource bridges again, with no signal.
+func TestSecretRotationMQTTWhileRunning(t *testing.T) {
+	dir := t.TempDir()
+	pwfile := filepath.Join(dir, "mosquitto.passwd")
+	passwd := func(pw string) {
+		t.Helper()
+		args := []string{"-b", pwfile, "bridge", pw}
+		if _, err := os.Stat(pwfile); err != nil {
+			args = append([]string{"-c"}, args...)
+		}
+		if out, err := exec.Command("mosquitto_passwd", args...).CombinedOutput(); err != nil {
+			t.Fatalf("mosquitto_passwd: %v\n%s", err, out)
+		}
+	}
+	oldPW, newPW := "old-"+unique(), "new-"+unique()
+	passwd(oldPW)
+	broker := brokertest.StartMosquitto(t, "password_file "+pwfile)
+	secret := writeFile(t, dir, "password", oldPW+"\n")
+	u := unique()
+	endpoint := fmt.Sprintf("weida://127.0.0.1:%d/rot", freePort(t, "udp"))
+	res := mqttResource{Name: "rot-run", Direction: policy.Inbound, Broker: broker.Addr(), QoS: 1,
+		Endpoint: endpoint, Routes: []mqttRoute{{"r", u + "/+"}}}
+	yaml := strings.Replace(res.YAML(t), "    mqtt:\n",
+		"    credentials:\n      username: bridge\n      password: {file: "+secret+"}\n    mqtt:\n", 1)
+	c := StartConnector(t, nil, "-f", writeFile(t, dir, "r.yaml", yaml))
+	c.WaitReady(30 * time.Second)
+	before, _ := c.Status(res.Name)
+
+	passwd(newPW)
+	replaceFile(t, secret, newPW+"\n")
+	broker.Restart() // reads the new password file; the connector's connection drops
+	restarted := time.Now()
+	Eventually(t, secretFixedWithin, "the resource to reconnect with the new password", func() bool {
+		st, _ := c.Status(res.Name)
+		return st.ready() && st.Counters.Reconnects > before.Counters.Reconnects
+	})
+	t.Logf("reconnected with the rotated password %s after the broker restart", time.Since(restarted).Round(time.Millisecond))
+	pub := mqttConnect(t, broker.Addr(), "pub-"+u)
+	sub := collectWeida(t, endpoint, weida.Limits{}, "#")
+	sub.Sync(20*time.Second, "probe-"+u, func() { pub.publish(t, 1, u+"/probe", "probe-"+u) })
+}
