@@ -340,6 +340,17 @@ func (b *core) newAttempt(onLost func(error)) (StateFunc, func()) {
 }
 
 func (b *core) reportBroker(s ConnState) {
+	if s.Up && s.Session.Key != "" && b.stats.count.session(s.Session, b.deps.Now()) {
+		lost := s.Session.Lost
+		if lost == "" {
+			lost = "what the broker held for the connector while it was disconnected"
+		}
+		b.stats.m.sessionsLost.Inc()
+		b.log.Warn("the broker did not resume the connector's session; messages may be lost",
+			"session", s.Session.Key, "lost", lost)
+		s.Reason = ReasonSessionLost
+		s.Detail = "the broker had no session to resume (it expired, the broker lost it, or another client with the same client ID connected with clean start); lost: " + lost + "; " + s.Detail
+	}
 	was := b.conds.get(condBroker)
 	b.conds.set(condBroker, s.Up, s.Reason, s.Detail)
 	if s.Up && was.Reason != "Starting" && was.Status != "True" {
@@ -352,6 +363,11 @@ func (b *core) reportBroker(s ConnState) {
 		b.stats.rlog.Log(slog.LevelWarn, "broker-down", "broker not connected", slog.String("reason", s.Reason), slog.String("detail", s.Detail))
 	}
 }
+
+// ReasonSessionLost is the BrokerConnected condition's reason on a
+// connection that did not resume the session the connector expected (see
+// [Session]); the connection is up, and its message says what may be lost.
+const ReasonSessionLost = "SessionLost"
 
 func (b *core) reportWeida(up bool, reason, detail string) {
 	b.conds.set(condWeida, up, reason, detail)

@@ -218,6 +218,30 @@ type ConnState struct {
 	// otherwise wait for the next message to find out. A [*Failure] keeps
 	// its reason; other errors are classified.
 	Lost error
+	// Session, on an Up report of a driver whose broker keeps a session
+	// for the connector across connections (an MQTT persistent session),
+	// says which session this connection was meant to resume and whether
+	// the broker still had it. The zero value: no such session.
+	Session Session
+}
+
+// Session is the broker-side session of a connection, as an Up
+// [ConnState] reports it. The runtime decides what a session not resumed
+// means: none was expected on the first connection of a resource (in this
+// process, or after a reload gave it another Key); on any later one, what
+// the broker held for the connector while it was away is gone, and the
+// runtime warns, says so in the BrokerConnected condition and counts it
+// (weida_connector_sessions_lost_total).
+type Session struct {
+	// Key names the session, e.g. the broker address and the client ID;
+	// empty means the connection keeps no session.
+	Key string
+	// Resumed is true when the broker still held the session (MQTT's
+	// CONNACK session present).
+	Resumed bool
+	// Lost says what a session not resumed may have lost, for the
+	// condition and the log; empty means a generic sentence.
+	Lost string
 }
 
 // StateFunc receives a driver's connection state changes. It must not block.

@@ -23,6 +23,7 @@ const (
 	FailDNS                 = "DNSFailure"          // the broker's host name did not resolve
 	FailBrokerUnreachable   = "BrokerUnreachable"   // connection refused, no route, or a timeout
 	FailTLS                 = "TLSFailure"          // the TLS handshake with the broker failed
+	FailSecretUnavailable   = "SecretUnavailable"   // a secret file or variable could not be read at an attempt; retried
 )
 
 // Failure says why a unit is down and whether another attempt can help.

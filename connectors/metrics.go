@@ -61,6 +61,10 @@ type Metrics struct {
 	// subscriber connection that then vanished without a close: delivered
 	// or not, nobody can tell. Not a drop reason, since some arrived.
 	CopiesUnconfirmed *prometheus.CounterVec
+	// SessionsLost counts the broker connections that did not resume the
+	// session the connector expected (see [Session]): what the broker
+	// held for it while it was disconnected is gone. 0 from the start.
+	SessionsLost *prometheus.CounterVec
 	// Last-value caches of inbound resources: topics and bytes held,
 	// topics evicted by reason (a bound, never a broker deletion), and
 	// copies replayed to new weida subscriptions.
@@ -107,6 +111,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Outbound: total length of the gaps counted by weida_gaps_total."}, []string{"resource"}),
 		CopiesUnconfirmed: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "copies_unconfirmed_total",
 			Help: "Inbound weida copies written to a subscriber connection that then vanished (idle timeout, stateless reset) within the idle timeout plus 1 s: delivered or not, nobody can tell."}, []string{"resource"}),
+		SessionsLost: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "sessions_lost_total",
+			Help: "Broker connections on which the broker no longer had the session the connector expected to resume (an MQTT persistent session expired, lost, or destroyed by a clean start with the same client ID): what it held for the connector while disconnected is gone."}, []string{"resource"}),
 		LastValueEntries: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "last_value_entries",
 			Help: "Topics held in an inbound resource's last-value cache."}, []string{"resource"}),
 		LastValueBytes: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "last_value_bytes",
@@ -118,7 +124,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	reg.MustRegister(m.Received, m.Bridged, m.Dropped, m.Acknowledged, m.InFlight, m.Reconnects, m.Up,
 		m.Subscribers, m.CopiesQueued, m.Latency, m.AttemptsFailed, m.Holding, m.Held, m.WeidaGaps, m.WeidaGapSeconds,
-		m.CopiesUnconfirmed, m.LastValueEntries, m.LastValueBytes, m.LastValueEvictions, m.LastValueReplayed)
+		m.CopiesUnconfirmed, m.SessionsLost, m.LastValueEntries, m.LastValueBytes, m.LastValueEvictions, m.LastValueReplayed)
 	return m
 }
 
@@ -134,7 +140,7 @@ func (m *Metrics) forget(resources map[string]bool) {
 	}
 	for _, v := range []deletingCollector{m.Received, m.Bridged, m.Dropped, m.Acknowledged, m.InFlight,
 		m.Reconnects, m.Up, m.Subscribers, m.CopiesQueued, m.Latency, m.AttemptsFailed, m.Holding, m.Held,
-		m.WeidaGaps, m.WeidaGapSeconds, m.CopiesUnconfirmed, m.LastValueEntries, m.LastValueBytes, m.LastValueEvictions, m.LastValueReplayed} {
+		m.WeidaGaps, m.WeidaGapSeconds, m.CopiesUnconfirmed, m.SessionsLost, m.LastValueEntries, m.LastValueBytes, m.LastValueEvictions, m.LastValueReplayed} {
 		forgetIn(v, resources)
 	}
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"weida.dev/connector/internal/filestamp"
 	"weida.dev/connector/policy"
 	"weida.dev/connector/weida"
 )
@@ -37,7 +38,18 @@ type Unit struct {
 	// Outbound.
 	Dial    DialFunc
 	NewSink SinkFactory
+
+	// Files are the files the unit's factories read at every attempt
+	// (its secret files): when one of them changes while the unit waits
+	// to retry after a failed attempt, the next attempt starts at once,
+	// so that a corrected credential is tried without waiting out the
+	// backoff. A running attempt is left alone: what it reads again is
+	// the driver's business (see resources.BrokerConfig.ReadCredentials).
+	Files []string
 }
+
+// filePoll is how often a unit waiting to retry looks at its Files.
+const filePoll = 250 * time.Millisecond
 
 // Runtime runs a set of resources and applies a new set on reload by
 // difference. Every resource is a supervised unit: the runtime runs
@@ -208,16 +220,18 @@ func (r *Runtime) startUnit(ctx context.Context, u Unit, prev carried) error {
 // supervise runs attempts of ru until ctx ends or one fails for good.
 // failures, wait and permanent describe a failure already recorded.
 func (r *Runtime) supervise(ctx context.Context, ru *runningUnit, failures int, wait time.Duration, permanent bool) {
+	files := filestamp.All(ru.unit.Files) // as the first attempt reads them
 	for {
 		if failures > 0 {
 			if permanent {
 				<-ctx.Done()
 				return
 			}
-			if !sleep(ctx, wait) {
+			if !r.retryWait(ctx, ru, wait, files) {
 				return
 			}
 		}
+		files = filestamp.All(ru.unit.Files)
 		ru.streak.Up()
 		err := ru.bridge.attempt(ctx)
 		if ctx.Err() != nil {
@@ -228,6 +242,33 @@ func (r *Runtime) supervise(ctx context.Context, ru *runningUnit, failures int, 
 		}
 		failures = ru.streak.Down()
 		wait, permanent = r.recordFailure(ru.bridge, failure(err, FailConnectionLost), failures)
+	}
+}
+
+// retryWait waits d before ru's next attempt, or less when one of its
+// Files no longer has the stamp it had when the failed attempt began. It
+// returns false when ctx ended.
+func (r *Runtime) retryWait(ctx context.Context, ru *runningUnit, d time.Duration, files filestamp.Set) bool {
+	if len(ru.unit.Files) == 0 {
+		return sleep(ctx, d)
+	}
+	wait := time.NewTimer(d)
+	defer wait.Stop()
+	poll := time.NewTicker(filePoll)
+	defer poll.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-wait.C:
+			return true
+		case <-poll.C:
+			if !filestamp.All(ru.unit.Files).Equal(files) {
+				ru.bridge.log.Info("a file the resource reads at each attempt changed; trying again now",
+					"files", ru.unit.Files)
+				return true
+			}
+		}
 	}
 }
 

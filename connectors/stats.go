@@ -38,6 +38,7 @@ func (s *stats) addRoutes(routes []Route) {
 type series struct {
 	received, acked, copiesQueued, copiesDropped prometheus.Counter
 	held, gaps, gapSeconds, unconfirmed          prometheus.Counter
+	sessionsLost                                 prometheus.Counter
 	inFlight, holding                            prometheus.Gauge
 	latency                                      prometheus.Observer
 	bridged                                      map[string]prometheus.Counter // by route name
@@ -59,6 +60,7 @@ func newStats(m *Metrics, resource string, routes []Route, rlog *RateLogger) *st
 			gaps:          m.WeidaGaps.WithLabelValues(resource),
 			gapSeconds:    m.WeidaGapSeconds.WithLabelValues(resource),
 			unconfirmed:   m.CopiesUnconfirmed.WithLabelValues(resource),
+			sessionsLost:  m.SessionsLost.WithLabelValues(resource),
 			latency:       m.Latency.WithLabelValues(resource),
 			bridged:       make(map[string]prometheus.Counter, len(routes)),
 		},

@@ -51,6 +51,11 @@ type Counters struct {
 	// subscriber connection that then vanished without a close: some
 	// arrived, some did not, and nobody can tell which.
 	Unconfirmed uint64 `json:"weidaCopiesUnconfirmed,omitempty"`
+	// SessionsLost counts the connections on which the broker no longer
+	// had the session the connector expected to resume (see [Session]);
+	// LastSessionLost is when the last one was found.
+	SessionsLost    uint64    `json:"sessionsLost,omitempty"`
+	LastSessionLost time.Time `json:"lastSessionLost,omitzero"`
 	// LastValue is present for an inbound resource keeping a last-value
 	// cache.
 	LastValue *LastValueCounters `json:"lastValue,omitempty"`
@@ -219,6 +224,7 @@ func (c *conditions) snapshot() ([]Condition, *FailureStatus) {
 type counters struct {
 	received, bridged, acked, reconnects, held atomic.Uint64
 	unconfirmed                                atomic.Uint64
+	sessionsLost                               atomic.Uint64
 	inFlight                                   atomic.Int64
 	mu                                         sync.Mutex
 	dropped                                    map[string]uint64
@@ -228,6 +234,25 @@ type counters struct {
 	gap          Gap // the last or open gap; zero before the first
 	gaps         uint64
 	gapSeconds   float64
+
+	sessionMu       sync.Mutex
+	sessionKey      string    // the session the last connection was on; "" before one
+	lastSessionLost time.Time // guarded by sessionMu
+}
+
+// session records a connection's session and reports whether it is a
+// lost one: the broker did not resume the session of the same key that an
+// earlier connection was on.
+func (c *counters) session(s Session, now time.Time) (lost bool) {
+	c.sessionMu.Lock()
+	defer c.sessionMu.Unlock()
+	lost = !s.Resumed && c.sessionKey == s.Key
+	c.sessionKey = s.Key
+	if lost {
+		c.sessionsLost.Add(1)
+		c.lastSessionLost = now
+	}
+	return lost
 }
 
 func (c *counters) drop(reason string, n uint64) {
@@ -248,7 +273,11 @@ func (c *counters) snapshot(now time.Time) Counters {
 		Reconnects:   c.reconnects.Load(),
 		Held:         c.held.Load(),
 		Unconfirmed:  c.unconfirmed.Load(),
+		SessionsLost: c.sessionsLost.Load(),
 	}
+	c.sessionMu.Lock()
+	s.LastSessionLost = c.lastSessionLost
+	c.sessionMu.Unlock()
 	c.gapMu.Lock()
 	s.HoldingSince = c.holdingSince
 	s.WeidaGaps, s.WeidaGapSeconds = c.gaps, c.gapSeconds

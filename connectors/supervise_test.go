@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -604,5 +606,49 @@ func TestOutboundFingerprintMismatch(t *testing.T) {
 	})
 	if rt.Ready() {
 		t.Error("ready while the endpoint presents another certificate")
+	}
+}
+
+// TestSupervisorRetriesWhenFileChanges: a unit waiting out a long backoff
+// after a failed attempt starts its next attempt as soon as one of its
+// Files changes (a corrected secret), and only then; with nothing changed
+// it keeps waiting.
+func TestSupervisorRetriesWhenFileChanges(t *testing.T) {
+	secret := filepath.Join(t.TempDir(), "password")
+	if err := os.WriteFile(secret, []byte("wrong"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f := &sources{startErr: func(n int) error {
+		b, err := os.ReadFile(secret)
+		if err != nil || string(b) != "right" {
+			return connectors.Retryable("CredentialsRefused", errors.New("not authorized"))
+		}
+		return nil
+	}}
+	rt, _ := newRuntime(t, func(int) time.Duration { return time.Hour })
+	u := inboundUnit(t, "files", "127.0.0.1:0", f)
+	u.Files = []string{secret}
+	if err := rt.Apply(context.Background(), []connectors.Unit{u}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the first attempt to fail", func() bool {
+		st := statusOf(rt, "files")
+		return st.Failure != nil && st.Failure.Reason == "CredentialsRefused"
+	})
+	// Unchanged files: the hour's backoff holds (several polls pass).
+	time.Sleep(800 * time.Millisecond)
+	if got := f.count(); got != 1 {
+		t.Fatalf("%d attempts with the file unchanged and an hour's backoff, want 1", got)
+	}
+	tmp := secret + ".tmp"
+	if err := os.WriteFile(tmp, []byte("right"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, secret); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the unit to be ready after its file changed", rt.Ready)
+	if got := f.count(); got != 2 {
+		t.Errorf("%d attempts, want 2: the failed one and the one the change started", got)
 	}
 }

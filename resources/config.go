@@ -13,8 +13,18 @@ type BrokerConfig struct {
 	// Resource is the loaded resource, with the ${NAME} references of
 	// Broker.ClientID expanded. Read-only.
 	Resource *Connector
-	// Credentials are Resource.Broker.Credentials with the secrets read.
+	// Credentials are Resource.Broker.Credentials with the secrets read
+	// for this attempt: package service reads them again before every
+	// attempt of the resource, so that a corrected or rotated secret is
+	// used at the next connection.
 	Credentials ResolvedCredentials
+	// ReadCredentials reads the secrets again, as their files and
+	// variables hold them now. A driver whose client library reconnects
+	// by itself within an attempt calls it before each connection, so
+	// that a rotated secret does not wait for the attempt to end; its
+	// error wraps [ErrSecret] and names the reference, never a value.
+	// nil: Credentials are all there is.
+	ReadCredentials func() (ResolvedCredentials, error)
 	// TLS is the broker connection's TLS configuration (CA, client
 	// certificate, server name already loaded), or nil when the URL is a
 	// plaintext one. The driver may keep it but not change it.

@@ -149,7 +149,7 @@ type Broker struct {
 func (b Broker) Addr() string { return net.JoinHostPort(b.Host, strconv.Itoa(b.Port)) }
 
 // Credentials refer to secrets; [Resolver.Resolve] reads them when the
-// connector starts. Username is shared by every protocol; the secrets are
+// connector starts the resource and again at each connection attempt. Username is shared by every protocol; the secrets are
 // the kinds the resource's protocol declares ([Protocol.Credentials]), by
 // name. The protocol decides which combinations are valid.
 type Credentials struct {

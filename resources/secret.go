@@ -34,8 +34,9 @@ func (r SecretRef) String() string {
 	}
 }
 
-// Resolver reads secrets when a connector starts, and only then: loading
-// and checking resources never reads a secret. The zero value reads the
+// Resolver reads secrets when a connector starts a resource, and again at
+// each of its connection attempts: loading and checking resources never
+// reads a secret. The zero value reads the
 // process environment and the operating system's files.
 type Resolver struct {
 	// LookupEnv reads an environment variable; nil means os.LookupEnv.
@@ -158,6 +159,18 @@ func (s Secret) MarshalJSON() ([]byte, error) { return []byte(`"` + redacted + `
 
 // MarshalText implements encoding.TextMarshaler.
 func (s Secret) MarshalText() ([]byte, error) { return []byte(redacted), nil }
+
+// Files returns the files c's secrets are read from, sorted by kind; nil
+// when none is a file.
+func (c Credentials) Files() []string {
+	var out []string
+	for _, kind := range sortedKeys(c.Secrets) {
+		if f := c.Secrets[kind].File; f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}
 
 // ResolvedCredentials are a resource's [Credentials] with their secrets
 // read. Secret returns the zero Secret for a kind the resource does not

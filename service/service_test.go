@@ -277,3 +277,58 @@ func TestUnitsErrorUnwraps(t *testing.T) {
 		t.Errorf("missing secrets match ErrNoDriver: %v", err)
 	}
 }
+
+// TestUnitsReadSecretsAtEachAttempt: a unit lists its secret files, and
+// each attempt's factory after the first reads them again: a secret that can no longer be
+// read fails that attempt with SecretUnavailable, naming the file, a
+// retryable failure; once readable, the next attempt builds its Source.
+func TestUnitsReadSecretsAtEachAttempt(t *testing.T) {
+	dir := t.TempDir()
+	src, err := os.ReadFile("../examples/mqtt-inbound.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	yaml := strings.Replace(string(src), "    mqtt:\n", "    credentials:\n      username: bridge\n      password: {file: password}\n    mqtt:\n", 1)
+	yaml = strings.NewReplacer("certFile: certs/endpoint.crt", "", "keyFile: certs/endpoint.key", "").Replace(yaml)
+	if err := os.WriteFile(dir+"/r.yaml", []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	secret := dir + "/password"
+	if err := os.WriteFile(secret, []byte("one\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	set, err := resources.Load(service.Protocols(drivers()), dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	units, err := service.Units(set.Connectors(), env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := units[0]
+	if len(u.Files) != 1 || u.Files[0] != secret {
+		t.Fatalf("unit files %q, want [%s]", u.Files, secret)
+	}
+	// The first attempt uses the secrets Units read.
+	first, err := u.NewSource(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = first.Close(context.Background())
+	if err := os.Remove(secret); err != nil {
+		t.Fatal(err)
+	}
+	_, err = u.NewSource(nil)
+	reason, permanent := connectors.Classify(err, "")
+	if reason != connectors.FailSecretUnavailable || permanent || !strings.Contains(err.Error(), secret) {
+		t.Fatalf("an attempt with the secret file gone: %v (%s, permanent %t); want a retryable SecretUnavailable naming %s", err, reason, permanent, secret)
+	}
+	if err := os.WriteFile(secret, []byte("two\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s, err := u.NewSource(nil)
+	if err != nil {
+		t.Fatalf("an attempt with the secret file back: %v", err)
+	}
+	_ = s.Close(context.Background())
+}

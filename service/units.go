@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync/atomic"
 
 	"weida.dev/connector/connectors"
 	"weida.dev/connector/internal/safefile"
@@ -29,10 +30,13 @@ type Env struct {
 	LoopMarker string
 	// Logger receives the units' logs; nil discards them.
 	Logger *slog.Logger
-	// StateDir is where inbound resources without certFile and keyFile
-	// keep their endpoint identity (see [weida.ListenConfig].StateDir), so
-	// that its fingerprint, which subscribers pin, survives a restart.
-	// Empty: such resources generate a new identity at every start.
+	// StateDir is where every inbound resource's endpoint keeps what must
+	// survive a restart (see [weida.ListenConfig].StateDir): the QUIC
+	// stateless reset key, so that subscribers of a crashed process learn
+	// at once that its connections are gone, and, for resources without
+	// certFile and keyFile, the generated identity, whose fingerprint
+	// subscribers pin. Empty: the reset key is random for each process and
+	// such resources generate a new identity at every start.
 	StateDir string
 	// InsecureWeidaForTesting skips weida certificate checks when
 	// dialling. Only for endpoints the caller generated itself (the demo).
@@ -52,7 +56,10 @@ var ErrNoDriver = errors.New("service: no driver for the protocol")
 
 // Units turns loaded resources into runnable units, resolving every
 // secret. It fails as a whole: nothing should run unless everything
-// resolves. The error lists each resource's problem on its own line,
+// resolves. Each unit reads its secrets again at every attempt, and lists
+// their files in [connectors.Unit].Files; a secret that cannot be read
+// then fails the attempt with [connectors.FailSecretUnavailable], which is
+// retried. The error lists each resource's problem on its own line,
 // naming the resource and where it is written, never a secret's value.
 func Units(cs []*resources.Connector, env Env) ([]connectors.Unit, error) {
 	var units []connectors.Unit
@@ -138,12 +145,33 @@ func unit(c *resources.Connector, env Env) (connectors.Unit, error) {
 		Revision: expanded.Revision(),
 	}
 	log := env.logger().With("resource", c.Name)
+	// The secrets were read above, so that a resource whose secret is
+	// missing refuses to start as a whole; each attempt reads them again
+	// (and so may a driver before each of its connections), so that a
+	// corrected or rotated secret is used at the next connection with
+	// no reload.
+	readCreds := func() (resources.ResolvedCredentials, error) { return env.Resolver.Credentials(c.Broker.Credentials) }
 	bc := resources.BrokerConfig{
-		Resource:    expanded,
-		Credentials: creds,
-		LoopMarker:  env.LoopMarker,
-		Logger:      log.With("broker", c.Broker.URL),
+		Resource:        expanded,
+		Credentials:     creds,
+		ReadCredentials: readCreds,
+		LoopMarker:      env.LoopMarker,
+		Logger:          log.With("broker", c.Broker.URL),
 	}
+	u.Files = c.Broker.Credentials.Files()
+	// attemptConfig is bc with the secrets as they are at this attempt.
+	attemptConfig := func() (resources.BrokerConfig, error) {
+		creds, err := readCreds()
+		if err != nil {
+			return bc, connectors.Retryable(connectors.FailSecretUnavailable, err)
+		}
+		at := bc
+		at.Credentials = creds
+		return at, nil
+	}
+	// The first attempt, which Apply starts at once, uses the secrets
+	// just read; every later one reads them again.
+	var firstUsed atomic.Bool
 	// A TLS configuration that cannot be built is reported through the
 	// runtime, which keeps the resource visible with its reason.
 	bc.TLS, err = brokerTLS(c.Broker, env.Resolver)
@@ -160,7 +188,17 @@ func unit(c *resources.Connector, env Env) (connectors.Unit, error) {
 		if err != nil {
 			u.NewSink = func(connectors.StateFunc) (connectors.Sink, error) { return nil, err }
 		} else {
-			u.NewSink = d.Sink(bc)
+			first := d.Sink(bc)
+			u.NewSink = func(report connectors.StateFunc) (connectors.Sink, error) {
+				if !firstUsed.Swap(true) {
+					return first(report)
+				}
+				at, err := attemptConfig()
+				if err != nil {
+					return nil, err
+				}
+				return d.Sink(at)(report)
+			}
 		}
 		return u, nil
 	}
@@ -171,16 +209,26 @@ func unit(c *resources.Connector, env Env) (connectors.Unit, error) {
 		KeyFile:            c.Weida.KeyFile,
 		ClientFingerprints: c.Weida.AllowedClients,
 		Limits:             weida.Limits{SubscriberBufferBytes: c.Limits.BufferBytes},
-	}
-	if c.Weida.CertFile == "" && c.Weida.KeyFile == "" {
-		// Only a generated identity needs keeping: a resource's own
-		// certificate is the operator's to keep.
-		u.ListenConfig.StateDir = env.StateDir
+		// With certFile and keyFile the directory holds only the reset
+		// key: the certificate is the operator's to keep. Without it, a
+		// restarted process could not reset its predecessor's connections,
+		// and their subscribers would wait for their idle timeout.
+		StateDir: env.StateDir,
 	}
 	if err != nil {
 		u.NewSource = func(connectors.StateFunc) (connectors.Source, error) { return nil, err }
 	} else {
-		u.NewSource = d.Source(bc)
+		first := d.Source(bc)
+		u.NewSource = func(report connectors.StateFunc) (connectors.Source, error) {
+			if !firstUsed.Swap(true) {
+				return first(report)
+			}
+			at, err := attemptConfig()
+			if err != nil {
+				return nil, err
+			}
+			return d.Source(at)(report)
+		}
 	}
 	return u, nil
 }

@@ -18,6 +18,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"weida.dev/connector/internal/filestamp"
 	"weida.dev/connector/internal/safefile"
 	"weida.dev/connector/weida/address"
 )
@@ -140,35 +141,127 @@ func selfSignedDER(key crypto.Signer) ([]byte, error) {
 	return der, nil
 }
 
+// CertCheckInterval is how often, at most, a listener with CertFile and
+// KeyFile looks at the two files again (at a TLS handshake, or when asked
+// its fingerprint): when either changed, it loads the pair and serves it
+// to the connections that follow.
+const CertCheckInterval = time.Second
+
+// certReloader serves a listener's certificate from its CertFile and
+// KeyFile, loading them again when their stamps change (see
+// [CertCheckInterval]). A pair that fails to load (a certificate written
+// before its key, a damaged file) is logged and the previous certificate
+// served until the files change again. Safe for concurrent use.
+type certReloader struct {
+	certFile, keyFile string
+	log               *slog.Logger
+
+	mu      sync.Mutex
+	stamps  filestamp.Set // of the files as last loaded or tried
+	checked time.Time
+	cert    *tls.Certificate
+	fp      string
+}
+
+// newCertReloader loads the pair now; an error fails Listen.
+func newCertReloader(certFile, keyFile string, log *slog.Logger) (*certReloader, error) {
+	r := &certReloader{certFile: certFile, keyFile: keyFile, log: log}
+	r.stamps = filestamp.All([]string{certFile, keyFile})
+	cert, _, err := loadKeyPair(certFile, keyFile, "listen")
+	if err != nil {
+		return nil, err
+	}
+	fp, err := leafFingerprint(&cert)
+	if err != nil {
+		return nil, err
+	}
+	r.cert, r.fp, r.checked = &cert, fp, time.Now()
+	return r, nil
+}
+
+// current returns the certificate to serve and its fingerprint, first
+// loading the files again if they changed since the last look, which is
+// at least CertCheckInterval old.
+func (r *certReloader) current() (*tls.Certificate, string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if now := time.Now(); now.Sub(r.checked) >= CertCheckInterval {
+		r.checked = now
+		if st := filestamp.All([]string{r.certFile, r.keyFile}); !st.Equal(r.stamps) {
+			r.stamps = st
+			r.reloadLocked()
+		}
+	}
+	return r.cert, r.fp
+}
+
+func (r *certReloader) reloadLocked() {
+	cert, _, err := loadKeyPair(r.certFile, r.keyFile, "listen")
+	var fp string
+	if err == nil {
+		fp, err = leafFingerprint(&cert)
+	}
+	if err != nil {
+		r.log.Warn("weida: the endpoint's certificate files changed and cannot be loaded; new connections still get the previous certificate",
+			"err", err, "fingerprint", r.fp)
+		return
+	}
+	if fp != r.fp {
+		r.log.Warn("weida: the endpoint's certificate files hold a new key: subscribers pinning the previous fingerprint will be refused",
+			"fingerprint", fp, "previous", r.fp)
+	}
+	r.cert, r.fp = &cert, fp
+	r.log.Info("weida: reloaded the endpoint's certificate; new connections get it", "cert_file", r.certFile, "fingerprint", fp)
+}
+
+func (r *certReloader) getCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+	c, _ := r.current()
+	return c, nil
+}
+
 // serverTLS builds the TLS configuration of a listener on addr and returns
 // its fingerprint and whether the certificate is self-signed by this
-// package (generated now or kept in cfg.StateDir). Clients refused by
+// package (generated now or kept in cfg.StateDir), and, with CertFile and
+// KeyFile, the reloader serving them. Clients refused by
 // cfg.ClientFingerprints are logged and counted in refused.
-func serverTLS(addr string, cfg *ListenConfig, log *slog.Logger, refused *atomic.Uint64, proofs *proofs) (*tls.Config, string, bool, error) {
-	cert, ok, err := loadKeyPair(cfg.CertFile, cfg.KeyFile, "listen")
-	if err != nil {
-		return nil, "", false, err
+func serverTLS(addr string, cfg *ListenConfig, log *slog.Logger, refused *atomic.Uint64, proofs *proofs) (*tls.Config, string, bool, *certReloader, error) {
+	var reload *certReloader
+	if cfg.CertFile != "" || cfg.KeyFile != "" {
+		if cfg.CertFile == "" || cfg.KeyFile == "" {
+			_, _, err := loadKeyPair(cfg.CertFile, cfg.KeyFile, "listen") // says which is missing
+			return nil, "", false, nil, err
+		}
+		var err error
+		if reload, err = newCertReloader(cfg.CertFile, cfg.KeyFile, log); err != nil {
+			return nil, "", false, nil, err
+		}
+	}
+	var cert tls.Certificate
+	var err error
+	ok := reload != nil
+	if ok {
+		cert = *reload.cert
 	}
 	generated := !ok
 	switch {
 	case ok:
 	case cfg.StateDir != "":
 		if cert, _, err = stateIdentity(cfg.StateDir, addr, log); err != nil {
-			return nil, "", false, err
+			return nil, "", false, nil, err
 		}
 	default:
 		if cert, err = selfSigned(); err != nil {
-			return nil, "", false, err
+			return nil, "", false, nil, err
 		}
 	}
 	fp, err := leafFingerprint(&cert)
 	if err != nil {
-		return nil, "", false, err
+		return nil, "", false, nil, err
 	}
 	allowed := make(map[string]bool, len(cfg.ClientFingerprints))
 	for _, f := range cfg.ClientFingerprints {
 		if err := address.ValidateFingerprint(f); err != nil {
-			return nil, "", false, fmt.Errorf("weida: ListenConfig.ClientFingerprints: %q: %w", f, err)
+			return nil, "", false, nil, fmt.Errorf("weida: ListenConfig.ClientFingerprints: %q: %w", f, err)
 		}
 		allowed[f] = true
 	}
@@ -207,7 +300,14 @@ func serverTLS(addr string, cfg *ListenConfig, log *slog.Logger, refused *atomic
 			return c, nil
 		}
 	}
-	return base, fp, generated, nil
+	if reload != nil {
+		// Every handshake asks the reloader, so that certificate files
+		// replaced on disk (a renewal, a rotation) reach new connections
+		// without a restart; connections already open keep theirs.
+		base.Certificates = nil
+		base.GetCertificate = reload.getCertificate
+	}
+	return base, fp, generated, reload, nil
 }
 
 // certificateProofWait is how long after the allowlist admits a client's

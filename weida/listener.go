@@ -29,6 +29,7 @@ type Listener struct {
 	limits Limits
 	log    *slog.Logger
 	fp     string
+	certs  *certReloader // with CertFile and KeyFile: serves them, reloaded on change
 
 	udp    *net.UDPConn
 	tr     *quic.Transport
@@ -106,7 +107,7 @@ func Listen(ctx context.Context, addr string, cfg ListenConfig) (*Listener, erro
 		turns:   newSendTurns(),
 	}
 	l.proofs = newProofs(log, &l.stats.clientsRefused)
-	tlsConf, fp, generated, err := serverTLS(addr, &cfg, log, &l.stats.clientsRefused, l.proofs)
+	tlsConf, fp, generated, reload, err := serverTLS(addr, &cfg, log, &l.stats.clientsRefused, l.proofs)
 	if err != nil {
 		return nil, err
 	}
@@ -138,7 +139,7 @@ func Listen(ctx context.Context, addr string, cfg ListenConfig) (*Listener, erro
 		_ = udp.Close()
 		return nil, fmt.Errorf("weida: listen %s: %w", addr, err)
 	}
-	l.fp, l.udp, l.tr, l.ln = fp, udp, tr, ln
+	l.fp, l.certs, l.udp, l.tr, l.ln = fp, reload, udp, tr, ln
 	l.hooks = connHooks{
 		parked:     &l.stats.streamsParked,
 		violations: &l.stats.protocolViolations,
@@ -158,7 +159,16 @@ func (l *Listener) Addr() net.Addr { return l.udp.LocalAddr() }
 
 // Fingerprint returns "sha256:<hex>" of the listener certificate's public
 // key, which subscribers pin.
-func (l *Listener) Fingerprint() string { return l.fp }
+// With CertFile and KeyFile it is the fingerprint of the certificate the
+// files hold now: they are loaded again when they change (see
+// [CertCheckInterval]).
+func (l *Listener) Fingerprint() string {
+	if l.certs != nil {
+		_, fp := l.certs.current()
+		return fp
+	}
+	return l.fp
+}
 
 // Publisher registers a publisher at path (which must start with '/', be at
 // most 512 bytes and hold no byte below 0x20). Subscriptions that arrived for

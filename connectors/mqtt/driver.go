@@ -279,5 +279,18 @@ func configOf(bc resources.BrokerConfig) Config {
 	if pw := bc.Credentials.Secret("password"); !pw.IsZero() {
 		cfg.Password = []byte(pw.Reveal())
 	}
+	if read := bc.ReadCredentials; read != nil {
+		cfg.Credentials = func() (string, []byte, error) {
+			cr, err := read()
+			if err != nil {
+				return "", nil, err
+			}
+			var pw []byte
+			if s := cr.Secret("password"); !s.IsZero() {
+				pw = []byte(s.Reveal())
+			}
+			return cr.Username, pw, nil
+		}
+	}
 	return cfg
 }

@@ -17,8 +17,11 @@
 // password, 0x87 not authorized, 0x8C bad authentication method),
 // PermissionDenied (0x8A banned), BrokerUnreachable (a refused or timed out
 // TCP connection, or CONNACK 0x88, 0x89, 0x9C, 0x9D), DNSFailure,
-// TLSFailure, and ConnectionLost for anything else and for a connection
-// that dropped. Start, when its context ends before the first connection
+// TLSFailure, SecretUnavailable (the password file could not be read
+// again before a connection), and ConnectionLost for anything else and for
+// a connection that dropped. The password is read again before every
+// connection (Config.Credentials), so a corrected or rotated one is used
+// at the next reconnection. Start, when its context ends before the first connection
 // is up, returns a *connectors.Failure with the last attempt's reason;
 // SubscribeFailed is reported when the broker refuses a subscription.
 //
@@ -79,6 +82,13 @@ type Config struct {
 	ClientID string // required: a persistent session is keyed by it
 	Username string
 	Password []byte
+	// Credentials, when not nil, is called before every connection
+	// autopaho makes, and its user name and password replace Username
+	// and Password: a rotated or corrected secret is then used at the
+	// next reconnection within the attempt, not only at the next
+	// attempt. An error fails that connection with the reason
+	// [connectors.FailSecretUnavailable], and autopaho tries again.
+	Credentials func() (username string, password []byte, err error)
 	// QoS is the subscription (inbound) or publish (outbound) QoS: 0 or 1.
 	QoS byte
 	// CleanStart discards the broker's session on the first connection.
@@ -171,6 +181,18 @@ func (c *Config) clientConfig(report connectors.StateFunc, log *slog.Logger, onC
 		},
 		ConnectUsername: c.Username,
 		ConnectPassword: c.Password,
+		ConnectPacketBuilder: func(cp *paho.Connect, _ *url.URL) (*paho.Connect, error) {
+			if c.Credentials == nil {
+				return cp, nil
+			}
+			user, pw, err := c.Credentials()
+			if err != nil {
+				return nil, connectors.Retryable(connectors.FailSecretUnavailable, err)
+			}
+			cp.Username, cp.UsernameFlag = user, user != ""
+			cp.Password, cp.PasswordFlag = pw, len(pw) > 0
+			return cp, nil
+		},
 		ClientConfig: paho.ClientConfig{
 			ClientID: c.ClientID,
 			OnClientError: func(err error) {

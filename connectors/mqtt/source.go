@@ -161,7 +161,7 @@ func (s *Source) Start(ctx context.Context, filters []string) error {
 				detail += ", session resumed"
 				s.withdrawStale(runCtx, cm)
 			}
-			s.report(connectors.ConnState{Up: true, Reason: "Connected", Detail: detail})
+			s.report(connectors.ConnState{Up: true, Reason: "Connected", Detail: detail, Session: s.session(ca)})
 		}()
 	}
 	cm, err := autopaho.NewConnection(runCtx, cc)
@@ -176,6 +176,21 @@ func (s *Source) Start(ctx context.Context, filters []string) error {
 		return fails.startError(s.cfg.serverURL().String(), err)
 	}
 	return fails.refusal(ctx)
+}
+
+// session describes the broker session of a connection for the runtime,
+// which tells a lost one from the first: only a persistent session (clean
+// start false, a session expiry) is one the connector expects to resume.
+func (s *Source) session(ca *paho.Connack) connectors.Session {
+	if s.cfg.CleanStart || s.cfg.SessionExpiry <= 0 {
+		return connectors.Session{}
+	}
+	return connectors.Session{
+		Key:     s.cfg.serverURL().String() + " client ID " + s.cfg.ClientID,
+		Resumed: ca.SessionPresent,
+		Lost: fmt.Sprintf("the messages published to the resource's filters while it was disconnected (up to its sessionExpiry of %s), and any QoS 1 message delivered and not yet acknowledged",
+			s.cfg.SessionExpiry),
+	}
 }
 
 // refuse ends the attempt with err, a configuration the broker refused:

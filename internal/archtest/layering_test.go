@@ -41,13 +41,16 @@ var allowed = map[string][]string{
 	"weida/wire":     {},
 	"weida/topic":    {},
 	"weida/address":  {},
-	"weida":          {"weida/wire", "weida/topic", "weida/address", "internal/safefile"},
+	"weida":          {"weida/wire", "weida/topic", "weida/address", "internal/safefile", "internal/filestamp"},
 	"weida/bench":    {"weida", "weida/wire", "weida/topic", "weida/address"},
 	"weida/weidacli": {"internal/cli", "weida", "weida/wire", "weida/topic", "weida/address", "weida/bench"},
 	"internal/cli":   {},
 	// A leaf every reader of configuration files shares: refuses pipes
 	// and devices, caps sizes.
 	"internal/safefile": {},
+	// A leaf that tells whether files changed (stat stamps): secret files
+	// re-read at each attempt, endpoint certificates reloaded on change.
+	"internal/filestamp": {},
 	// Private broker processes for the tests of drivers and e2e.
 	"internal/brokertest": {},
 	// A command that splits benchmark CPU profiles by owner (docs/PERFORMANCE.md).
@@ -55,7 +58,7 @@ var allowed = map[string][]string{
 	"deploy":              {}, // its tests check the manifests and the dashboard against the binary
 	"policy":              {"weida/topic"},
 	"resources":           {"policy", "weida/topic", "weida/address", "internal/safefile"},
-	"connectors":          {"policy", "weida", "weida/topic", "weida/wire", "weida/address"},
+	"connectors":          {"policy", "weida", "weida/topic", "weida/wire", "weida/address", "internal/filestamp"},
 	"connectors/conntest": {"connectors", "policy", "weida", "weida/topic", "weida/address", "internal/brokertest"},
 	// Leases on etcd or Kubernetes: a leaf the service will use for
 	// placement (issue 23); it knows nothing of resources or drivers.
