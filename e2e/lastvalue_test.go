@@ -434,3 +434,55 @@ func weidaSubCLI(t *testing.T, c *Connector, resource, filter string) string {
 	}
 	return string(out)
 }
+
+// TestNATSLastValueMaxAge: the JetStream stream's MaxAge ends cached
+// values as the server ends the messages, whether the cache was seeded with
+// them at start or took them live.
+func TestNATSLastValueMaxAge(t *testing.T) {
+	requireTCP(t, "nats-server", natsAddr)
+	u := unique()
+	nc := natsConn(t, natsAddr)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const maxAge = 2 * time.Second
+	name := "LVAGE" + u
+	if _, err := js.CreateStream(ctx(t, 10*time.Second), jetstream.StreamConfig{Name: name, Subjects: []string{u + ".>"}, MaxAge: maxAge}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = js.DeleteStream(context.Background(), name) })
+	if _, err := js.Publish(ctx(t, 5*time.Second), u+".seeded", []byte("1")); err != nil {
+		t.Fatal(err)
+	}
+	endpoint := fmt.Sprintf("weida://127.0.0.1:%d/age", freePort(t, "udp"))
+	res := natsResource{
+		Name: "nats-lv-age", Direction: policy.Inbound, Endpoint: endpoint,
+		Stream: name, Durable: "lv", Routes: []string{u + ".*"},
+		LastValue: "mode: retained",
+	}
+	c := StartConnector(t, nil, "-f", writeFile(t, t.TempDir(), "lv.yaml", res.YAML(t)))
+	c.WaitReady(30 * time.Second)
+	last := time.Now()
+	if _, err := js.Publish(ctx(t, 5*time.Second), u+".live", []byte("2")); err != nil {
+		t.Fatal(err)
+	}
+	Eventually(t, 20*time.Second, "both values cached", func() bool {
+		st, _ := c.Status("nats-lv-age")
+		return st.Counters.LastValue != nil && st.Counters.LastValue.Entries == 2
+	})
+	time.Sleep(time.Until(last.Add(maxAge + 2*time.Second)))
+	st, _ := c.Status("nats-lv-age")
+	if lv := st.Counters.LastValue; lv.Entries != 0 || lv.Evicted["expired"] != 2 {
+		t.Fatalf("past the stream's MaxAge the cache holds %+v, want nothing and 2 expired", lv)
+	}
+	sub := collectWeida(t, endpoint, weida.Limits{}, u+".#")
+	got := replayed(t, sub, 0, "probe", func() {
+		if _, err := js.Publish(ctx(t, 5*time.Second), u+".probe", []byte("probe")); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if len(got) != 0 {
+		t.Fatalf("past the stream's MaxAge, replayed %v", got)
+	}
+}
