@@ -107,16 +107,18 @@ func (s *Source) lastValues(ctx context.Context, js jetstream.JetStream, filter 
 func (s *Source) noteStream(stream jetstream.Stream) {
 	if info := stream.CachedInfo(); info != nil {
 		s.maxAge.Store(int64(info.Config.MaxAge))
+		s.msgTTL.Store(info.Config.AllowMsgTTL)
 	}
 }
 
 // TTLHeader is the JetStream per-message TTL header (nats-server 2.11 and
-// later, on a stream that allows it).
+// later, on a stream that allows it: elsewhere it is an ordinary header,
+// and the server keeps the message).
 const TTLHeader = "Nats-TTL"
 
 // stored sets what the stream says of m, read from msg: when the server
 // stored it, and when the stream drops it (its MaxAge, or its own TTL when
-// sooner).
+// sooner, where the stream allows TTLs).
 func (s *Source) stored(m *connectors.Message, msg jetstream.Msg) {
 	md, err := msg.Metadata()
 	if err != nil {
@@ -125,7 +127,7 @@ func (s *Source) stored(m *connectors.Message, msg jetstream.Msg) {
 	at := md.Timestamp
 	m.SourceUnixNano = at.UnixNano()
 	life := time.Duration(s.maxAge.Load())
-	if ttl, ok := messageTTL(msg.Headers().Get(TTLHeader)); ok && (life <= 0 || ttl < life) {
+	if ttl, ok := messageTTL(msg.Headers().Get(TTLHeader)); ok && s.msgTTL.Load() && (life <= 0 || ttl < life) {
 		life = ttl
 	}
 	if life > 0 {

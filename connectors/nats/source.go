@@ -74,6 +74,7 @@ type Source struct {
 	dropped atomic.Uint64
 
 	maxAge atomic.Int64 // the bound stream's MaxAge (a time.Duration); 0: none
+	msgTTL atomic.Bool  // the bound stream honours per-message TTLs (Nats-TTL)
 }
 
 type coreSub struct {
