@@ -370,7 +370,8 @@ func (lv *lastValues) sourceState(up bool) {
 }
 
 // purgeOrphanedLocked empties the cache when the source has been down for
-// OrphanAfter at now.
+// OrphanAfter at now: from then until the source is back, the cache holds
+// nothing (a value recorded meanwhile goes at the next look).
 func (lv *lastValues) purgeOrphanedLocked(now int64) {
 	if !lv.down || lv.orphanAfter <= 0 || now-lv.downSince < int64(lv.orphanAfter) || lv.head == nil {
 		return
@@ -386,7 +387,6 @@ func (lv *lastValues) purgeOrphanedLocked(now int64) {
 	lv.evictLocked(EvictOrphaned, n)
 	lv.nextExpiry = 0
 	lv.gaugesLocked()
-	lv.downSince = now // counted once per outage; later values are the new outage's
 }
 
 // sweepLocked removes every value expired at now, and empties an orphaned
