@@ -310,7 +310,9 @@ func TestMQTTLastValueExpiry(t *testing.T) {
 		Properties: &paho.PublishProperties{MessageExpiry: &one}}); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _, _ = pub.Publish(context.Background(), &paho.Publish{Topic: u + "/state/brief", QoS: 1, Retain: true}) })
+	t.Cleanup(func() {
+		_, _ = pub.Publish(context.Background(), &paho.Publish{Topic: u + "/state/brief", QoS: 1, Retain: true})
+	})
 	Eventually(t, 20*time.Second, "both values cached", func() bool {
 		st, _ := c.Status("mqtt-lv-expiry")
 		return st.Counters.Received >= 2
