@@ -209,6 +209,11 @@ type core struct {
 	stats *stats
 	log   *slog.Logger
 
+	// onBroker, when set, is told of every broker state report of the
+	// current attempt (an inbound last-value cache marks what it replays
+	// while the source is down).
+	onBroker func(up bool)
+
 	// gen numbers attempts; state reports of a Source or Sink from an
 	// attempt that ended are ignored, so a failed attempt's last words
 	// cannot overwrite the failure.
@@ -357,6 +362,9 @@ func (b *core) reportBroker(s ConnState) {
 		b.stats.reconnected("broker")
 	}
 	b.stats.up("broker", s.Up)
+	if b.onBroker != nil {
+		b.onBroker(s.Up)
+	}
 	if s.Up {
 		b.log.Info("broker connected", "reason", s.Reason)
 	} else {

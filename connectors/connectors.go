@@ -71,6 +71,16 @@ type Message struct {
 	// ReceivedUnixNano is when the message entered the connector (set by
 	// the runtime when zero); it measures end-to-end latency.
 	ReceivedUnixNano int64
+	// SourceUnixNano is when the broker took the message, where the
+	// broker says (a JetStream message's stream timestamp); 0 when it
+	// does not. A last-value cache reports a replayed value's age from
+	// it, else from ReceivedUnixNano.
+	SourceUnixNano int64
+	// ExpiresUnixNano is when the broker stops keeping the message for
+	// later subscribers (MQTT Message Expiry Interval, JetStream MaxAge or
+	// per-message TTL), as an absolute time; 0 when it does not expire.
+	// A last-value cache ends the value then.
+	ExpiresUnixNano int64
 }
 
 // AckFunc settles a message a Source returned. A nil error acknowledges it:

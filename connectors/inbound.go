@@ -40,12 +40,18 @@ type hosting struct {
 }
 
 func newInboundBridge(c *core, newSource SourceFactory, host *hosting) *inboundBridge {
-	return &inboundBridge{
+	b := &inboundBridge{
 		core:      c,
 		newSource: newSource,
 		host:      host,
-		lv:        newLastValues(c.spec.LastValue, c.deps.Metrics, c.spec.Name),
+		lv:        newLastValues(c.spec.LastValue, c.deps.Metrics, c.spec.Name, c.deps.Now),
 	}
+	if b.lv != nil {
+		// b.lv, not the cache made here: supersede may replace it before
+		// the first attempt.
+		c.onBroker = func(up bool) { b.lv.sourceState(up) }
+	}
+	return b
 }
 
 func (b *inboundBridge) setPublisher(p Publisher) {
@@ -152,6 +158,9 @@ func (b *inboundBridge) addStatus(st *Status) {
 }
 
 func (b *inboundBridge) refreshGauges() {
+	if b.lv != nil {
+		b.lv.sweep() // the cache's gauges leave out what has expired
+	}
 	if pub := b.publisher(); pub != nil {
 		b.deps.Metrics.Subscribers.WithLabelValues(b.spec.Name).Set(float64(pub.Subscribers()))
 	}
@@ -167,6 +176,12 @@ func (b *inboundBridge) run(ctx context.Context) error {
 	}
 	report, retire := b.newAttempt(nil) // a Source's Read reports its loss
 	defer retire()
+	if b.lv != nil {
+		// Between attempts nothing is connected; each attempt reports
+		// up once its Source is.
+		b.lv.sourceState(false)
+		defer b.lv.sourceState(false)
+	}
 	src, err := b.newSource(report)
 	if err != nil {
 		return failure(err, FailSourceInvalid)
@@ -286,6 +301,7 @@ func (b *inboundBridge) convert(m *Message) (Route, weida.Message, bool) {
 	case b.spec.MaxMessageBytes > 0 && len(m.Payload) > b.spec.MaxMessageBytes:
 		b.drop(route.Name, ReasonTooLarge, slog.LevelWarn, "payload over spec.limits.maxMessageBytes; dropped",
 			slog.String("topic", m.Topic), slog.Int("bytes", len(m.Payload)))
+		b.uncache(m, wt, EvictTooLarge)
 		return Route{}, weida.Message{}, false
 	}
 	return route, weida.Message{
@@ -314,11 +330,12 @@ func (b *inboundBridge) deliver(ctx context.Context, pub Publisher, route Route,
 				// Shutting down: leave it to the broker to deliver again.
 				return err
 			}
-			reason := ReasonWeidaRefused
+			reason, evict := ReasonWeidaRefused, EvictWeidaRefused
 			if errors.Is(err, weida.ErrPayloadTooLarge) {
-				reason = ReasonTooLarge
+				reason, evict = ReasonTooLarge, EvictTooLarge
 			}
 			b.drop(route.Name, reason, slog.LevelWarn, "weida refused the message; dropped", slog.String("topic", m.Topic), slog.Any("err", err))
+			b.uncache(m, wm.Topic, evict)
 			return nil
 		}
 		b.stats.copies(route.Name, res.Queued, res.Dropped, res.Closing)
@@ -339,6 +356,16 @@ func (b *inboundBridge) deliver(ctx context.Context, pub Publisher, route Route,
 		}
 		// Holding, and the subscriber left between the wait and the
 		// publish: wait again.
+	}
+}
+
+// uncache removes the cached value of weida topic wt when m, which would
+// have updated it, was dropped: the broker holds m (or, for an MQTT
+// message that is not retained, still holds the older value, which the
+// cache keeps).
+func (b *inboundBridge) uncache(m *Message, wt, reason string) {
+	if b.lv != nil && b.lv.takes(m) {
+		b.lv.remove(wt, reason)
 	}
 }
 

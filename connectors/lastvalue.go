@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -54,14 +55,53 @@ type LastValue struct {
 	// [EvictMaxBytes]; a single message larger than MaxBytes is not
 	// cached and removes its topic's older value ([EvictTooLarge]).
 	MaxBytes int64
+	// MaxAge ends a cached value that long after its source delivered it
+	// (counted under [EvictExpired]), for sources whose messages carry no
+	// expiry of their own; zero keeps values until replaced. A message's
+	// own expiry ([Message].ExpiresUnixNano) ends it earlier.
+	MaxAge time.Duration
+	// WhenSourceDown says what a new subscription is replayed while the
+	// source is disconnected: [LastValueMark] (also "") replays the cache
+	// with every copy marked stale, [LastValueWithhold] replays nothing
+	// (counted in last_value_withheld_total).
+	WhenSourceDown LastValueWhenDown
+	// OrphanAfter purges the cache once the source has been disconnected
+	// that long (counted under [EvictOrphaned]); zero never purges.
+	OrphanAfter time.Duration
 }
 
-// Eviction reasons of a last-value cache: a topic's value left the cache
-// for a bound, not because the broker deleted it.
+// LastValueWhenDown is the choice of [LastValue].WhenSourceDown.
+type LastValueWhenDown string
+
+const (
+	// LastValueMark replays cached values while the source is down, each
+	// copy marked stale (DATA key 67). The default.
+	LastValueMark LastValueWhenDown = "mark"
+	// LastValueWithhold replays nothing while the source is down: a new
+	// subscription gets live traffic only, once the source is back.
+	LastValueWithhold LastValueWhenDown = "withhold"
+)
+
+// Removal reasons of a last-value cache: a topic's value left the cache
+// for a bound, because it could not be updated, or because it ended, not
+// because the broker deleted it.
 const (
 	EvictMaxTopics = "max-topics"
 	EvictMaxBytes  = "max-bytes"
-	EvictTooLarge  = "too-large"
+	// EvictTooLarge: an update larger than the cache's MaxBytes, or than
+	// spec.limits.maxMessageBytes, or than weida can send, was dropped;
+	// the older value goes with it, so that the cache never contradicts
+	// the newer value the broker holds.
+	EvictTooLarge = "too-large"
+	// EvictWeidaRefused: weida refused the update (a field over its
+	// cap); the older value goes with it, as for EvictTooLarge.
+	EvictWeidaRefused = "weida-refused"
+	// EvictExpired: the value's expiry passed (MQTT Message Expiry,
+	// JetStream MaxAge or per-message TTL, or [LastValue].MaxAge).
+	EvictExpired = "expired"
+	// EvictOrphaned: the source was disconnected for OrphanAfter, and the
+	// whole cache was purged.
+	EvictOrphaned = "orphaned"
 )
 
 // LastValueSource is implemented by a [Source] whose broker stores the
@@ -92,9 +132,13 @@ type recordingPublisher interface {
 // (and a reload that keeps the resource unchanged), like the bridge's stats.
 // Its methods are safe for concurrent use.
 type lastValues struct {
-	mode      LastValueMode
-	maxTopics int
-	maxBytes  int64
+	mode        LastValueMode
+	maxTopics   int
+	maxBytes    int64
+	maxAge      time.Duration
+	withhold    bool
+	orphanAfter time.Duration
+	now         func() time.Time
 
 	store topic.Store[*lvEntry] // internally locked; its lock is taken inside mu when both are
 
@@ -102,41 +146,59 @@ type lastValues struct {
 	head, tail *lvEntry   // updated most recently at head
 	bytes      int64
 	evicted    map[string]uint64
+	nextExpiry int64 // UnixNano; no entry expires before it (0: none expires)
+	// The source's state, as its driver last reported it: down from
+	// downSince (UnixNano) while down. A cache starts down: its first
+	// attempt has not connected yet.
+	down      bool
+	downSince int64
+	orphan    *time.Timer // purges the cache OrphanAfter into an outage
 
-	replayed atomic.Uint64
+	replayed, withheld atomic.Uint64
+	sourceDown         atomic.Bool // down, for Replay, which does not take mu
 
-	entriesG, bytesG prometheus.Gauge
-	evictedC         *prometheus.CounterVec
-	replayedC        prometheus.Counter
-	resource         string
+	entriesG, bytesG     prometheus.Gauge
+	evictedC             *prometheus.CounterVec
+	replayedC, withheldC prometheus.Counter
+	resource             string
 }
 
 // lvEntry is one cached topic: an immutable copy of its last message (a
-// Replay reads it without the cache's lock) and its place in the recency
-// list.
+// Replay reads it without the cache's lock), when the source delivered it
+// and when it expires, and its place in the recency list.
 type lvEntry struct {
 	m          weida.Message
 	size       int64
+	at         int64    // UnixNano: when the source delivered the value
+	expires    int64    // UnixNano; 0: never
 	prev, next *lvEntry // mu
 }
+
+func (e *lvEntry) expired(now int64) bool { return e.expires != 0 && now >= e.expires }
 
 // lvOverhead is what an entry is charged beyond its bytes, so that many
 // tiny messages still count against MaxBytes.
 const lvOverhead = 64
 
-func newLastValues(cfg LastValue, m *Metrics, resource string) *lastValues {
+func newLastValues(cfg LastValue, m *Metrics, resource string, now func() time.Time) *lastValues {
 	if cfg.Mode == LastValueOff {
 		return nil
 	}
 	lv := &lastValues{
 		mode: cfg.Mode, maxTopics: cfg.MaxTopics, maxBytes: cfg.MaxBytes,
+		maxAge: cfg.MaxAge, withhold: cfg.WhenSourceDown == LastValueWithhold, orphanAfter: cfg.OrphanAfter,
+		now:       now,
 		evicted:   make(map[string]uint64),
 		entriesG:  m.LastValueEntries.WithLabelValues(resource),
 		bytesG:    m.LastValueBytes.WithLabelValues(resource),
 		evictedC:  m.LastValueEvictions,
 		replayedC: m.LastValueReplayed.WithLabelValues(resource),
+		withheldC: m.LastValueWithheld.WithLabelValues(resource),
 		resource:  resource,
+		down:      true,
+		downSince: now().UnixNano(),
 	}
+	lv.sourceDown.Store(true)
 	if lv.maxTopics <= 0 {
 		lv.maxTopics = DefaultLastValueTopics
 	}
@@ -152,7 +214,8 @@ func (lv *lastValues) takes(m *Message) bool {
 }
 
 // record makes wm the last value of its topic, or removes the topic when
-// m is a retained message with an empty payload (MQTT's deletion).
+// m is a retained message with an empty payload (MQTT's deletion) or has
+// expired already.
 func (lv *lastValues) record(m *Message, wm *weida.Message) {
 	lv.mu.Lock()
 	defer lv.mu.Unlock()
@@ -163,7 +226,30 @@ func (lv *lastValues) record(m *Message, wm *weida.Message) {
 		lv.gaugesLocked()
 		return
 	}
-	e := &lvEntry{m: weida.Message{
+	now := lv.now().UnixNano()
+	at := m.SourceUnixNano
+	if at == 0 || at > now {
+		at = m.ReceivedUnixNano
+	}
+	if at == 0 || at > now {
+		at = now
+	}
+	expires := m.ExpiresUnixNano
+	if lv.maxAge > 0 {
+		if byAge := at + int64(lv.maxAge); expires == 0 || byAge < expires {
+			expires = byAge
+		}
+	}
+	if expires != 0 && now >= expires {
+		// Expired on arrival: the broker no longer holds it either.
+		if old, ok := lv.store.Delete(wm.Topic); ok {
+			lv.unlinkLocked(old)
+		}
+		lv.evictLocked(EvictExpired, 1)
+		lv.gaugesLocked()
+		return
+	}
+	e := &lvEntry{at: at, expires: expires, m: weida.Message{
 		Topic:       strings.Clone(wm.Topic),
 		ContentType: strings.Clone(wm.ContentType),
 		Traceparent: strings.Clone(wm.Traceparent),
@@ -183,6 +269,9 @@ func (lv *lastValues) record(m *Message, wm *weida.Message) {
 		lv.unlinkLocked(old)
 	}
 	lv.pushLocked(e)
+	if expires != 0 && (lv.nextExpiry == 0 || expires < lv.nextExpiry) {
+		lv.nextExpiry = expires
+	}
 	for lv.store.Len() > lv.maxTopics {
 		lv.dropOldestLocked(EvictMaxTopics)
 	}
@@ -238,21 +327,139 @@ func (lv *lastValues) gaugesLocked() {
 	lv.bytesG.Set(float64(lv.bytes))
 }
 
+// remove drops topic's value because an update of it could not be cached
+// (reason EvictTooLarge or EvictWeidaRefused): the broker holds the newer
+// value, which the cache must not contradict. It counts only a value that
+// was there.
+func (lv *lastValues) remove(topic, reason string) {
+	lv.mu.Lock()
+	defer lv.mu.Unlock()
+	if e, ok := lv.store.Delete(topic); ok {
+		lv.unlinkLocked(e)
+		lv.evictLocked(reason, 1)
+		lv.gaugesLocked()
+	}
+}
+
+// sourceState records the source's state as its driver reports it (and as
+// the runtime sees it between attempts: down). The first report of an
+// outage starts the orphan timer; the next report of up stops it.
+func (lv *lastValues) sourceState(up bool) {
+	lv.mu.Lock()
+	defer lv.mu.Unlock()
+	if up == !lv.down {
+		return
+	}
+	lv.down = !up
+	lv.sourceDown.Store(!up)
+	if lv.orphan != nil {
+		lv.orphan.Stop()
+		lv.orphan = nil
+	}
+	if up {
+		return
+	}
+	lv.downSince = lv.now().UnixNano()
+	if lv.orphanAfter > 0 {
+		lv.orphan = time.AfterFunc(lv.orphanAfter, func() {
+			lv.mu.Lock()
+			defer lv.mu.Unlock()
+			lv.purgeOrphanedLocked(lv.now().UnixNano())
+		})
+	}
+}
+
+// purgeOrphanedLocked empties the cache when the source has been down for
+// OrphanAfter at now: from then until the source is back, the cache holds
+// nothing (a value recorded meanwhile goes at the next look).
+func (lv *lastValues) purgeOrphanedLocked(now int64) {
+	if !lv.down || lv.orphanAfter <= 0 || now-lv.downSince < int64(lv.orphanAfter) || lv.head == nil {
+		return
+	}
+	var n uint64
+	for e := lv.head; e != nil; {
+		next := e.next
+		lv.store.Delete(e.m.Topic)
+		lv.unlinkLocked(e)
+		n++
+		e = next
+	}
+	lv.evictLocked(EvictOrphaned, n)
+	lv.nextExpiry = 0
+	lv.gaugesLocked()
+}
+
+// sweepLocked removes every value expired at now, and empties an orphaned
+// cache. It walks the cache only once the earliest expiry has passed.
+func (lv *lastValues) sweepLocked(now int64) {
+	lv.purgeOrphanedLocked(now)
+	if lv.nextExpiry == 0 || now < lv.nextExpiry {
+		return
+	}
+	var n uint64
+	lv.nextExpiry = 0
+	for e := lv.head; e != nil; {
+		next := e.next
+		switch {
+		case e.expired(now):
+			lv.store.Delete(e.m.Topic)
+			lv.unlinkLocked(e)
+			n++
+		case e.expires != 0 && (lv.nextExpiry == 0 || e.expires < lv.nextExpiry):
+			lv.nextExpiry = e.expires
+		}
+		e = next
+	}
+	if n > 0 {
+		lv.evictLocked(EvictExpired, n)
+		lv.gaugesLocked()
+	}
+}
+
+// sweep is sweepLocked at the present time.
+func (lv *lastValues) sweep() {
+	lv.mu.Lock()
+	defer lv.mu.Unlock()
+	lv.sweepLocked(lv.now().UnixNano())
+}
+
 // Replay implements [weida.Replayer]: every cached topic filter selects,
-// found by walking the cache's topic trie with the filter.
+// found by walking the cache's topic trie with the filter, but for values
+// expired by now. Each copy carries its age; while the source is down each
+// is marked stale, or, with whenSourceDown: withhold, none is replayed.
 func (lv *lastValues) Replay(filter string, yield func(weida.Message) bool) {
+	// Replay runs while the path's fan-out is held, so no record runs
+	// meanwhile: taking mu here keeps the lock order record has.
+	lv.sweep()
+	now := lv.now().UnixNano()
+	stale := lv.sourceDown.Load()
 	var n uint64
 	lv.store.MatchFilter(filter, func(_ string, e *lvEntry) bool {
-		if !yield(e.m) {
+		if e.expired(now) {
+			return true
+		}
+		if stale && lv.withhold {
+			n++
+			return true
+		}
+		m := e.m
+		m.Replay = weida.Replay{Age: time.Duration(max(now-e.at, 0)), HasAge: true, Stale: stale}
+		if !yield(m) {
 			return false
 		}
 		n++
 		return true
 	})
-	if n > 0 {
-		lv.replayed.Add(n)
-		lv.replayedC.Add(float64(n))
+	if n == 0 {
+		return
 	}
+	if stale && lv.withhold {
+		lv.withheld.Add(n)
+		lv.withheldC.Add(float64(n))
+		return
+	}
+	lv.replayed.Add(n)
+	lv.replayedC.Add(float64(n))
 }
 
 // LastValueCounters describe an inbound resource's last-value cache, for
@@ -261,18 +468,25 @@ type LastValueCounters struct {
 	Mode     string            `json:"mode"`
 	Entries  int               `json:"entries"`
 	Bytes    int64             `json:"bytes"`
-	Evicted  map[string]uint64 `json:"evicted,omitempty"` // by reason
-	Replayed uint64            `json:"replayed"`          // copies offered to new weida subscriptions
+	Evicted  map[string]uint64 `json:"evicted,omitempty"`  // removed other than by the broker, by reason
+	Replayed uint64            `json:"replayed"`           // copies offered to new weida subscriptions
+	Withheld uint64            `json:"withheld,omitempty"` // copies not replayed while the source was down
+	// Stale is true while the source is disconnected: replays now are
+	// marked stale, or withheld.
+	Stale bool `json:"stale,omitempty"`
 }
 
 func (lv *lastValues) snapshot() *LastValueCounters {
 	lv.mu.Lock()
 	defer lv.mu.Unlock()
+	lv.sweepLocked(lv.now().UnixNano())
 	c := &LastValueCounters{
 		Mode:     string(lv.mode),
 		Entries:  lv.store.Len(),
 		Bytes:    lv.bytes,
 		Replayed: lv.replayed.Load(),
+		Withheld: lv.withheld.Load(),
+		Stale:    lv.down,
 	}
 	if len(lv.evicted) > 0 {
 		c.Evicted = make(map[string]uint64, len(lv.evicted))
@@ -302,7 +516,11 @@ func (b *inboundBridge) seedLastValues(ctx context.Context, src Source, filters 
 		return
 	}
 	n := 0
+	now := b.deps.Now().UnixNano()
 	err := lvs.LastValues(ctx, filters, func(m *Message) {
+		if m.ReceivedUnixNano == 0 {
+			m.ReceivedUnixNano = now
+		}
 		wm, ok := b.convertSeed(m)
 		if ok {
 			b.lv.record(m, &wm)
@@ -330,6 +548,9 @@ func (b *inboundBridge) convertSeed(m *Message) (weida.Message, bool) {
 		return weida.Message{}, false
 	}
 	if b.spec.MaxMessageBytes > 0 && len(m.Payload) > b.spec.MaxMessageBytes {
+		// The broker's value is one the cache cannot hold: an older one
+		// kept from an earlier attempt must not stand for it.
+		b.lv.remove(wt, EvictTooLarge)
 		return weida.Message{}, false
 	}
 	return weida.Message{Topic: wt, ContentType: m.ContentType, Traceparent: m.Traceparent, Tracestate: m.Tracestate, Payload: m.Payload}, true

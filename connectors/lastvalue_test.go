@@ -55,6 +55,17 @@ func (s *feedSource) send(t interface{ Fatalf(string, ...any) }, m *connectors.M
 // lvBridge runs an inbound MQTT bridge of every topic ("#") onto path of l
 // with the given cache, fed by the returned source, until the test ends.
 func lvBridge(t testing.TB, l *weida.Listener, path string, lv connectors.LastValue) (*lvRig, *feedSource, *connectors.Metrics) {
+	return lvBridgeWith(t, l, path, lv, lvOptions{})
+}
+
+// lvOptions are what lvBridgeWith adds to lvBridge.
+type lvOptions struct {
+	maxMessageBytes int
+	now             func() time.Time      // nil: time.Now
+	report          *connectors.StateFunc // set to the source's StateFunc once the bridge built it
+}
+
+func lvBridgeWith(t testing.TB, l *weida.Listener, path string, lv connectors.LastValue, o lvOptions) (*lvRig, *feedSource, *connectors.Metrics) {
 	pub, err := l.Publisher(path)
 	if err != nil {
 		t.Fatal(err)
@@ -66,11 +77,19 @@ func lvBridge(t testing.TB, l *weida.Listener, path string, lv connectors.LastVa
 	}
 	src := newFeedSource()
 	m := connectors.NewMetrics(prometheus.NewRegistry())
+	built := make(chan struct{})
 	b := connectors.NewInbound(connectors.Spec{
 		Name: "lv", Protocol: policy.MQTT, Direction: policy.Inbound, Policy: pol,
-		Routes:    []connectors.Route{{Name: "all", Foreign: "#", Weida: w}},
-		LastValue: lv,
-	}, func(connectors.StateFunc) (connectors.Source, error) { return src, nil }, pub, connectors.Deps{Metrics: m})
+		Routes:          []connectors.Route{{Name: "all", Foreign: "#", Weida: w}},
+		LastValue:       lv,
+		MaxMessageBytes: o.maxMessageBytes,
+	}, func(report connectors.StateFunc) (connectors.Source, error) {
+		if o.report != nil {
+			*o.report = report
+		}
+		close(built)
+		return src, nil
+	}, pub, connectors.Deps{Metrics: m, Now: o.now})
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = b.Run(ctx) })
@@ -79,6 +98,7 @@ func lvBridge(t testing.TB, l *weida.Listener, path string, lv connectors.LastVa
 		wg.Wait()
 		pub.Close()
 	})
+	<-built
 	return &lvRig{Bridge: b, pub: pub}, src, m
 }
 
@@ -119,6 +139,19 @@ func lvSubscribe(t interface {
 	Fatalf(string, ...any)
 	Cleanup(func())
 }, l *weida.Listener, b *lvRig, path, filter string, want int) map[string]string {
+	got := map[string]string{}
+	for tp, m := range lvSubscribeCopies(t, l, b, path, filter, want) {
+		got[tp] = string(m.Payload)
+	}
+	return got
+}
+
+// lvSubscribeCopies is lvSubscribe returning the copies themselves, with
+// their replay marks.
+func lvSubscribeCopies(t interface {
+	Fatalf(string, ...any)
+	Cleanup(func())
+}, l *weida.Listener, b *lvRig, path, filter string, want int) map[string]weida.Message {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	url := fmt.Sprintf("weida://%s@%s%s", l.Fingerprint(), l.Addr(), path)
@@ -154,7 +187,7 @@ func lvSubscribe(t interface {
 	if got := l.Stats().CopiesReplayed - before.CopiesReplayed; got != uint64(want) {
 		t.Fatalf("SUBSCRIBE %q: %d copies replayed, want %d", filter, got, want)
 	}
-	got := map[string]string{}
+	got := map[string]weida.Message{}
 	for len(got) < want {
 		m, err := s.Receive(ctx)
 		if err != nil {
@@ -166,7 +199,7 @@ func lvSubscribe(t interface {
 		if _, dup := got[m.Topic]; dup {
 			t.Fatalf("SUBSCRIBE %q: %q replayed twice", filter, m.Topic)
 		}
-		got[m.Topic] = string(m.Payload)
+		got[m.Topic] = m
 	}
 	return got
 }
@@ -175,7 +208,13 @@ func lvSubscribe(t interface {
 // deletions (empty retained messages) and subscriptions through a bridge
 // keeping a cache of every message: what each new subscription receives
 // on subscribe is the last value of each topic its filter matches at that
-// moment.
+// moment. It adds what makes the cache a mirror of its source: updates
+// dropped as too large or refused by weida (the older value goes too),
+// values with an expiry and a cache maxAge against a clock the test moves,
+// and the source going down and up: while it is down every replayed copy
+// is marked stale (or, with whenSourceDown: withhold, none is replayed),
+// and after orphanAfter down the cache is empty. Every copy is marked
+// replayed, with its age on the test's clock.
 func TestLastValueReplayProperty(t *testing.T) {
 	l := lvListen(t)
 	var paths atomic.Int64
@@ -183,35 +222,134 @@ func TestLastValueReplayProperty(t *testing.T) {
 	genTopic := func(t *rapid.T) []string {
 		return rapid.SliceOfN(rapid.SampledFrom(segs), 1, 3).Draw(t, "topic")
 	}
+	const maxMessage = 64
+	type value struct {
+		payload     string
+		at, expires time.Time // expires zero: never
+	}
 	rapid.Check(t, func(rt *rapid.T) {
 		path := fmt.Sprintf("/prop%d", paths.Add(1))
-		b, src, _ := lvBridge(t, l, path, connectors.LastValue{Mode: connectors.LastValueAll})
-		ref := map[string]string{} // weida topic -> payload
-		for i := range rapid.IntRange(1, 25).Draw(rt, "ops") {
-			switch rapid.IntRange(0, 4).Draw(rt, "op") {
+		var clock atomic.Int64
+		clock.Store(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano())
+		now := func() time.Time { return time.Unix(0, clock.Load()) }
+		cfg := connectors.LastValue{Mode: connectors.LastValueAll}
+		if rapid.Bool().Draw(rt, "maxAge") {
+			cfg.MaxAge = time.Duration(rapid.IntRange(1, 6).Draw(rt, "maxAgeSeconds")) * time.Second
+		}
+		if rapid.Bool().Draw(rt, "withhold") {
+			cfg.WhenSourceDown = connectors.LastValueWithhold
+		}
+		if rapid.Bool().Draw(rt, "orphan") {
+			// An hour of the test's clock: the cache's own timer, on the
+			// real clock, does not fire within a check.
+			cfg.OrphanAfter = time.Hour
+		}
+		var report connectors.StateFunc
+		b, src, _ := lvBridgeWith(t, l, path, cfg, lvOptions{maxMessageBytes: maxMessage, now: now, report: &report})
+		up := rapid.Bool().Draw(rt, "upAtStart")
+		var downSince time.Time
+		if up {
+			report(connectors.ConnState{Up: true, Reason: "Connected"})
+		} else {
+			downSince = now()
+		}
+		ref := map[string]value{} // weida topic -> value
+		expire := func() {
+			for tp, v := range ref {
+				if !v.expires.IsZero() && !now().Before(v.expires) {
+					delete(ref, tp)
+				}
+			}
+			if !up && cfg.OrphanAfter > 0 && now().Sub(downSince) >= cfg.OrphanAfter {
+				clear(ref)
+			}
+		}
+		set := func(tp, p string, expires time.Time) {
+			v := value{payload: p, at: now(), expires: expires}
+			if cfg.MaxAge > 0 && (v.expires.IsZero() || v.at.Add(cfg.MaxAge).Before(v.expires)) {
+				v.expires = v.at.Add(cfg.MaxAge)
+			}
+			ref[tp] = v
+		}
+		var withheld uint64
+		for i := range rapid.IntRange(1, 30).Draw(rt, "ops") {
+			switch rapid.IntRange(0, 9).Draw(rt, "op") {
 			case 0, 1, 2:
 				segs := genTopic(rt)
 				p := fmt.Sprintf("v%d", i)
 				src.send(rt, &connectors.Message{Topic: strings.Join(segs, "/"), Payload: []byte(p), Retained: rapid.Bool().Draw(rt, "retained")})
-				ref[strings.Join(segs, ".")] = p
+				set(strings.Join(segs, "."), p, time.Time{})
 			case 3:
 				segs := genTopic(rt)
 				src.send(rt, &connectors.Message{Topic: strings.Join(segs, "/"), Retained: true})
 				delete(ref, strings.Join(segs, "."))
+			case 4:
+				// Dropped: over maxMessageBytes, or with a content type
+				// weida refuses. The broker holds it, so the older value
+				// must not be replayed.
+				segs := genTopic(rt)
+				m := &connectors.Message{Topic: strings.Join(segs, "/"), Payload: make([]byte, maxMessage+1), Retained: true}
+				if rapid.Bool().Draw(rt, "refused") {
+					m.Payload, m.ContentType = []byte("x"), strings.Repeat("c", 300)
+				}
+				src.send(rt, m)
+				delete(ref, strings.Join(segs, "."))
+			case 5:
+				// A value with an expiry, possibly already passed.
+				segs := genTopic(rt)
+				p := fmt.Sprintf("e%d", i)
+				exp := now().Add(time.Duration(rapid.IntRange(-1, 5).Draw(rt, "expirySeconds")) * time.Second)
+				src.send(rt, &connectors.Message{Topic: strings.Join(segs, "/"), Payload: []byte(p), Retained: true, ExpiresUnixNano: exp.UnixNano()})
+				if now().Before(exp) {
+					set(strings.Join(segs, "."), p, exp)
+				} else {
+					delete(ref, strings.Join(segs, "."))
+				}
+			case 6:
+				d := time.Duration(rapid.IntRange(1, 3).Draw(rt, "advanceSeconds")) * time.Second
+				if rapid.IntRange(0, 4).Draw(rt, "long") == 0 {
+					d = 2 * time.Hour
+				}
+				clock.Add(int64(d))
+			case 7:
+				if up = !up; up {
+					report(connectors.ConnState{Up: true, Reason: "Connected"})
+				} else {
+					report(connectors.ConnState{Reason: "ConnectionLost"})
+					downSince = now()
+				}
 			default:
 				f := rapid.SliceOfN(rapid.SampledFrom([]string{"a", "b", "*"}), 1, 3).Draw(rt, "filter")
 				if rapid.Bool().Draw(rt, "hash") {
 					f = append(f, "#")
 				}
 				filter := strings.Join(f, ".")
+				expire()
 				want := map[string]string{}
-				for tp, p := range ref {
+				for tp, v := range ref {
 					if topic.Match(filter, tp) {
-						want[tp] = p
+						want[tp] = v.payload
 					}
 				}
-				if got := lvSubscribe(rt, l, b, path, filter, len(want)); !maps.Equal(got, want) {
-					rt.Fatalf("SUBSCRIBE %q replayed %v, want %v", filter, got, want)
+				n := len(want)
+				if !up && cfg.WhenSourceDown == connectors.LastValueWithhold {
+					withheld += uint64(n)
+					want = map[string]string{}
+				}
+				copies := lvSubscribeCopies(rt, l, b, path, filter, len(want))
+				got := map[string]string{}
+				for tp, m := range copies {
+					got[tp] = string(m.Payload)
+					if r := m.Replay; !r.Replayed || r.Stale != !up || !r.HasAge || r.Age != now().Sub(ref[tp].at).Truncate(time.Millisecond) {
+						rt.Fatalf("SUBSCRIBE %q: %s replayed with marks %+v; want replayed, stale %v, age %v",
+							filter, tp, r, !up, now().Sub(ref[tp].at))
+					}
+				}
+				if !maps.Equal(got, want) {
+					rt.Fatalf("SUBSCRIBE %q replayed %v, want %v (source up: %v)", filter, got, want, up)
+				}
+				if lv := b.Status().Counters.LastValue; lv.Withheld != withheld || lv.Stale == up {
+					rt.Fatalf("status %+v: want %d withheld, stale %v", lv, withheld, !up)
 				}
 			}
 		}

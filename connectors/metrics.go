@@ -66,12 +66,15 @@ type Metrics struct {
 	// held for it while it was disconnected is gone. 0 from the start.
 	SessionsLost *prometheus.CounterVec
 	// Last-value caches of inbound resources: topics and bytes held,
-	// topics evicted by reason (a bound, never a broker deletion), and
-	// copies replayed to new weida subscriptions.
+	// topics removed by reason (a bound, an update that could not be
+	// cached, an expiry, an orphaned cache; never a broker deletion),
+	// copies replayed to new weida subscriptions, and copies withheld
+	// while the source was down (whenSourceDown: withhold).
 	LastValueEntries   *prometheus.GaugeVec
 	LastValueBytes     *prometheus.GaugeVec
 	LastValueEvictions *prometheus.CounterVec
 	LastValueReplayed  *prometheus.CounterVec
+	LastValueWithheld  *prometheus.CounterVec
 }
 
 // NewMetrics creates the collectors and registers them on reg.
@@ -118,13 +121,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		LastValueBytes: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "last_value_bytes",
 			Help: "Bytes held in an inbound resource's last-value cache: topics, payloads, metadata and 64 bytes per topic."}, []string{"resource"}),
 		LastValueEvictions: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "last_value_evictions_total",
-			Help: "Topics dropped from a last-value cache to keep its bounds (max-topics, max-bytes), or a value too large to cache (too-large)."}, []string{"resource", "reason"}),
+			Help: "Topics removed from a last-value cache other than by the broker: to keep its bounds (max-topics, max-bytes), for an update that could not be cached (too-large, weida-refused), at their expiry (expired), or after the source was down for lastValue.orphanAfter (orphaned)."}, []string{"resource", "reason"}),
 		LastValueReplayed: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "last_value_replayed_total",
 			Help: "Cached values offered to new weida subscriptions, one per matching topic per SUBSCRIBE."}, []string{"resource"}),
+		LastValueWithheld: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "last_value_withheld_total",
+			Help: "Cached values not replayed to a new weida subscription because the source was disconnected (lastValue.whenSourceDown: withhold), one per matching topic per SUBSCRIBE."}, []string{"resource"}),
 	}
 	reg.MustRegister(m.Received, m.Bridged, m.Dropped, m.Acknowledged, m.InFlight, m.Reconnects, m.Up,
 		m.Subscribers, m.CopiesQueued, m.Latency, m.AttemptsFailed, m.Holding, m.Held, m.WeidaGaps, m.WeidaGapSeconds,
-		m.CopiesUnconfirmed, m.SessionsLost, m.LastValueEntries, m.LastValueBytes, m.LastValueEvictions, m.LastValueReplayed)
+		m.CopiesUnconfirmed, m.SessionsLost, m.LastValueEntries, m.LastValueBytes, m.LastValueEvictions, m.LastValueReplayed, m.LastValueWithheld)
 	return m
 }
 
@@ -140,7 +145,7 @@ func (m *Metrics) forget(resources map[string]bool) {
 	}
 	for _, v := range []deletingCollector{m.Received, m.Bridged, m.Dropped, m.Acknowledged, m.InFlight,
 		m.Reconnects, m.Up, m.Subscribers, m.CopiesQueued, m.Latency, m.AttemptsFailed, m.Holding, m.Held,
-		m.WeidaGaps, m.WeidaGapSeconds, m.CopiesUnconfirmed, m.SessionsLost, m.LastValueEntries, m.LastValueBytes, m.LastValueEvictions, m.LastValueReplayed} {
+		m.WeidaGaps, m.WeidaGapSeconds, m.CopiesUnconfirmed, m.SessionsLost, m.LastValueEntries, m.LastValueBytes, m.LastValueEvictions, m.LastValueReplayed, m.LastValueWithheld} {
 		forgetIn(v, resources)
 	}
 }

@@ -245,3 +245,246 @@ func TestMQTTOutboundRetain(t *testing.T) {
 		t.Fatalf("a late mosquitto_sub printed %q, want %q", got, want)
 	}
 }
+
+// TestMQTTLastValueTooLarge: a retained update larger than
+// limits.maxMessageBytes is dropped, and takes the older cached value with
+// it: Mosquitto holds the large value now, and a late subscriber must not
+// be replayed the small one it replaced.
+func TestMQTTLastValueTooLarge(t *testing.T) {
+	requireTCP(t, "Mosquitto", mosquittoAddr)
+	u := unique()
+	pub := mqttConnect(t, mosquittoAddr, "pub-"+u)
+	endpoint := fmt.Sprintf("weida://127.0.0.1:%d/large", freePort(t, "udp"))
+	res := mqttResource{
+		Name: "mqtt-lv-large", Direction: policy.Inbound, QoS: 1, Endpoint: endpoint, CleanStart: true,
+		Routes:          []mqttRoute{{"all", u + "/#"}},
+		MaxMessageBytes: "1KiB",
+		LastValue:       "mode: retained",
+	}
+	c := StartConnector(t, nil, "-f", writeFile(t, t.TempDir(), "lv.yaml", res.YAML(t)))
+	c.WaitReady(30 * time.Second)
+	retain(t, pub, u+"/state/big", "small")
+	retain(t, pub, u+"/state/kept", "kept")
+	Eventually(t, 20*time.Second, "both values cached", func() bool {
+		st, _ := c.Status("mqtt-lv-large")
+		return st.Counters.LastValue != nil && st.Counters.LastValue.Entries == 2
+	})
+	retain(t, pub, u+"/state/big", strings.Repeat("x", 2000))
+	Eventually(t, 20*time.Second, "the large update dropped and the old value removed", func() bool {
+		st, _ := c.Status("mqtt-lv-large")
+		return st.Counters.Dropped["too-large"] == 1 && st.Counters.LastValue.Entries == 1
+	})
+	st, _ := c.Status("mqtt-lv-large")
+	if n := st.Counters.LastValue.Evicted["too-large"]; n != 1 {
+		t.Fatalf("evicted %v, want one too-large", st.Counters.LastValue.Evicted)
+	}
+	if v := c.Metric(`weida_connector_last_value_evictions_total{reason="too-large",resource="mqtt-lv-large"}`); v != 1 {
+		t.Fatalf("last_value_evictions_total{too-large} = %v, want 1", v)
+	}
+	sub := collectWeida(t, endpoint, weida.Limits{}, u+".state.*")
+	got := replayed(t, sub, 1, "probe", func() { pub.publish(t, 1, u+"/state/probe", "probe") })
+	if want := map[string]string{u + ".state.kept": "kept"}; !maps.Equal(got, want) {
+		t.Fatalf("after the too-large update, replayed %v, want %v (never the old small value)", got, want)
+	}
+}
+
+// TestMQTTLastValueExpiry: a retained value with MQTT Message Expiry 1 s is
+// replayed while it lives and not after Mosquitto has dropped it; a value
+// without expiry stays.
+func TestMQTTLastValueExpiry(t *testing.T) {
+	requireTCP(t, "Mosquitto", mosquittoAddr)
+	u := unique()
+	pub := mqttConnect(t, mosquittoAddr, "pub-"+u)
+	endpoint := fmt.Sprintf("weida://127.0.0.1:%d/expiry", freePort(t, "udp"))
+	res := mqttResource{
+		Name: "mqtt-lv-expiry", Direction: policy.Inbound, QoS: 1, Endpoint: endpoint, CleanStart: true,
+		Routes:    []mqttRoute{{"all", u + "/#"}},
+		LastValue: "mode: retained",
+	}
+	c := StartConnector(t, nil, "-f", writeFile(t, t.TempDir(), "lv.yaml", res.YAML(t)))
+	c.WaitReady(30 * time.Second)
+	retain(t, pub, u+"/state/lasting", "lasting")
+	one := uint32(1)
+	published := time.Now()
+	if _, err := pub.Publish(ctx(t, 10*time.Second), &paho.Publish{Topic: u + "/state/brief", QoS: 1, Retain: true, Payload: []byte("brief"),
+		Properties: &paho.PublishProperties{MessageExpiry: &one}}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_, _ = pub.Publish(context.Background(), &paho.Publish{Topic: u + "/state/brief", QoS: 1, Retain: true})
+	})
+	Eventually(t, 20*time.Second, "both values cached", func() bool {
+		st, _ := c.Status("mqtt-lv-expiry")
+		return st.Counters.Received >= 2
+	})
+	// Past the expiry, with room for a loaded machine.
+	time.Sleep(time.Until(published.Add(3 * time.Second)))
+	st, _ := c.Status("mqtt-lv-expiry")
+	if lv := st.Counters.LastValue; lv.Entries != 1 || lv.Evicted["expired"] != 1 {
+		t.Fatalf("after the expiry the cache holds %+v, want 1 entry and 1 expired", lv)
+	}
+	sub := collectWeida(t, endpoint, weida.Limits{}, u+".state.*")
+	got := replayed(t, sub, 1, "probe", func() { pub.publish(t, 1, u+"/state/probe", "probe") })
+	if want := map[string]string{u + ".state.lasting": "lasting"}; !maps.Equal(got, want) {
+		t.Fatalf("after the expiry, replayed %v, want %v", got, want)
+	}
+	// Mosquitto agrees: a late MQTT subscriber gets the lasting value only.
+	late := mqttConnect(t, mosquittoAddr, "late-"+u)
+	late.subscribe(t, 1, u+"/state/#")
+	Eventually(t, 10*time.Second, "the lasting value at a late MQTT subscriber", func() bool { return late.Has(u+"/state/lasting", "lasting") })
+	if late.Has(u+"/state/brief", "brief") {
+		t.Fatal("Mosquitto still delivered the expired value; the test's premise does not hold")
+	}
+}
+
+// TestMQTTLastValueBrokerOutage: while the connector's private Mosquitto
+// is stopped, a late weida subscriber is replayed the cached value marked
+// stale (seen by the weida API and by `connector weida sub`, the built
+// binary), and a resource with whenSourceDown: withhold replays nothing
+// and counts it. Once the broker is back, replays are no longer stale.
+func TestMQTTLastValueBrokerOutage(t *testing.T) {
+	broker := brokertest.StartMosquitto(t)
+	u := unique()
+	pub := mqttConnect(t, broker.Addr(), "pub-"+u)
+	retain(t, pub, u+"/state/boiler", "on")
+	marked := fmt.Sprintf("weida://127.0.0.1:%d/marked", freePort(t, "udp"))
+	withheld := fmt.Sprintf("weida://127.0.0.1:%d/withheld", freePort(t, "udp"))
+	file := writeFile(t, t.TempDir(), "lv.yaml", mqttYAML(t,
+		mqttResource{
+			Name: "lv-mark", Direction: policy.Inbound, QoS: 1, Broker: broker.Addr(), Endpoint: marked, CleanStart: true,
+			Routes: []mqttRoute{{"all", u + "/#"}}, LastValue: "mode: retained",
+		},
+		mqttResource{
+			Name: "lv-withhold", Direction: policy.Inbound, QoS: 1, Broker: broker.Addr(), Endpoint: withheld, CleanStart: true,
+			Routes: []mqttRoute{{"all", u + "/#"}}, LastValue: "mode: retained\nwhenSourceDown: withhold",
+		}))
+	c := StartConnector(t, nil, "-f", file)
+	c.WaitReady(30 * time.Second)
+	for _, name := range []string{"lv-mark", "lv-withhold"} {
+		Eventually(t, 20*time.Second, name+" cached the value", func() bool {
+			st, _ := c.Status(name)
+			return st.Counters.LastValue != nil && st.Counters.LastValue.Entries == 1 && !st.Counters.LastValue.Stale
+		})
+	}
+	// While the broker is up, a replay is marked replayed, not stale.
+	fresh := collectWeida(t, marked, weida.Limits{}, u+".state.*")
+	Eventually(t, 20*time.Second, "the replay while the broker is up", func() bool { return fresh.Len() >= 1 })
+	if r := fresh.Messages()[0].Replay; !r.Replayed || r.Stale || !r.HasAge {
+		t.Fatalf("a replay while the broker is up has marks %+v, want replayed with an age, not stale", r)
+	}
+
+	broker.Stop()
+	for _, name := range []string{"lv-mark", "lv-withhold"} {
+		Eventually(t, 30*time.Second, name+" seeing the broker down", func() bool {
+			st, _ := c.Status(name)
+			return st.Counters.LastValue.Stale
+		})
+	}
+	sub := collectWeida(t, marked, weida.Limits{}, u+".state.*")
+	Eventually(t, 20*time.Second, "the replay during the outage", func() bool { return sub.Len() >= 1 })
+	m := sub.Messages()[0]
+	if string(m.Payload) != "on" || !m.Replay.Replayed || !m.Replay.Stale || !m.Replay.HasAge {
+		t.Fatalf("during the outage replayed %q with marks %+v, want \"on\" replayed and stale", m.Payload, m.Replay)
+	}
+	out := weidaSubCLI(t, c, "lv-mark", u+".state.*")
+	for _, want := range []string{u + ".state.boiler\ton", "\treplayed=true", "\tage=", "\tstale=true"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("connector weida sub printed %q, want %q in it", out, want)
+		}
+	}
+
+	hidden := collectWeida(t, withheld, weida.Limits{}, u+".state.*")
+	Eventually(t, 20*time.Second, "the replay withheld and counted", func() bool {
+		st, _ := c.Status("lv-withhold")
+		return st.Counters.LastValue.Withheld == 1
+	})
+	if v := c.Metric(`weida_connector_last_value_withheld_total{resource="lv-withhold"}`); v != 1 {
+		t.Fatalf("last_value_withheld_total = %v, want 1", v)
+	}
+	// The count is taken where the copy would have been queued: nothing
+	// can be on its way.
+	time.Sleep(500 * time.Millisecond)
+	if n := hidden.Len(); n != 0 {
+		t.Fatalf("whenSourceDown: withhold replayed %d copies during the outage", n)
+	}
+
+	broker.Start()
+	Eventually(t, 60*time.Second, "the broker connection back", func() bool {
+		st, _ := c.Status("lv-mark")
+		return !st.Counters.LastValue.Stale
+	})
+	out = weidaSubCLI(t, c, "lv-mark", u+".state.*")
+	if !strings.Contains(out, "\treplayed=true") || strings.Contains(out, "stale=") {
+		t.Fatalf("after the outage connector weida sub printed %q, want replayed and not stale", out)
+	}
+}
+
+// weidaSubCLI runs the built `connector weida sub` against resource's
+// endpoint (pinned by the fingerprint /status gives) until it has printed
+// one message, and returns what it printed.
+func weidaSubCLI(t *testing.T, c *Connector, resource, filter string) string {
+	t.Helper()
+	st, _ := c.Status(resource)
+	if st.SubscriberURL == "" {
+		t.Fatalf("%s has no subscriber URL in /status", resource)
+	}
+	cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(cctx, connectorBin, "weida", "sub", st.SubscriberURL, "--filter", filter, "--count", "1").CombinedOutput()
+	if err != nil {
+		t.Fatalf("connector weida sub: %v\n%s", err, out)
+	}
+	return string(out)
+}
+
+// TestNATSLastValueMaxAge: the JetStream stream's MaxAge ends cached
+// values as the server ends the messages, whether the cache was seeded with
+// them at start or took them live.
+func TestNATSLastValueMaxAge(t *testing.T) {
+	requireTCP(t, "nats-server", natsAddr)
+	u := unique()
+	nc := natsConn(t, natsAddr)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const maxAge = 2 * time.Second
+	name := "LVAGE" + u
+	if _, err := js.CreateStream(ctx(t, 10*time.Second), jetstream.StreamConfig{Name: name, Subjects: []string{u + ".>"}, MaxAge: maxAge}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = js.DeleteStream(context.Background(), name) })
+	if _, err := js.Publish(ctx(t, 5*time.Second), u+".seeded", []byte("1")); err != nil {
+		t.Fatal(err)
+	}
+	endpoint := fmt.Sprintf("weida://127.0.0.1:%d/age", freePort(t, "udp"))
+	res := natsResource{
+		Name: "nats-lv-age", Direction: policy.Inbound, Endpoint: endpoint,
+		Stream: name, Durable: "lv", Routes: []string{u + ".*"},
+		LastValue: "mode: retained",
+	}
+	c := StartConnector(t, nil, "-f", writeFile(t, t.TempDir(), "lv.yaml", res.YAML(t)))
+	c.WaitReady(30 * time.Second)
+	last := time.Now()
+	if _, err := js.Publish(ctx(t, 5*time.Second), u+".live", []byte("2")); err != nil {
+		t.Fatal(err)
+	}
+	Eventually(t, 20*time.Second, "both values cached", func() bool {
+		st, _ := c.Status("nats-lv-age")
+		return st.Counters.LastValue != nil && st.Counters.LastValue.Entries == 2
+	})
+	time.Sleep(time.Until(last.Add(maxAge + 2*time.Second)))
+	st, _ := c.Status("nats-lv-age")
+	if lv := st.Counters.LastValue; lv.Entries != 0 || lv.Evicted["expired"] != 2 {
+		t.Fatalf("past the stream's MaxAge the cache holds %+v, want nothing and 2 expired", lv)
+	}
+	sub := collectWeida(t, endpoint, weida.Limits{}, u+".#")
+	got := replayed(t, sub, 0, "probe", func() {
+		if _, err := js.Publish(ctx(t, 5*time.Second), u+".probe", []byte("probe")); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if len(got) != 0 {
+		t.Fatalf("past the stream's MaxAge, replayed %v", got)
+	}
+}

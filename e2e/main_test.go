@@ -204,6 +204,8 @@ type ResourceStatus struct {
 			Bytes    int64             `json:"bytes"`
 			Evicted  map[string]uint64 `json:"evicted"`
 			Replayed uint64            `json:"replayed"`
+			Withheld uint64            `json:"withheld"`
+			Stale    bool              `json:"stale"`
 		} `json:"lastValue"`
 	} `json:"counters"`
 	// Failure is present only while the resource is down after a failed

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"weida.dev/connector/policy"
 	"weida.dev/connector/weida/address"
@@ -523,6 +524,21 @@ func joinLosses(ls []policy.Loss) string {
 	return strings.Join(s, ", ")
 }
 
+// lastValueDuration checks an optional duration of spec.lastValue, which
+// must be at least a millisecond (what a replay's age is counted in), and
+// returns it, 0 when absent or refused.
+func (b *binder) lastValueDuration(path string, d *Duration, what string) time.Duration {
+	if d == nil || !b.ok(path) {
+		return 0
+	}
+	if v := time.Duration(*d); v < time.Millisecond {
+		b.fail(path, b.at(path), v.String(), "positive-duration",
+			"is "+what+", and must be at least 1ms", "leave it out for no limit, or write a duration such as 30s or 24h")
+		return 0
+	}
+	return time.Duration(*d)
+}
+
 // bindLastValue applies spec.lastValue. It runs after the broker block, so
 // it knows whether a NATS resource uses JetStream, and before the losses
 // are checked, which depend on it (the retain loss).
@@ -542,6 +558,13 @@ func (b *binder) bindLastValue(rl *rawLastValue) {
 	}
 	if rl.MaxBytes != nil && b.ok(base+".maxBytes") {
 		lv.MaxBytes = int64(*rl.MaxBytes)
+	}
+	lv.MaxAge = b.lastValueDuration(base+".maxAge", rl.MaxAge,
+		"how long after its source delivered it a cached value is still replayed")
+	lv.OrphanAfter = b.lastValueDuration(base+".orphanAfter", rl.OrphanAfter,
+		"how long the source may be disconnected before the cache is purged")
+	if rl.WhenSourceDown == "withhold" {
+		lv.WhenSourceDown = rl.WhenSourceDown
 	}
 	if rl.Mode == "retained" && b.protoOK && b.optsOK && !b.lastVal.OK {
 		why, hint := b.lastVal.Why, b.lastVal.Hint

@@ -7,6 +7,7 @@ import (
 	"net"
 	"reflect"
 	"strconv"
+	"time"
 
 	"weida.dev/connector/policy"
 	"weida.dev/connector/weida/address"
@@ -76,6 +77,16 @@ type LastValue struct {
 	Mode      string
 	MaxTopics int
 	MaxBytes  int64
+	// MaxAge ends a cached value that long after its source delivered
+	// it; zero keeps it until replaced (or its own expiry).
+	MaxAge time.Duration
+	// WhenSourceDown is "withhold" (replay nothing while the source is
+	// disconnected) or "" (the default, mark: replay, each copy marked
+	// stale).
+	WhenSourceDown string
+	// OrphanAfter purges the cache once the source has been disconnected
+	// that long; zero never purges.
+	OrphanAfter time.Duration
 }
 
 // The choices of spec.delivery.whenNoSubscriber.

@@ -4,6 +4,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"weida.dev/connector/policy"
 	"weida.dev/connector/resources"
@@ -96,5 +97,51 @@ func TestLastValueSharedGroup(t *testing.T) {
 	}
 	if !strings.Contains(errs[0].Hint, "remove sharedGroup") || !strings.Contains(errs[0].Hint, "mode: all") {
 		t.Errorf("hint %q names neither way out", errs[0].Hint)
+	}
+}
+
+// TestLastValueSourceOptions: maxAge, whenSourceDown and orphanAfter are
+// read, and refused with the field named when they make no sense.
+func TestLastValueSourceOptions(t *testing.T) {
+	const noRetain = "losses: [delivery-best-effort, dotted-levels, expiry, ordering, properties, reply-to, topic-length]"
+	const withRetain = "losses: [delivery-best-effort, dotted-levels, expiry, ordering, properties, reply-to, retain, topic-length]"
+	with := func(opts string) string {
+		return edit(t, mqttIn, withRetain, noRetain, "  routes:", "  lastValue:\n    mode: retained\n"+opts+"  routes:")
+	}
+	set, err := loadFiles(t, "a.yaml", with("    maxAge: 90s\n    whenSourceDown: withhold\n    orphanAfter: 1h\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := resources.LastValue{Mode: "retained", MaxTopics: resources.DefaultLastValueTopics, MaxBytes: resources.DefaultLastValueBytes,
+		MaxAge: 90 * time.Second, WhenSourceDown: "withhold", OrphanAfter: time.Hour}
+	if c := set.Connectors()[0]; c.LastValue != want {
+		t.Errorf("LastValue = %+v, want %+v", c.LastValue, want)
+	}
+	set, err = loadFiles(t, "a.yaml", with("    whenSourceDown: mark\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := set.Connectors()[0]; c.LastValue.WhenSourceDown != "" {
+		t.Errorf("whenSourceDown: mark reads as %q, want the default \"\"", c.LastValue.WhenSourceDown)
+	}
+	for _, c := range []struct{ name, opts, want string }{
+		{"bad-when", "    whenSourceDown: hide\n", "spec.lastValue.whenSourceDown oneof"},
+		{"zero-age", "    maxAge: 0s\n", "spec.lastValue.maxAge positive-duration"},
+		{"negative-orphan", "    orphanAfter: -1m\n", "spec.lastValue.orphanAfter positive-duration"},
+	} {
+		_, err := loadFiles(t, "a.yaml", with(c.opts))
+		errs := resources.Errors(err)
+		var got []string
+		for _, d := range diags(errs) {
+			got = append(got, d.String())
+		}
+		if !slices.Equal(got, []string{c.want}) {
+			t.Errorf("%s: diagnostics %q, want %q", c.name, got, c.want)
+		}
+		for _, fe := range errs {
+			if fe.Message == "" || fe.Hint == "" && fe.Rule == "positive-duration" {
+				t.Errorf("%s: refused without a reason or a hint: %v", c.name, fe)
+			}
+		}
 	}
 }

@@ -100,9 +100,12 @@ type rawRoute struct {
 }
 
 type rawLastValue struct {
-	Mode      string    `yaml:"mode" validate:"required,oneof=retained all"`
-	MaxTopics *int      `yaml:"maxTopics" validate:"omitempty,min=1,max=1000000"`
-	MaxBytes  *ByteSize `yaml:"maxBytes" validate:"omitempty,min=1024,max=1073741824"`
+	Mode           string    `yaml:"mode" validate:"required,oneof=retained all"`
+	MaxTopics      *int      `yaml:"maxTopics" validate:"omitempty,min=1,max=1000000"`
+	MaxBytes       *ByteSize `yaml:"maxBytes" validate:"omitempty,min=1024,max=1073741824"`
+	MaxAge         *Duration `yaml:"maxAge" doc:"end a cached value this long after its source delivered it, for sources whose messages carry no expiry; default: kept until replaced"`
+	WhenSourceDown string    `yaml:"whenSourceDown" validate:"omitempty,oneof=mark withhold" doc:"while the source is disconnected: mark (default) replays with each copy marked stale, withhold replays nothing"`
+	OrphanAfter    *Duration `yaml:"orphanAfter" doc:"purge the cache once the source has been disconnected this long; default: never"`
 }
 
 type rawLimits struct {

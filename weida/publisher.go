@@ -5,15 +5,17 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"weida.dev/connector/weida/wire"
 )
 
 // Message is one Pub/Sub message.
 //
-// On [Publisher.Publish] Endpoint is ignored (the publisher's path is sent)
-// and Publish neither modifies nor keeps any of the fields: it copies what
-// it needs before it returns, so the caller may reuse Payload at once. On
+// On [Publisher.Publish] Endpoint and Replay are ignored (the publisher's
+// path is sent, and a live copy carries no replay marks) and Publish
+// neither modifies nor keeps any of the fields: it copies what it needs
+// before it returns, so the caller may reuse Payload at once. On
 // [Subscriber.Receive] every field comes from the copy's DATA header, an
 // absent text key reads as "", and Payload is a fresh slice the caller owns.
 type Message struct {
@@ -23,6 +25,59 @@ type Message struct {
 	Traceparent string // key 3: W3C trace context, at most 128 bytes; forwarded, never minted
 	Tracestate  string // key 4: opaque, at most 512 bytes; forwarded unchanged
 	Payload     []byte
+	// Replay holds the replay marks (extension keys 65-67, see
+	// docs/WEIDA.md): on Receive, whether the copy was replayed from the
+	// publisher's last-value cache rather than published live, and how
+	// old and how current its value is. A [Replayer] sets Age and Stale
+	// on what it yields; the listener sets Replayed.
+	Replay Replay
+}
+
+// Replay are the marks of a replayed copy. The zero value is a live copy's,
+// or one from a publisher that does not mark its replays (weida itself
+// replays nothing, so only an extension such as this one's can say).
+type Replay struct {
+	// Replayed is true when the copy came from the publisher's cache on
+	// subscribing, not from a publish after it (key 65).
+	Replayed bool
+	// Age is how long before the replay the publisher's source delivered
+	// the value, in whole milliseconds, when HasAge (key 66).
+	Age    time.Duration
+	HasAge bool
+	// Stale is true when the publisher's source was disconnected as the
+	// copy was replayed: the source may hold a newer value, or none
+	// (key 67).
+	Stale bool
+}
+
+func (r Replay) marks() wire.ReplayMarks {
+	m := wire.ReplayMarks{Replayed: r.Replayed, Stale: r.Stale, HasAge: r.HasAge}
+	if r.HasAge && r.Age > 0 {
+		m.AgeMillis = uint64(r.Age / time.Millisecond)
+	}
+	return m
+}
+
+func replayOf(m wire.ReplayMarks) Replay {
+	r := Replay{Replayed: m.Replayed, Stale: m.Stale, HasAge: m.HasAge}
+	if m.HasAge {
+		const maxMillis = uint64(1<<63-1) / uint64(time.Millisecond)
+		r.Age = time.Duration(min(m.AgeMillis, maxMillis)) * time.Millisecond
+	}
+	return r
+}
+
+// messageOf is the Message a decoded DATA header and its payload make.
+func messageOf(d *wire.Data, payload []byte) Message {
+	return Message{
+		Endpoint:    d.Endpoint,
+		Topic:       d.Topic,
+		ContentType: d.ContentType,
+		Traceparent: d.Traceparent,
+		Tracestate:  d.Tracestate,
+		Payload:     payload,
+		Replay:      replayOf(d.Replay),
+	}
 }
 
 // Result counts what one Publish did with the subscribers whose filters
@@ -334,13 +389,24 @@ func (f *frame) release() {
 // framePool recycles frames whose buffers are small enough to keep.
 type framePool struct{ p sync.Pool }
 
+// replayMarksBytes bounds what the replay marks add to a header: three
+// two-byte keys, two one-byte flags and a uint of at most nine bytes.
+const replayMarksBytes = 3*2 + 2 + 9
+
 // maxPooledFrame bounds the buffers kept for reuse, so one large message
 // does not pin its size in the pool.
 const maxPooledFrame = 64 << 10
 
-// get encodes m for path into a frame holding one reference (the caller's).
+// get encodes m for path into a frame holding one reference (the caller's),
+// as a live copy: without m.Replay.
 func (fp *framePool) get(path string, m *Message) (*frame, error) {
+	return fp.encode(path, m, wire.ReplayMarks{})
+}
+
+// encode is get with the replay marks to write.
+func (fp *framePool) encode(path string, m *Message, marks wire.ReplayMarks) (*frame, error) {
 	d := wire.Data{
+		Replay:   marks,
 		Endpoint: path, HasEndpoint: true,
 		ContentLen: uint64(len(m.Payload)), HasContentLen: true,
 		ContentType: m.ContentType,
@@ -357,7 +423,7 @@ func (fp *framePool) get(path string, m *Message) (*frame, error) {
 	}
 	buf := f.buf[:0]
 	if need := 16 + 64 + len(path) + len(m.Topic) + len(m.ContentType) +
-		len(m.Traceparent) + len(m.Tracestate) + len(m.Payload); cap(buf) < need {
+		len(m.Traceparent) + len(m.Tracestate) + len(m.Payload) + replayMarksBytes; cap(buf) < need {
 		buf = make([]byte, 0, need)
 	}
 	buf = wire.AppendData(buf, &d)

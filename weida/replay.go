@@ -12,7 +12,10 @@ type Replayer interface {
 	// yield returns false (the connection is closing: stop). Messages
 	// whose Topic filter does not match are skipped, so a faulty Replayer
 	// cannot leak a topic nobody asked for. yield copies what it needs
-	// before it returns, as [Publisher.Publish] does.
+	// before it returns, as [Publisher.Publish] does. Each copy carries
+	// the replay marks (extension keys of DATA, see docs/WEIDA.md): the
+	// listener marks it replayed, and writes the Age (when HasAge) and
+	// Stale the message's Replay holds.
 	//
 	// Replay runs on the goroutine that handles the subscriber's
 	// SUBSCRIBE, while the path's fan-out is held (see
@@ -73,7 +76,10 @@ func (sc *serverConn) replay(ps *pathState, filter string) {
 		if !topic.Match(filter, m.Topic) {
 			return true
 		}
-		f, err := l.frames.get(ps.path, &m)
+		// The mark that it is replayed is the listener's, whatever the
+		// Replayer set; age and staleness are the Replayer's to know.
+		m.Replay.Replayed = true
+		f, err := l.frames.encode(ps.path, &m, m.Replay.marks())
 		if err != nil {
 			l.log.Warn("weida: replay: skipping a message weida cannot send", "path", ps.path, "topic", m.Topic, "err", err)
 			return true

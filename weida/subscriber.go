@@ -357,15 +357,7 @@ func (s *Subscriber) read(ctx context.Context, in *inbound) (Message, error) {
 	}
 	if err == nil {
 		s.received.Add(1)
-		d := &in.d
-		return Message{
-			Endpoint:    d.Endpoint,
-			Topic:       d.Topic,
-			ContentType: d.ContentType,
-			Traceparent: d.Traceparent,
-			Tracestate:  d.Tracestate,
-			Payload:     payload,
-		}, nil
+		return messageOf(&in.d, payload), nil
 	}
 	var se *quic.StreamError
 	switch {

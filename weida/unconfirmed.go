@@ -339,14 +339,7 @@ func (f *frame) message() Message {
 	if err != nil {
 		return Message{}
 	}
-	return Message{
-		Endpoint:    d.Endpoint,
-		Topic:       d.Topic,
-		ContentType: d.ContentType,
-		Traceparent: d.Traceparent,
-		Tracestate:  d.Tracestate,
-		Payload:     append([]byte(nil), f.buf[n:]...),
-	}
+	return messageOf(&d, append([]byte(nil), f.buf[n:]...))
 }
 
 // vanished reports whether a connection that ended with cause ended

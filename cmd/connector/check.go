@@ -202,6 +202,17 @@ func weidaSummary(c *resources.Connector) []string {
 		if lv := c.LastValue; lv.Mode != "" {
 			lines = append(lines, fmt.Sprintf("replays the last value of each topic to new subscriptions (%s messages; at most %d topics, %d bytes)",
 				lv.Mode, lv.MaxTopics, lv.MaxBytes))
+			down := "replays marked stale while the broker is disconnected"
+			if lv.WhenSourceDown == "withhold" {
+				down = "replays nothing while the broker is disconnected"
+			}
+			if lv.MaxAge > 0 {
+				down = fmt.Sprintf("values end %s after the broker delivered them; ", lv.MaxAge) + down
+			}
+			if lv.OrphanAfter > 0 {
+				down += fmt.Sprintf(", purged after %s disconnected", lv.OrphanAfter)
+			}
+			lines = append(lines, down)
 		}
 		return lines
 	}

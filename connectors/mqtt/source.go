@@ -293,6 +293,12 @@ func (s *Source) onPublish(pr paho.PublishReceived) (bool, error) {
 		Retained: p.Retain,
 	}
 	if props := p.Properties; props != nil {
+		if props.MessageExpiry != nil {
+			// For a retained message the broker sends what is left of
+			// its expiry interval; the value then ends for the cache too.
+			m.ReceivedUnixNano = time.Now().UnixNano()
+			m.ExpiresUnixNano = m.ReceivedUnixNano + int64(*props.MessageExpiry)*int64(time.Second)
+		}
 		m.ContentType = props.ContentType
 		m.Traceparent = userProperty(props, "traceparent")
 		m.Tracestate = userProperty(props, "tracestate")

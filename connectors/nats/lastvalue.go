@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -53,6 +56,7 @@ func (s *Source) lastValues(ctx context.Context, js jetstream.JetStream, filter 
 	if err != nil {
 		return fmt.Errorf("nats: jetstream stream %q: %w", name, err)
 	}
+	s.noteStream(stream)
 	cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
 		FilterSubjects:    []string{filter},
 		DeliverPolicy:     jetstream.DeliverLastPerSubjectPolicy,
@@ -81,6 +85,7 @@ func (s *Source) lastValues(ctx context.Context, js jetstream.JetStream, filter 
 			n++
 			m := toMessage(msg.Subject(), msg.Data(), msg.Headers(), s.cfg.LoopMarker)
 			m.Retained = true
+			s.stored(m, msg)
 			yield(m)
 			// The stored messages are fixed when the consumer starts;
 			// NumPending counts those not delivered yet.
@@ -95,4 +100,53 @@ func (s *Source) lastValues(ctx context.Context, js jetstream.JetStream, filter 
 			return nil // nothing more arrived within the wait
 		}
 	}
+}
+
+// noteStream keeps the stream's MaxAge, which ends its messages, and so
+// the cached copies of them.
+func (s *Source) noteStream(stream jetstream.Stream) {
+	if info := stream.CachedInfo(); info != nil {
+		s.maxAge.Store(int64(info.Config.MaxAge))
+		s.msgTTL.Store(info.Config.AllowMsgTTL)
+	}
+}
+
+// TTLHeader is the JetStream per-message TTL header (nats-server 2.11 and
+// later, on a stream that allows it: elsewhere it is an ordinary header,
+// and the server keeps the message).
+const TTLHeader = "Nats-TTL"
+
+// stored sets what the stream says of m, read from msg: when the server
+// stored it, and when the stream drops it (its MaxAge, or its own TTL when
+// sooner, where the stream allows TTLs).
+func (s *Source) stored(m *connectors.Message, msg jetstream.Msg) {
+	md, err := msg.Metadata()
+	if err != nil {
+		return
+	}
+	at := md.Timestamp
+	m.SourceUnixNano = at.UnixNano()
+	life := time.Duration(s.maxAge.Load())
+	if ttl, ok := messageTTL(msg.Headers().Get(TTLHeader)); ok && s.msgTTL.Load() && (life <= 0 || ttl < life) {
+		life = ttl
+	}
+	if life > 0 {
+		m.ExpiresUnixNano = at.Add(life).UnixNano()
+	}
+}
+
+// messageTTL reads a Nats-TTL header as nats-server does: a Go duration
+// or a whole number of seconds; "never" and anything unreadable set no TTL
+// (the server refuses to store a message whose TTL it cannot read).
+func messageTTL(v string) (time.Duration, bool) {
+	if v == "" || strings.EqualFold(v, "never") {
+		return 0, false
+	}
+	if d, err := time.ParseDuration(v); err == nil && d > 0 {
+		return d, true
+	}
+	if n, err := strconv.ParseInt(v, 10, 64); err == nil && n > 0 && n < int64(math.MaxInt64/time.Second) {
+		return time.Duration(n) * time.Second, true
+	}
+	return 0, false
 }

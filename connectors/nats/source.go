@@ -72,6 +72,9 @@ type Source struct {
 
 	dropMu  sync.Mutex // guards coreSub.seen
 	dropped atomic.Uint64
+
+	maxAge atomic.Int64 // the bound stream's MaxAge (a time.Duration); 0: none
+	msgTTL atomic.Bool  // the bound stream honours per-message TTLs (Nats-TTL)
 }
 
 type coreSub struct {
@@ -314,6 +317,7 @@ func (s *Source) bind(ctx context.Context, js jetstream.JetStream, filters []str
 	if err != nil {
 		return nil, jsFailure(fmt.Errorf("nats: jetstream stream %q: %w", jcfg.Stream, err))
 	}
+	s.noteStream(stream)
 	cons, err := s.consumer(ctx, stream, filters)
 	if err != nil {
 		return nil, jsFailure(err)
@@ -494,6 +498,7 @@ func (s *Source) readJetStream(ctx context.Context) (*connectors.Message, connec
 	if err == nil {
 		m := toMessage(msg.Subject(), msg.Data(), msg.Headers(), s.cfg.LoopMarker)
 		m.Retained = true // the stream keeps it: a last-value cache in mode retained takes it
+		s.stored(m, msg)
 		return m, s.acker(msg), nil
 	}
 	select {

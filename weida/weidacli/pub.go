@@ -323,6 +323,11 @@ type pubJSON struct {
 	Tracestate    string          `json:"tracestate"`
 	Payload       json.RawMessage `json:"payload"`
 	PayloadBase64 *string         `json:"payloadBase64"`
+	// The replay marks sub prints are accepted, so that sub's output can
+	// be published again, and ignored: what pub sends is live.
+	Replayed bool    `json:"replayed"`
+	AgeMs    *uint64 `json:"ageMs"`
+	Stale    bool    `json:"stale"`
 }
 
 // parsePubLine reads one input line: a JSON object, or topic TAB payload.

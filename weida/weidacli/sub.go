@@ -32,13 +32,18 @@ The publisher is trusted by the fingerprint pinned in the URL (connector
 weida pub prints it), else by the CA file given with --ca.
 
 Text output: topic, TAB, payload, then content-type=, traceparent= and
-tracestate= fields (TAB-separated) when the message has them. A payload is
+tracestate= fields (TAB-separated) when the message has them, and, for a
+copy the publisher replayed from its last-value cache rather than
+published live, replayed=true, age=<duration> (how long before the replay
+its source delivered the value) and stale=true (the publisher's source was
+disconnected at the replay). A payload is
 shown as is when it is printable UTF-8; UTF-8 with tabs, newlines or other
 control characters is shown quoted ("{\n  \"a\": 1\n}"); anything else as
 "base64:" and its base64 encoding. A payload that itself starts with '"' or
 "base64:" is quoted. A topic or field that is not printable is quoted.
 JSON output: one object per line with endpoint, topic, contentType,
-traceparent, tracestate and either payload (valid UTF-8) or payloadBase64.
+traceparent, tracestate and either payload (valid UTF-8) or payloadBase64;
+a replayed copy adds replayed, ageMs and stale.
 
 Ends after --count messages (0: until interrupted). Interrupted (SIGINT,
 SIGTERM), it unsubscribes and keeps printing the messages the publisher had
@@ -58,6 +63,10 @@ type subJSON struct {
 	Tracestate    string  `json:"tracestate"`
 	Payload       *string `json:"payload,omitempty"`
 	PayloadBase64 *string `json:"payloadBase64,omitempty"`
+	// The replay marks (DATA extension keys 65-67), on replayed copies.
+	Replayed bool    `json:"replayed,omitempty"`
+	AgeMs    *uint64 `json:"ageMs,omitempty"`
+	Stale    bool    `json:"stale,omitempty"`
 }
 
 // subOptions are the flags and argument of connector weida sub.
@@ -257,13 +266,30 @@ func writeSubText(b []byte, m *weida.Message) []byte {
 			b = append(b, safeText(kv.v)...)
 		}
 	}
+	if r := m.Replay; r.Replayed || r.Stale || r.HasAge {
+		if r.Replayed {
+			b = append(b, "\treplayed=true"...)
+		}
+		if r.HasAge {
+			b = append(b, "\tage="...)
+			b = append(b, r.Age.String()...)
+		}
+		if r.Stale {
+			b = append(b, "\tstale=true"...)
+		}
+	}
 	return append(b, '\n')
 }
 
 // writeSubJSON appends one JSON line for m.
 func writeSubJSON(b []byte, m *weida.Message) []byte {
 	j := subJSON{Endpoint: m.Endpoint, Topic: m.Topic, ContentType: m.ContentType,
-		Traceparent: m.Traceparent, Tracestate: m.Tracestate}
+		Traceparent: m.Traceparent, Tracestate: m.Tracestate,
+		Replayed: m.Replay.Replayed, Stale: m.Replay.Stale}
+	if m.Replay.HasAge {
+		ms := uint64(m.Replay.Age / time.Millisecond)
+		j.AgeMs = &ms
+	}
 	if utf8.Valid(m.Payload) {
 		s := string(m.Payload)
 		j.Payload = &s

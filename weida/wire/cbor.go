@@ -355,6 +355,29 @@ func (d *decoder) skip(key int) error {
 	}
 }
 
+// cborTrue is the simple value true.
+const cborTrue = 0xf5
+
+// optTrue reads an extension key's boolean: true for CBOR true; false for
+// any other item, which it skips under the rules every skipped value obeys.
+func (d *decoder) optTrue(key int) (bool, error) {
+	if d.off < len(d.b) && d.b[d.off] == cborTrue {
+		d.off++
+		return true, nil
+	}
+	return false, d.skip(key)
+}
+
+// optUint reads an extension key's unsigned integer, or skips an item of
+// another type and reports it absent.
+func (d *decoder) optUint(key int) (uint64, bool, error) {
+	if d.off < len(d.b) && d.b[d.off]>>5 == majorUint {
+		v, err := d.uint(key)
+		return v, err == nil, err
+	}
+	return 0, false, d.skip(key)
+}
+
 // Encoding helpers. Every integer is written in its shortest form.
 
 func appendHead(dst []byte, major byte, v uint64) []byte {

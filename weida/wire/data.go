@@ -81,6 +81,60 @@ type Data struct {
 	Segment            uint64 // key 13
 	HasSegment         bool
 	Layer              uint64 // key 14, 0 = absent; at most MaxLayer, only with Segment
+
+	// Replay marks are this implementation's extension keys (PROTOCOL §5:
+	// 64 and up, skipped by a peer that does not know them), written on
+	// the copies a publisher replays from a last-value cache; see
+	// docs/WEIDA.md, "Replayed copies". A live copy carries none.
+	Replay ReplayMarks
+}
+
+// DATA extension keys of the replay marks. Keys 0-63 are the
+// specification's; these are the first of the extension space, which no
+// registry allocates, so a decoder here reads a value of an unexpected type
+// under one of them as absent (another extension's use) rather than as a
+// violation.
+const (
+	DataKeyReplayed  = 65 // true: the copy is replayed from a cache, not live
+	DataKeyAgeMillis = 66 // uint: how long before the replay the source delivered the value, in ms
+	DataKeyStale     = 67 // true: the source was disconnected when the copy was replayed
+)
+
+// ReplayMarks are the extension keys of a replayed copy. The zero value
+// writes nothing. Replayed, Stale and AgeMillis are written when set
+// (true, or HasAge); false is never written, as PROTOCOL §5 writes no
+// placeholder for an absent key.
+type ReplayMarks struct {
+	Replayed  bool   // key 65
+	AgeMillis uint64 // key 66, when HasAge
+	HasAge    bool
+	Stale     bool // key 67
+}
+
+// count is the number of keys m writes.
+func (m *ReplayMarks) count() uint64 {
+	var n uint64
+	for _, p := range [...]bool{m.Replayed, m.HasAge || m.AgeMillis != 0, m.Stale} {
+		if p {
+			n++
+		}
+	}
+	return n
+}
+
+func (m *ReplayMarks) append(dst []byte) []byte {
+	if m.Replayed {
+		dst = appendHead(dst, majorUint, DataKeyReplayed)
+		dst = append(dst, cborTrue)
+	}
+	if m.HasAge || m.AgeMillis != 0 {
+		dst = appendUintKV(dst, DataKeyAgeMillis, m.AgeMillis)
+	}
+	if m.Stale {
+		dst = appendHead(dst, majorUint, DataKeyStale)
+		dst = append(dst, cborTrue)
+	}
+	return dst
 }
 
 // keys returns the set of keys AppendData writes for d, bit i for key i.
@@ -115,7 +169,7 @@ func (d *Data) keys() uint16 {
 func AppendData(dst []byte, d *Data) []byte {
 	set := d.keys()
 	has := func(key int) bool { return set&(1<<key) != 0 }
-	dst = appendHead(dst, majorMap, uint64(bits.OnesCount16(set)))
+	dst = appendHead(dst, majorMap, uint64(bits.OnesCount16(set))+d.Replay.count())
 	if has(dataEndpoint) {
 		dst = appendTextKV(dst, dataEndpoint, d.Endpoint)
 	}
@@ -163,11 +217,13 @@ func AppendData(dst []byte, d *Data) []byte {
 	if has(dataLayer) {
 		dst = appendUintKV(dst, dataLayer, d.Layer)
 	}
-	return dst
+	return d.Replay.append(dst)
 }
 
 // DecodeData decodes a DATA header under every rule of PROTOCOL §5 and §6.2.
-// Keys 15 and up are skipped. Every failure is an [*Error].
+// Keys 15 and up are skipped, but for the replay marks ([ReplayMarks]),
+// which are read when their value has the type they are written with and
+// skipped otherwise. Every failure is an [*Error].
 //
 // The text fields of the result share one string allocation; Producer and
 // Report are one allocation each when present.
@@ -242,6 +298,12 @@ func DecodeData(b []byte) (Data, error) {
 			case out.Layer > MaxLayer:
 				err = d.failf(k, RuleLayerRange, "%d", out.Layer)
 			}
+		case DataKeyReplayed:
+			out.Replay.Replayed, err = d.optTrue(k)
+		case DataKeyAgeMillis:
+			out.Replay.AgeMillis, out.Replay.HasAge, err = d.optUint(k)
+		case DataKeyStale:
+			out.Replay.Stale, err = d.optTrue(k)
 		default:
 			err = d.skip(k)
 		}
