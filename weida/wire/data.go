@@ -81,6 +81,11 @@ type Data struct {
 	Segment            uint64 // key 13
 	HasSegment         bool
 	Layer              uint64 // key 14, 0 = absent; at most MaxLayer, only with Segment
+
+	// SourceSequence is extension key DataSourceSequence (68): the
+	// message's position in its source, such as a JetStream stream
+	// sequence; 0 = absent (a JetStream sequence starts at 1).
+	SourceSequence uint64
 }
 
 // keys returns the set of keys AppendData writes for d, bit i for key i.
@@ -115,7 +120,11 @@ func (d *Data) keys() uint16 {
 func AppendData(dst []byte, d *Data) []byte {
 	set := d.keys()
 	has := func(key int) bool { return set&(1<<key) != 0 }
-	dst = appendHead(dst, majorMap, uint64(bits.OnesCount16(set)))
+	n := uint64(bits.OnesCount16(set))
+	if d.SourceSequence != 0 {
+		n++
+	}
+	dst = appendHead(dst, majorMap, n)
 	if has(dataEndpoint) {
 		dst = appendTextKV(dst, dataEndpoint, d.Endpoint)
 	}
@@ -163,11 +172,15 @@ func AppendData(dst []byte, d *Data) []byte {
 	if has(dataLayer) {
 		dst = appendUintKV(dst, dataLayer, d.Layer)
 	}
+	if d.SourceSequence != 0 {
+		dst = appendUintKV(dst, DataSourceSequence, d.SourceSequence)
+	}
 	return dst
 }
 
 // DecodeData decodes a DATA header under every rule of PROTOCOL §5 and §6.2.
-// Keys 15 and up are skipped. Every failure is an [*Error].
+// Keys 15 and up are skipped, except extension key DataSourceSequence
+// when it holds an unsigned integer. Every failure is an [*Error].
 //
 // The text fields of the result share one string allocation; Producer and
 // Report are one allocation each when present.
@@ -238,6 +251,14 @@ func DecodeData(b []byte) (Data, error) {
 				err = d.fail(k, RuleLayerWithoutSegment)
 			case out.Layer > MaxLayer:
 				err = d.failf(k, RuleLayerRange, "%d", out.Layer)
+			}
+		case DataSourceSequence:
+			// An extension key: a value of another type is somebody
+			// else's use of the number, skipped rather than refused.
+			if d.off < len(d.b) && d.b[d.off]>>5 == majorUint {
+				out.SourceSequence, err = d.uint(k)
+			} else {
+				err = d.skip(k)
 			}
 		default:
 			err = d.skip(k)
