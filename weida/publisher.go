@@ -22,7 +22,12 @@ type Message struct {
 	ContentType string // key 2: opaque label, at most 256 bytes
 	Traceparent string // key 3: W3C trace context, at most 128 bytes; forwarded, never minted
 	Tracestate  string // key 4: opaque, at most 512 bytes; forwarded unchanged
-	Payload     []byte
+	// SourceSequence is extension key 68 (wire.DataSourceSequence): the
+	// message's position in the source it was bridged from (a JetStream
+	// stream sequence), carried alike on a replayed and a live copy, so a
+	// subscriber can order the two and see gaps. 0 = none.
+	SourceSequence uint64
+	Payload        []byte
 }
 
 // Result counts what one Publish did with the subscribers whose filters
@@ -347,6 +352,7 @@ func (fp *framePool) get(path string, m *Message) (*frame, error) {
 		Traceparent: m.Traceparent,
 		Tracestate:  m.Tracestate,
 		Topic:       m.Topic, HasTopic: true,
+		SourceSequence: m.SourceSequence,
 	}
 	if err := d.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidMessage, err)
