@@ -289,11 +289,12 @@ func (b *inboundBridge) convert(m *Message) (Route, weida.Message, bool) {
 		return Route{}, weida.Message{}, false
 	}
 	return route, weida.Message{
-		Topic:       wt,
-		ContentType: m.ContentType,
-		Traceparent: m.Traceparent,
-		Tracestate:  m.Tracestate,
-		Payload:     m.Payload,
+		Topic:          wt,
+		ContentType:    m.ContentType,
+		Traceparent:    m.Traceparent,
+		Tracestate:     m.Tracestate,
+		SourceSequence: m.Sequence,
+		Payload:        m.Payload,
 	}, true
 }
 

@@ -169,6 +169,8 @@ func (lv *lastValues) record(m *Message, wm *weida.Message) {
 		Traceparent: strings.Clone(wm.Traceparent),
 		Tracestate:  strings.Clone(wm.Tracestate),
 		Payload:     append([]byte(nil), wm.Payload...),
+		// The source's number for the message, replayed as it went live.
+		SourceSequence: wm.SourceSequence,
 	}}
 	e.size = int64(len(e.m.Topic)+len(e.m.ContentType)+len(e.m.Traceparent)+len(e.m.Tracestate)+len(e.m.Payload)) + lvOverhead
 	if e.size > lv.maxBytes {
@@ -332,5 +334,5 @@ func (b *inboundBridge) convertSeed(m *Message) (weida.Message, bool) {
 	if b.spec.MaxMessageBytes > 0 && len(m.Payload) > b.spec.MaxMessageBytes {
 		return weida.Message{}, false
 	}
-	return weida.Message{Topic: wt, ContentType: m.ContentType, Traceparent: m.Traceparent, Tracestate: m.Tracestate, Payload: m.Payload}, true
+	return weida.Message{Topic: wt, ContentType: m.ContentType, Traceparent: m.Traceparent, Tracestate: m.Tracestate, SourceSequence: m.Sequence, Payload: m.Payload}, true
 }

@@ -81,10 +81,14 @@ func (s *Source) lastValues(ctx context.Context, js jetstream.JetStream, filter 
 			n++
 			m := toMessage(msg.Subject(), msg.Data(), msg.Headers(), s.cfg.LoopMarker)
 			m.Retained = true
+			md, err := msg.Metadata()
+			if err == nil {
+				m.Sequence = md.Sequence.Stream
+			}
 			yield(m)
 			// The stored messages are fixed when the consumer starts;
 			// NumPending counts those not delivered yet.
-			if md, err := msg.Metadata(); err == nil && md.NumPending == 0 {
+			if err == nil && md.NumPending == 0 {
 				return nil
 			}
 		}

@@ -494,6 +494,9 @@ func (s *Source) readJetStream(ctx context.Context) (*connectors.Message, connec
 	if err == nil {
 		m := toMessage(msg.Subject(), msg.Data(), msg.Headers(), s.cfg.LoopMarker)
 		m.Retained = true // the stream keeps it: a last-value cache in mode retained takes it
+		if md, err := msg.Metadata(); err == nil {
+			m.Sequence = md.Sequence.Stream
+		}
 		return m, s.acker(msg), nil
 	}
 	select {
