@@ -40,12 +40,14 @@ type hosting struct {
 }
 
 func newInboundBridge(c *core, newSource SourceFactory, host *hosting) *inboundBridge {
-	return &inboundBridge{
+	b := &inboundBridge{
 		core:      c,
 		newSource: newSource,
 		host:      host,
 		lv:        newLastValues(c.spec.LastValue, c.deps.Metrics, c.spec.Name),
 	}
+	b.lv.persistIn(c.spec.LastValueDir, b.subscribed(), c.deps.Metrics, b.log)
+	return b
 }
 
 func (b *inboundBridge) setPublisher(p Publisher) {
@@ -56,6 +58,7 @@ func (b *inboundBridge) setPublisher(p Publisher) {
 		st := b.stats
 		p.OnCopiesLost(st.copiesLost)
 		p.CountCopiesUnconfirmed(st.copiesUnconfirmed)
+		b.lv.restore() // a persisted cache is back before anything is replayed
 		b.lv.install(p)
 	}
 }
@@ -175,6 +178,7 @@ func (b *inboundBridge) run(ctx context.Context) error {
 	defer func() {
 		retire()
 		b.closeSource(ctx, src)
+		b.lv.flush() // a persisted cache is saved whenever an attempt ends, a stop included
 	}()
 	// The publisher path is registered before the broker subscription, so
 	// the endpoint is ready as soon as messages can arrive.

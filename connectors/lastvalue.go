@@ -105,6 +105,8 @@ type lastValues struct {
 
 	replayed atomic.Uint64
 
+	disk *lvDisk // where the cache persists; nil: in memory only (lastvalue_store.go)
+
 	entriesG, bytesG prometheus.Gauge
 	evictedC         *prometheus.CounterVec
 	replayedC        prometheus.Counter
@@ -156,6 +158,7 @@ func (lv *lastValues) takes(m *Message) bool {
 func (lv *lastValues) record(m *Message, wm *weida.Message) {
 	lv.mu.Lock()
 	defer lv.mu.Unlock()
+	defer lv.disk.changed(lv)
 	if m.Retained && len(wm.Payload) == 0 {
 		if e, ok := lv.store.Delete(wm.Topic); ok {
 			lv.unlinkLocked(e)

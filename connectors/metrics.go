@@ -68,6 +68,9 @@ type Metrics struct {
 	LastValueBytes     *prometheus.GaugeVec
 	LastValueEvictions *prometheus.CounterVec
 	LastValueReplayed  *prometheus.CounterVec
+	// LastValueRestoreFailures counts saved caches (lastValue.persist)
+	// that could not be used at start, by reason.
+	LastValueRestoreFailures *prometheus.CounterVec
 }
 
 // NewMetrics creates the collectors and registers them on reg.
@@ -115,10 +118,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Topics dropped from a last-value cache to keep its bounds (max-topics, max-bytes), or a value too large to cache (too-large)."}, []string{"resource", "reason"}),
 		LastValueReplayed: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "last_value_replayed_total",
 			Help: "Cached values offered to new weida subscriptions, one per matching topic per SUBSCRIBE."}, []string{"resource"}),
+		LastValueRestoreFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "last_value_restore_failures_total",
+			Help: "Saved last-value caches (lastValue.persist) that could not be used at start (unreadable, malformed, another-config, unknown-version); the cache started empty."}, []string{"resource", "reason"}),
 	}
 	reg.MustRegister(m.Received, m.Bridged, m.Dropped, m.Acknowledged, m.InFlight, m.Reconnects, m.Up,
 		m.Subscribers, m.CopiesQueued, m.Latency, m.AttemptsFailed, m.Holding, m.Held, m.WeidaGaps, m.WeidaGapSeconds,
-		m.CopiesUnconfirmed, m.LastValueEntries, m.LastValueBytes, m.LastValueEvictions, m.LastValueReplayed)
+		m.CopiesUnconfirmed, m.LastValueEntries, m.LastValueBytes, m.LastValueEvictions, m.LastValueReplayed,
+		m.LastValueRestoreFailures)
 	return m
 }
 
@@ -134,7 +140,8 @@ func (m *Metrics) forget(resources map[string]bool) {
 	}
 	for _, v := range []deletingCollector{m.Received, m.Bridged, m.Dropped, m.Acknowledged, m.InFlight,
 		m.Reconnects, m.Up, m.Subscribers, m.CopiesQueued, m.Latency, m.AttemptsFailed, m.Holding, m.Held,
-		m.WeidaGaps, m.WeidaGapSeconds, m.CopiesUnconfirmed, m.LastValueEntries, m.LastValueBytes, m.LastValueEvictions, m.LastValueReplayed} {
+		m.WeidaGaps, m.WeidaGapSeconds, m.CopiesUnconfirmed, m.LastValueEntries, m.LastValueBytes, m.LastValueEvictions, m.LastValueReplayed,
+		m.LastValueRestoreFailures} {
 		forgetIn(v, resources)
 	}
 }

@@ -76,6 +76,10 @@ type LastValue struct {
 	Mode      string
 	MaxTopics int
 	MaxBytes  int64
+	// Persist keeps the cache in the state directory across restarts
+	// (lastValue.persist); only with Mode "all", the one mode whose values
+	// no broker keeps for the connector to seed from again.
+	Persist bool
 }
 
 // The choices of spec.delivery.whenNoSubscriber.

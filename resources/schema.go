@@ -103,6 +103,7 @@ type rawLastValue struct {
 	Mode      string    `yaml:"mode" validate:"required,oneof=retained all"`
 	MaxTopics *int      `yaml:"maxTopics" validate:"omitempty,min=1,max=1000000"`
 	MaxBytes  *ByteSize `yaml:"maxBytes" validate:"omitempty,min=1024,max=1073741824"`
+	Persist   *bool     `yaml:"persist" doc:"mode all: keep the cache in the state directory across restarts; default false"`
 }
 
 type rawLimits struct {
