@@ -202,6 +202,9 @@ func weidaSummary(c *resources.Connector) []string {
 		if lv := c.LastValue; lv.Mode != "" {
 			lines = append(lines, fmt.Sprintf("replays the last value of each topic to new subscriptions (%s messages; at most %d topics, %d bytes)",
 				lv.Mode, lv.MaxTopics, lv.MaxBytes))
+			if lv.Persist {
+				lines = append(lines, "keeps the last values in the state directory across restarts (lastvalue/"+c.Name+".cbor)")
+			}
 		}
 		return lines
 	}
