@@ -28,6 +28,11 @@ type persistRig struct {
 
 func persistBridge(t *testing.T, l *weida.Listener, dir string, routes ...string) *persistRig {
 	t.Helper()
+	return persistBridgeLV(t, l, dir, connectors.LastValue{Mode: connectors.LastValueAll}, routes...)
+}
+
+func persistBridgeLV(t *testing.T, l *weida.Listener, dir string, lv connectors.LastValue, routes ...string) *persistRig {
+	t.Helper()
 	if len(routes) == 0 {
 		routes = []string{"#"}
 	}
@@ -48,7 +53,7 @@ func persistBridge(t *testing.T, l *weida.Listener, dir string, routes ...string
 	m := connectors.NewMetrics(prometheus.NewRegistry())
 	b := connectors.NewInbound(connectors.Spec{
 		Name: "lv", Protocol: policy.MQTT, Direction: policy.Inbound, Policy: pol,
-		Routes: rs, LastValue: connectors.LastValue{Mode: connectors.LastValueAll}, LastValueDir: dir,
+		Routes: rs, LastValue: lv, LastValueDir: dir,
 	}, func(connectors.StateFunc) (connectors.Source, error) { return src, nil }, pub, connectors.Deps{Metrics: m})
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
@@ -202,5 +207,25 @@ func write(t *testing.T, path string, b []byte) {
 	t.Helper()
 	if err := os.WriteFile(path, b, 0o600); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestLastValuePersistBounds: a restored cache obeys the bounds it has
+// now: with maxTopics lowered, the topics updated longest ago before the
+// stop are evicted, and counted, as they would have been live.
+func TestLastValuePersistBounds(t *testing.T) {
+	l := lvListen(t)
+	dir := t.TempDir()
+	r := persistBridge(t, l, dir)
+	for _, tp := range []string{"a", "b", "c", "a"} { // recency, newest last: b, c, a
+		r.src.send(t, &connectors.Message{Topic: tp, Payload: []byte(tp)})
+	}
+	r.stop()
+	r = persistBridgeLV(t, l, dir, connectors.LastValue{Mode: connectors.LastValueAll, MaxTopics: 2})
+	if got, want := lvSubscribe(t, l, r.lvRig, "/persist", "#", 2), map[string]string{"a": "a", "c": "c"}; !maps.Equal(got, want) {
+		t.Fatalf("restored under maxTopics 2: %v, want %v", got, want)
+	}
+	if n := testutil.ToFloat64(r.metrics.LastValueEvictions.WithLabelValues("lv", connectors.EvictMaxTopics)); n != 1 {
+		t.Fatalf("max-topics evictions = %v, want 1", n)
 	}
 }
