@@ -75,6 +75,7 @@ type lvDisk struct {
 	saveMu   sync.Mutex // one save at a time, so the last snapshot is the one written
 
 	mu      sync.Mutex
+	dirty   bool        // changed since the last snapshot saved
 	pending *time.Timer // a save scheduled; nil when none is
 }
 
@@ -188,12 +189,13 @@ func (d *lvDisk) changed(lv *lastValues) {
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	d.dirty = true
 	if d.pending == nil {
 		d.pending = time.AfterFunc(lvSaveDelay, func() { d.save(lv) })
 	}
 }
 
-// flush writes the cache now (a resource stopping), unless nothing
+// flush writes the cache now (an attempt ending, a stop), unless nothing
 // changed since the last save.
 func (lv *lastValues) flush() {
 	if lv == nil || lv.disk == nil {
@@ -201,14 +203,14 @@ func (lv *lastValues) flush() {
 	}
 	d := lv.disk
 	d.mu.Lock()
-	t := d.pending
-	d.mu.Unlock()
-	if t != nil {
-		// Saved now, whether or not the timer has fired: a save the
-		// timer started is waited for, and a second one writes the same.
-		t.Stop()
-		d.save(lv)
+	if d.pending != nil {
+		d.pending.Stop()
+		d.pending = nil
 	}
+	d.mu.Unlock()
+	// A save the timer already started is waited for; after it, or after
+	// this one, a timer that fired meanwhile finds nothing to write.
+	d.save(lv)
 }
 
 // save writes a snapshot of lv. A failure is logged; the cache goes on in
@@ -217,8 +219,12 @@ func (d *lvDisk) save(lv *lastValues) {
 	d.saveMu.Lock()
 	defer d.saveMu.Unlock()
 	d.mu.Lock()
-	d.pending = nil
+	dirty := d.dirty
+	d.dirty, d.pending = false, nil
 	d.mu.Unlock()
+	if !dirty {
+		return
+	}
 	f := lvFile{Version: lvFileVersion, Resource: d.resource, Routes: d.routes}
 	lv.mu.Lock()
 	f.Entries = make([]lvFileEntry, 0, lv.store.Len())
@@ -236,5 +242,8 @@ func (d *lvDisk) save(lv *lastValues) {
 	}
 	if err != nil {
 		d.log.Warn("saving the last-value cache failed; it is kept in memory and saved again at the next change", "file", d.path, "err", err)
+		d.mu.Lock()
+		d.dirty = true // the next change, or the next flush, tries again
+		d.mu.Unlock()
 	}
 }
