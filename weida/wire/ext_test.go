@@ -124,3 +124,28 @@ func TestLastValueAdRefused(t *testing.T) {
 		t.Errorf("later version: %+v, %v", ad, err)
 	}
 }
+
+func TestHelloKeepsAtMostMaxExtensions(t *testing.T) {
+	h := NewHello(16384, 1024)
+	for k := uint64(FirstExtensionKey); k < FirstExtensionKey+MaxHelloExtensions+6; k++ {
+		h.Extensions = append(h.Extensions, Extension{Key: k, Value: []byte{0xF5}})
+	}
+	// Validate refuses to send that many; a peer may still receive them.
+	if err := h.Validate(); err == nil {
+		t.Fatal("Validate accepted more than MaxHelloExtensions")
+	}
+	back, err := DecodeHello(AppendHello(nil, &h))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(back.Extensions) != MaxHelloExtensions || back.Extensions[MaxHelloExtensions-1].Key != FirstExtensionKey+MaxHelloExtensions-1 {
+		t.Fatalf("kept %d extensions", len(back.Extensions))
+	}
+	// Keys 7-63 are the specification's: skipped, never kept.
+	b := AppendHello(nil, &Hello{Versions: []uint64{0}, Capabilities: []uint64{}, RequiredCapabilities: []uint64{}})
+	b[0]++                        // one more entry ...
+	b = append(b, 0x18, 40, 0x01) // ... key 40: 1
+	if back, err := DecodeHello(b); err != nil || back.Extensions != nil {
+		t.Fatalf("key 40: %+v, %v", back.Extensions, err)
+	}
+}
