@@ -2,7 +2,9 @@ package e2e
 
 import (
 	"fmt"
+	"os/exec"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -112,4 +114,21 @@ func TestNATSLastValueSequences(t *testing.T) {
 		t.Fatalf("no gap visible in %v", aSeqs)
 	}
 	t.Logf("replayed %v, live %v, one subject %v", replaySeqs, liveSeqs, aSeqs)
+
+	// connector weida sub shows both: the advertisement on stderr, each
+	// copy's source sequence on stdout.
+	cctx := ctx(t, 30*time.Second)
+	cmd := exec.CommandContext(cctx, connectorBin, "weida", "sub", endpoint, "--filter", u+".c", "--count", "1",
+		"--insecure-skip-verify-for-testing")
+	var stdout, stderr strings.Builder
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("connector weida sub: %v\n%s", err, stderr.String())
+	}
+	if want := fmt.Sprintf("%s.c\tlive\tsource-seq=%d\n", u, live[2]); stdout.String() != want {
+		t.Errorf("connector weida sub printed %q, want %q", stdout.String(), want)
+	}
+	if want := "the publisher replays last values on /js (last-value extension version 1)"; !strings.Contains(stderr.String(), want) {
+		t.Errorf("connector weida sub stderr %q lacks %q", stderr.String(), want)
+	}
 }
