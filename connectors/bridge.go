@@ -53,6 +53,9 @@ type Spec struct {
 	// LastValue is the inbound resource's last-value cache; the zero
 	// value keeps none. Outbound resources ignore it.
 	LastValue LastValue
+	// LastValueDir is the directory the last-value cache is kept in
+	// across restarts (see lastvalue_store.go); "" keeps it in memory only.
+	LastValueDir string
 }
 
 func (s Spec) inFlight() int {

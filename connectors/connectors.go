@@ -68,6 +68,11 @@ type Message struct {
 	// or a message of a JetStream stream. A resource keeping a last-value
 	// cache in mode retained caches exactly these (see [LastValue]).
 	Retained bool
+	// Sequence is the message's position in its source, where the source
+	// numbers what it keeps: the JetStream stream sequence. 0 means the
+	// source has none (MQTT, AMQP, core NATS). It goes to weida as the
+	// copies' source sequence (DATA key 68), replayed or live.
+	Sequence uint64
 	// ReceivedUnixNano is when the message entered the connector (set by
 	// the runtime when zero); it measures end-to-end latency.
 	ReceivedUnixNano int64

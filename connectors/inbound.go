@@ -51,6 +51,7 @@ func newInboundBridge(c *core, newSource SourceFactory, host *hosting) *inboundB
 		// the first attempt.
 		c.onBroker = func(up bool) { b.lv.sourceState(up) }
 	}
+	b.lv.persistIn(c.spec.LastValueDir, b.subscribed(), c.deps.Metrics, b.log)
 	return b
 }
 
@@ -62,6 +63,7 @@ func (b *inboundBridge) setPublisher(p Publisher) {
 		st := b.stats
 		p.OnCopiesLost(st.copiesLost)
 		p.CountCopiesUnconfirmed(st.copiesUnconfirmed)
+		b.lv.restore() // a persisted cache is back before anything is replayed
 		b.lv.install(p)
 	}
 }
@@ -190,6 +192,7 @@ func (b *inboundBridge) run(ctx context.Context) error {
 	defer func() {
 		retire()
 		b.closeSource(ctx, src)
+		b.lv.flush() // a persisted cache is saved whenever an attempt ends, a stop included
 	}()
 	// The publisher path is registered before the broker subscription, so
 	// the endpoint is ready as soon as messages can arrive.
@@ -305,11 +308,12 @@ func (b *inboundBridge) convert(m *Message) (Route, weida.Message, bool) {
 		return Route{}, weida.Message{}, false
 	}
 	return route, weida.Message{
-		Topic:       wt,
-		ContentType: m.ContentType,
-		Traceparent: m.Traceparent,
-		Tracestate:  m.Tracestate,
-		Payload:     m.Payload,
+		Topic:          wt,
+		ContentType:    m.ContentType,
+		Traceparent:    m.Traceparent,
+		Tracestate:     m.Tracestate,
+		SourceSequence: m.Sequence,
+		Payload:        m.Payload,
 	}, true
 }
 

@@ -157,6 +157,8 @@ type lastValues struct {
 	replayed, withheld atomic.Uint64
 	sourceDown         atomic.Bool // down, for Replay, which does not take mu
 
+	disk *lvDisk // where the cache persists; nil: in memory only (lastvalue_store.go)
+
 	entriesG, bytesG     prometheus.Gauge
 	evictedC             *prometheus.CounterVec
 	replayedC, withheldC prometheus.Counter
@@ -219,6 +221,7 @@ func (lv *lastValues) takes(m *Message) bool {
 func (lv *lastValues) record(m *Message, wm *weida.Message) {
 	lv.mu.Lock()
 	defer lv.mu.Unlock()
+	defer lv.disk.changed(lv)
 	if m.Retained && len(wm.Payload) == 0 {
 		if e, ok := lv.store.Delete(wm.Topic); ok {
 			lv.unlinkLocked(e)
@@ -255,6 +258,8 @@ func (lv *lastValues) record(m *Message, wm *weida.Message) {
 		Traceparent: strings.Clone(wm.Traceparent),
 		Tracestate:  strings.Clone(wm.Tracestate),
 		Payload:     append([]byte(nil), wm.Payload...),
+		// The source's number for the message, replayed as it went live.
+		SourceSequence: wm.SourceSequence,
 	}}
 	e.size = int64(len(e.m.Topic)+len(e.m.ContentType)+len(e.m.Traceparent)+len(e.m.Tracestate)+len(e.m.Payload)) + lvOverhead
 	if e.size > lv.maxBytes {
@@ -553,5 +558,5 @@ func (b *inboundBridge) convertSeed(m *Message) (weida.Message, bool) {
 		b.lv.remove(wt, EvictTooLarge)
 		return weida.Message{}, false
 	}
-	return weida.Message{Topic: wt, ContentType: m.ContentType, Traceparent: m.Traceparent, Tracestate: m.Tracestate, Payload: m.Payload}, true
+	return weida.Message{Topic: wt, ContentType: m.ContentType, Traceparent: m.Traceparent, Tracestate: m.Tracestate, SourceSequence: m.Sequence, Payload: m.Payload}, true
 }

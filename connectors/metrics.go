@@ -75,6 +75,9 @@ type Metrics struct {
 	LastValueEvictions *prometheus.CounterVec
 	LastValueReplayed  *prometheus.CounterVec
 	LastValueWithheld  *prometheus.CounterVec
+	// LastValueRestoreFailures counts saved caches (lastValue.persist)
+	// that could not be used at start, by reason.
+	LastValueRestoreFailures *prometheus.CounterVec
 }
 
 // NewMetrics creates the collectors and registers them on reg.
@@ -126,10 +129,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Cached values offered to new weida subscriptions, one per matching topic per SUBSCRIBE."}, []string{"resource"}),
 		LastValueWithheld: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "last_value_withheld_total",
 			Help: "Cached values not replayed to a new weida subscription because the source was disconnected (lastValue.whenSourceDown: withhold), one per matching topic per SUBSCRIBE."}, []string{"resource"}),
+		LastValueRestoreFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "last_value_restore_failures_total",
+			Help: "Saved last-value caches (lastValue.persist) that could not be used at start (unreadable, malformed, another-config, unknown-version); the cache started empty."}, []string{"resource", "reason"}),
 	}
 	reg.MustRegister(m.Received, m.Bridged, m.Dropped, m.Acknowledged, m.InFlight, m.Reconnects, m.Up,
 		m.Subscribers, m.CopiesQueued, m.Latency, m.AttemptsFailed, m.Holding, m.Held, m.WeidaGaps, m.WeidaGapSeconds,
-		m.CopiesUnconfirmed, m.SessionsLost, m.LastValueEntries, m.LastValueBytes, m.LastValueEvictions, m.LastValueReplayed, m.LastValueWithheld)
+		m.CopiesUnconfirmed, m.SessionsLost, m.LastValueEntries, m.LastValueBytes, m.LastValueEvictions, m.LastValueReplayed, m.LastValueWithheld,
+		m.LastValueRestoreFailures)
 	return m
 }
 
@@ -145,7 +151,8 @@ func (m *Metrics) forget(resources map[string]bool) {
 	}
 	for _, v := range []deletingCollector{m.Received, m.Bridged, m.Dropped, m.Acknowledged, m.InFlight,
 		m.Reconnects, m.Up, m.Subscribers, m.CopiesQueued, m.Latency, m.AttemptsFailed, m.Holding, m.Held,
-		m.WeidaGaps, m.WeidaGapSeconds, m.CopiesUnconfirmed, m.SessionsLost, m.LastValueEntries, m.LastValueBytes, m.LastValueEvictions, m.LastValueReplayed, m.LastValueWithheld} {
+		m.WeidaGaps, m.WeidaGapSeconds, m.CopiesUnconfirmed, m.SessionsLost, m.LastValueEntries, m.LastValueBytes, m.LastValueEvictions, m.LastValueReplayed, m.LastValueWithheld,
+		m.LastValueRestoreFailures} {
 		forgetIn(v, resources)
 	}
 }

@@ -566,6 +566,15 @@ func (b *binder) bindLastValue(rl *rawLastValue) {
 	if rl.WhenSourceDown == "withhold" {
 		lv.WhenSourceDown = rl.WhenSourceDown
 	}
+	if rl.Persist != nil && *rl.Persist {
+		if rl.Mode != "all" {
+			b.fail(base+".persist", b.at(base+".persist"), "true", "last-value-persist",
+				"keeps the cache on disk across restarts, which only mode all needs: in mode "+rl.Mode+" the broker keeps the values and gives them again at every start, and a copy on disk could contradict it",
+				"remove persist, or write mode: all to cache and persist every message bridged")
+		} else {
+			lv.Persist = true
+		}
+	}
 	if rl.Mode == "retained" && b.protoOK && b.optsOK && !b.lastVal.OK {
 		why, hint := b.lastVal.Why, b.lastVal.Hint
 		if why == "" {

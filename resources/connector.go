@@ -87,6 +87,10 @@ type LastValue struct {
 	// OrphanAfter purges the cache once the source has been disconnected
 	// that long; zero never purges.
 	OrphanAfter time.Duration
+	// Persist keeps the cache in the state directory across restarts
+	// (lastValue.persist); only with Mode "all", the one mode whose values
+	// no broker keeps for the connector to seed from again.
+	Persist bool
 }
 
 // The choices of spec.delivery.whenNoSubscriber.

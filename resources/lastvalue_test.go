@@ -57,6 +57,12 @@ func TestLastValue(t *testing.T) {
 		{"mqtt-shared-retained", edit(t, mqttIn, withRetain, noRetain, "      qos: 1\n", "      qos: 1\n      sharedGroup: g\n", "  routes:", lastValue), []string{"spec.lastValue.mode last-value-retained"}},
 		{"mqtt-shared-all", edit(t, mqttIn, withRetain, noRetain, "      qos: 1\n", "      qos: 1\n      sharedGroup: g\n", "  routes:", "  lastValue:\n    mode: all\n  routes:"), nil},
 		{"outbound", edit(t, natsOut, "  routes:", "  lastValue:\n    mode: all\n  routes:"), []string{"spec.lastValue direction-field"}},
+		// Persistence is for caches no broker can seed again.
+		{"core-nats-all-persist", edit(t, natsIn, "  routes:", "  lastValue:\n    mode: all\n    persist: true\n  routes:"), nil},
+		{"amqp-all-persist", edit(t, amqpIn, "  routes:", "  lastValue:\n    mode: all\n    persist: true\n  routes:"), nil},
+		{"jetstream-retained-persist", edit(t, natsIn, "    url: nats://127.0.0.1:4222\n", "    url: nats://127.0.0.1:4222\n    nats: {jetstream: {stream: S, durable: d}}\n", "at-most-once, ", "", "  routes:",
+			"  lastValue:\n    mode: retained\n    persist: true\n  routes:"), []string{"spec.lastValue.persist last-value-persist"}},
+		{"persist-not-bool", edit(t, natsIn, "  routes:", "  lastValue:\n    mode: all\n    persist: yes please\n  routes:"), []string{"spec.lastValue.persist type"}},
 		{"bad-mode", edit(t, mqttIn, "  routes:", "  lastValue:\n    mode: some\n  routes:"), []string{"spec.lastValue.mode oneof"}},
 		{"no-mode", edit(t, mqttIn, "  routes:", "  lastValue:\n    maxTopics: 3\n  routes:"), []string{"spec.lastValue.mode required"}},
 		{"zero-topics", edit(t, mqttIn, withRetain, noRetain, "  routes:", "  lastValue:\n    mode: all\n    maxTopics: 0\n  routes:"), []string{"spec.lastValue.maxTopics min"}},
@@ -64,7 +70,7 @@ func TestLastValue(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			_, err := loadFiles(t, "a.yaml", c.doc)
 			for _, fe := range resources.Errors(err) {
-				if fe.Rule == "last-value-retained" && (fe.Message == "" || fe.Hint == "") {
+				if (fe.Rule == "last-value-retained" || fe.Rule == "last-value-persist") && (fe.Message == "" || fe.Hint == "") {
 					t.Errorf("%s: refused without a reason or a hint: %v", c.name, fe)
 				}
 			}

@@ -106,6 +106,7 @@ type rawLastValue struct {
 	MaxAge         *Duration `yaml:"maxAge" doc:"end a cached value this long after its source delivered it, for sources whose messages carry no expiry; default: kept until replaced"`
 	WhenSourceDown string    `yaml:"whenSourceDown" validate:"omitempty,oneof=mark withhold" doc:"while the source is disconnected: mark (default) replays with each copy marked stale, withhold replays nothing"`
 	OrphanAfter    *Duration `yaml:"orphanAfter" doc:"purge the cache once the source has been disconnected this long; default: never"`
+	Persist        *bool     `yaml:"persist" doc:"mode all: keep the cache in the state directory across restarts; default false"`
 }
 
 type rawLimits struct {

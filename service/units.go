@@ -144,6 +144,7 @@ func unit(c *resources.Connector, env Env) (connectors.Unit, error) {
 				WhenSourceDown: connectors.LastValueWhenDown(c.LastValue.WhenSourceDown),
 				OrphanAfter:    c.LastValue.OrphanAfter,
 			},
+			LastValueDir: lastValueDir(c, env),
 		},
 		Revision: expanded.Revision(),
 	}
@@ -244,6 +245,22 @@ const maxTLSFileBytes = 1 << 20
 // most maxTLSFileBytes of it, so that a pipe or a device named by mistake
 // fails at once instead of blocking or filling memory. A Resolver's
 // ReadFile, when set (tests), reads instead, under the same size cap.
+// lastValueDir is where c's last-value cache persists: the state
+// directory, when c asks for persistence (lastValue.persist) and there is
+// one. Without a state directory the cache is kept in memory only, and
+// the unit's log says so.
+func lastValueDir(c *resources.Connector, env Env) string {
+	if !c.LastValue.Persist {
+		return ""
+	}
+	if env.StateDir == "" {
+		env.logger().Warn("spec.lastValue.persist is set, but the connector has no state directory (--state-dir); the last-value cache is kept in memory only",
+			"resource", c.Name)
+		return ""
+	}
+	return env.StateDir
+}
+
 func readTLSFile(r resources.Resolver, path string) ([]byte, error) {
 	if r.ReadFile == nil {
 		return safefile.ReadFile(path, maxTLSFileBytes)

@@ -7,7 +7,9 @@ import (
 	"log/slog"
 	"net"
 	"runtime"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/quic-go/quic-go"
@@ -71,6 +73,9 @@ type pathState struct {
 	fan       sync.RWMutex
 	replay    Replayer   // fan; nil: nothing is replayed
 	replayPub *Publisher // fan; the publisher that set replay, which stops replaying once closed
+	// advertised is replayPub while replay is set, nil otherwise: read
+	// without fan by the HELLO of each new connection (see helloExtensions).
+	advertised atomic.Pointer[Publisher]
 }
 
 // subscribedLocked wakes whoever waits for a subscription on ps. l.mu
@@ -274,6 +279,7 @@ func (l *Listener) admit(qc *quic.Conn) {
 		log = log.With("fingerprint", peer)
 	}
 	sc.c = newConn(qc, &l.limits, log, sc, &l.hooks)
+	sc.c.local.Extensions = l.helloExtensionsLocked()
 	sc.q.init(l.limits.SlowConsumerAfter)
 	sc.wl.init(&l.limits)
 	l.conns[sc] = struct{}{}
@@ -284,6 +290,26 @@ func (l *Listener) admit(qc *quic.Conn) {
 	l.stats.connectionsAccepted.Add(1)
 	sc.c.start()
 	l.wg.Go(sc.serve)
+}
+
+// helloExtensionsLocked returns the extension keys of the HELLO a new
+// connection gets: the last-value advertisement (wire.HelloLastValue)
+// listing the paths whose publisher has a Replayer, when one has. The
+// HELLO goes out before the subscriber names its path, so it speaks for
+// every path of the listener. l.mu must be held.
+func (l *Listener) helloExtensionsLocked() []wire.Extension {
+	var paths []string
+	for path, ps := range l.paths {
+		if p := ps.advertised.Load(); p != nil && p == ps.pub && !p.closed.Load() {
+			paths = append(paths, path)
+		}
+	}
+	if len(paths) == 0 {
+		return nil
+	}
+	slices.Sort(paths)
+	ad := wire.AppendLastValueAd(nil, &wire.LastValueAd{Version: wire.LastValueVersion, Paths: paths})
+	return []wire.Extension{{Key: wire.HelloLastValue, Value: ad}}
 }
 
 // Close stops accepting, closes every connection with SHUTDOWN, unregisters

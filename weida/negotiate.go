@@ -18,6 +18,9 @@ type agreed struct {
 	// streams it says it allows at once, which bounds the copies it can
 	// hold unread (see writtenLog.finish).
 	peerMaxTransfers uint64
+	// peerExtensions are the extension keys of the peer's HELLO, which
+	// negotiation ignores (PROTOCOL §5) and the application may read.
+	peerExtensions []wire.Extension
 }
 
 // localHello is the HELLO a v0 peer of this package sends: version 0, its
@@ -125,6 +128,7 @@ func negotiate(ours, theirs *wire.Hello) (agreed, error) {
 		version:            version,
 		sendMaxHeaderBytes: theirs.MaxHeaderBytes,
 		peerMaxTransfers:   theirs.MaxTransfers,
+		peerExtensions:     theirs.Extensions,
 		datagrams:          slices.Contains(ours.Capabilities, 1) && slices.Contains(theirs.Capabilities, 1),
 	}, nil
 }

@@ -24,7 +24,12 @@ type Message struct {
 	ContentType string // key 2: opaque label, at most 256 bytes
 	Traceparent string // key 3: W3C trace context, at most 128 bytes; forwarded, never minted
 	Tracestate  string // key 4: opaque, at most 512 bytes; forwarded unchanged
-	Payload     []byte
+	// SourceSequence is extension key 68 (wire.DataSourceSequence): the
+	// message's position in the source it was bridged from (a JetStream
+	// stream sequence), carried alike on a replayed and a live copy, so a
+	// subscriber can order the two and see gaps. 0 = none.
+	SourceSequence uint64
+	Payload        []byte
 	// Replay holds the replay marks (extension keys 65-67, see
 	// docs/WEIDA.md): on Receive, whether the copy was replayed from the
 	// publisher's last-value cache rather than published live, and how
@@ -70,13 +75,14 @@ func replayOf(m wire.ReplayMarks) Replay {
 // messageOf is the Message a decoded DATA header and its payload make.
 func messageOf(d *wire.Data, payload []byte) Message {
 	return Message{
-		Endpoint:    d.Endpoint,
-		Topic:       d.Topic,
-		ContentType: d.ContentType,
-		Traceparent: d.Traceparent,
-		Tracestate:  d.Tracestate,
-		Payload:     payload,
-		Replay:      replayOf(d.Replay),
+		Endpoint:       d.Endpoint,
+		Topic:          d.Topic,
+		ContentType:    d.ContentType,
+		Traceparent:    d.Traceparent,
+		Tracestate:     d.Tracestate,
+		SourceSequence: d.SourceSequence,
+		Payload:        payload,
+		Replay:         replayOf(d.Replay),
 	}
 }
 
@@ -413,6 +419,7 @@ func (fp *framePool) encode(path string, m *Message, marks wire.ReplayMarks) (*f
 		Traceparent: m.Traceparent,
 		Tracestate:  m.Tracestate,
 		Topic:       m.Topic, HasTopic: true,
+		SourceSequence: m.SourceSequence,
 	}
 	if err := d.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidMessage, err)

@@ -49,6 +49,12 @@ type Replayer interface {
 // Subscriptions made before SetReplayer, including those held for the path
 // while no publisher had it, are not replayed. After [Publisher.Close]
 // nothing is replayed.
+//
+// While a Replayer is set, the HELLO of every connection the listener
+// accepts advertises it: extension key 64 (wire.HelloLastValue), version 1,
+// listing the listener's replaying paths, which a subscriber reads with
+// [Subscriber.PeerReplays]. Connections accepted before SetReplayer were
+// told nothing, as they are replayed nothing.
 func (p *Publisher) SetReplayer(r Replayer) {
 	ps := p.ps
 	ps.fan.Lock()
@@ -59,6 +65,11 @@ func (p *Publisher) SetReplayer(r Replayer) {
 		return
 	}
 	ps.replay, ps.replayPub = r, p
+	if r != nil {
+		ps.advertised.Store(p)
+	} else {
+		ps.advertised.Store(nil)
+	}
 }
 
 // replay queues the copies the path's Replayer supplies for filter, just

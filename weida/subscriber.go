@@ -166,6 +166,34 @@ func Dial(ctx context.Context, rawURL string, cfg DialConfig) (*Subscriber, erro
 	return nil, fmt.Errorf("weida: dial %s: %w", a, err)
 }
 
+// PeerExtensions returns the extension keys (64 and up) of the publisher's
+// HELLO, ascending, each with its encoded CBOR value; nil when it sent
+// none. PROTOCOL §5 has a peer skip keys it does not know, so they change
+// nothing about the connection: they only describe the publisher.
+func (s *Subscriber) PeerExtensions() []wire.Extension { return s.c.agreed.peerExtensions }
+
+// LastValueAd is the publisher's last-value advertisement (HELLO extension
+// key 64, see docs/WEIDA.md).
+type LastValueAd = wire.LastValueAd
+
+// PeerReplays returns the publisher's last-value advertisement and true
+// when it says the dialled path replays last values to new subscriptions
+// (the path is listed, or the publisher listed no paths). An advertisement
+// whose value does not decode is treated as absent and logged.
+func (s *Subscriber) PeerReplays() (LastValueAd, bool) {
+	v := wire.Hello{Extensions: s.PeerExtensions()}
+	b := v.Extension(wire.HelloLastValue)
+	if b == nil {
+		return LastValueAd{}, false
+	}
+	ad, err := wire.DecodeLastValueAd(b)
+	if err != nil {
+		s.log.Warn("weida: ignoring the publisher's last-value advertisement, which does not decode", "err", err)
+		return LastValueAd{}, false
+	}
+	return ad, ad.Covers(s.addr.Path)
+}
+
 // resolve returns the UDP address to dial: the host itself when it is an IP
 // literal, else the first address the resolver returns.
 func resolve(ctx context.Context, a address.Address) (*net.UDPAddr, error) {

@@ -213,6 +213,9 @@ func weidaSummary(c *resources.Connector) []string {
 				down += fmt.Sprintf(", purged after %s disconnected", lv.OrphanAfter)
 			}
 			lines = append(lines, down)
+			if lv.Persist {
+				lines = append(lines, "keeps the last values in the state directory across restarts (lastvalue/"+c.Name+".cbor)")
+			}
 		}
 		return lines
 	}

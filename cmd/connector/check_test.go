@@ -174,3 +174,26 @@ func TestCheckShowsNoSecret(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckShowsPersistedLastValue: check says where a persisted
+// last-value cache is kept.
+func TestCheckShowsPersistedLastValue(t *testing.T) {
+	chdirRoot(t)
+	b, err := os.ReadFile("examples/nats-inbound.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := strings.Replace(string(b), "  routes:\n", "  lastValue:\n    mode: all\n    persist: true\n  routes:\n", 1)
+	doc = strings.ReplaceAll(doc, "certs/endpoint.", "examples/certs/endpoint.")
+	file := filepath.Join(t.TempDir(), "p.yaml")
+	if err := os.WriteFile(file, []byte(doc), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := runCLI(t, "", "check", "-f", file)
+	if code != exitOK {
+		t.Fatalf("check: exit %d\n%s%s", code, out, errOut)
+	}
+	if want := "keeps the last values in the state directory across restarts (lastvalue/nats-orders-in.cbor)"; !strings.Contains(out, want) {
+		t.Errorf("output lacks %q\n%s", want, out)
+	}
+}

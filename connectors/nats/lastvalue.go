@@ -116,9 +116,10 @@ func (s *Source) noteStream(stream jetstream.Stream) {
 // and the server keeps the message).
 const TTLHeader = "Nats-TTL"
 
-// stored sets what the stream says of m, read from msg: when the server
-// stored it, and when the stream drops it (its MaxAge, or its own TTL when
-// sooner, where the stream allows TTLs).
+// stored sets what the stream says of m, read from msg: its stream
+// sequence (DATA key 68), when the server stored it, and when the stream
+// drops it (its MaxAge, or its own TTL when sooner, where the stream
+// allows TTLs).
 func (s *Source) stored(m *connectors.Message, msg jetstream.Msg) {
 	md, err := msg.Metadata()
 	if err != nil {
@@ -126,6 +127,7 @@ func (s *Source) stored(m *connectors.Message, msg jetstream.Msg) {
 	}
 	at := md.Timestamp
 	m.SourceUnixNano = at.UnixNano()
+	m.Sequence = md.Sequence.Stream
 	life := time.Duration(s.maxAge.Load())
 	if ttl, ok := messageTTL(msg.Headers().Get(TTLHeader)); ok && s.msgTTL.Load() && (life <= 0 || ttl < life) {
 		life = ttl

@@ -58,7 +58,7 @@ var allowed = map[string][]string{
 	"deploy":              {}, // its tests check the manifests and the dashboard against the binary
 	"policy":              {"weida/topic"},
 	"resources":           {"policy", "weida/topic", "weida/address", "internal/safefile"},
-	"connectors":          {"policy", "weida", "weida/topic", "weida/wire", "weida/address", "internal/filestamp"},
+	"connectors":          {"policy", "weida", "weida/topic", "weida/wire", "weida/address", "internal/filestamp", "internal/safefile"},
 	"connectors/conntest": {"connectors", "policy", "weida", "weida/topic", "weida/address", "internal/brokertest"},
 	// Leases on etcd or Kubernetes: a leaf the service will use for
 	// placement (issue 23); it knows nothing of resources or drivers.

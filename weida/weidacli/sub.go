@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"strconv"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -17,6 +18,7 @@ import (
 	"weida.dev/connector/weida"
 	"weida.dev/connector/weida/address"
 	"weida.dev/connector/weida/topic"
+	"weida.dev/connector/weida/wire"
 )
 
 const subSynopsis = `connector weida sub URL --filter F [--filter G...] [--count N] [--output text|json]
@@ -31,19 +33,24 @@ checked before anything is dialled.
 The publisher is trusted by the fingerprint pinned in the URL (connector
 weida pub prints it), else by the CA file given with --ca.
 
-Text output: topic, TAB, payload, then content-type=, traceparent= and
-tracestate= fields (TAB-separated) when the message has them, and, for a
-copy the publisher replayed from its last-value cache rather than
-published live, replayed=true, age=<duration> (how long before the replay
-its source delivered the value) and stale=true (the publisher's source was
+Text output: topic, TAB, payload, then content-type=, traceparent=,
+tracestate= and source-seq= (the source's sequence, DATA key 68) fields
+(TAB-separated) when the message has them, and, for a copy the publisher
+replayed from its last-value cache rather than published live,
+replayed=true, age=<duration> (how long before the replay its source
+delivered the value) and stale=true (the publisher's source was
 disconnected at the replay). A payload is
 shown as is when it is printable UTF-8; UTF-8 with tabs, newlines or other
 control characters is shown quoted ("{\n  \"a\": 1\n}"); anything else as
 "base64:" and its base64 encoding. A payload that itself starts with '"' or
 "base64:" is quoted. A topic or field that is not printable is quoted.
 JSON output: one object per line with endpoint, topic, contentType,
-traceparent, tracestate and either payload (valid UTF-8) or payloadBase64;
-a replayed copy adds replayed, ageMs and stale.
+traceparent, tracestate, sourceSequence (when present) and either payload
+(valid UTF-8) or payloadBase64; a replayed copy adds replayed, ageMs and
+stale.
+
+What the publisher's HELLO advertises (the last-value extension, key 64)
+is said on stderr once subscribed.
 
 Ends after --count messages (0: until interrupted). Interrupted (SIGINT,
 SIGTERM), it unsubscribes and keeps printing the messages the publisher had
@@ -56,13 +63,15 @@ before --count messages; 2 on a usage error.`
 
 // subJSON is one --output json line; pub reads the same shape.
 type subJSON struct {
-	Endpoint      string  `json:"endpoint"`
-	Topic         string  `json:"topic"`
-	ContentType   string  `json:"contentType"`
-	Traceparent   string  `json:"traceparent"`
-	Tracestate    string  `json:"tracestate"`
-	Payload       *string `json:"payload,omitempty"`
-	PayloadBase64 *string `json:"payloadBase64,omitempty"`
+	Endpoint    string `json:"endpoint"`
+	Topic       string `json:"topic"`
+	ContentType string `json:"contentType"`
+	Traceparent string `json:"traceparent"`
+	Tracestate  string `json:"tracestate"`
+	// SourceSequence is DATA key 68, the source's number for the message.
+	SourceSequence uint64  `json:"sourceSequence,omitempty"`
+	Payload        *string `json:"payload,omitempty"`
+	PayloadBase64  *string `json:"payloadBase64,omitempty"`
 	// The replay marks (DATA extension keys 65-67), on replayed copies.
 	Replayed bool    `json:"replayed,omitempty"`
 	AgeMs    *uint64 `json:"ageMs,omitempty"`
@@ -115,7 +124,27 @@ func cmdSub(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	fmt.Fprintf(stderr, "connector weida sub: subscribed to %s on %s\n", quotedList(o.filters), o.addr)
+	reportExtensions(sub, stderr)
 	return receiveSub(ctx, sub, o, drainErr, stdout, stderr)
+}
+
+// reportExtensions says on stderr what the publisher's HELLO advertises:
+// the last-value extension, and the number of any other extension key.
+func reportExtensions(sub *weida.Subscriber, stderr io.Writer) {
+	for _, e := range sub.PeerExtensions() {
+		if e.Key != wire.HelloLastValue {
+			fmt.Fprintf(stderr, "connector weida sub: the publisher's HELLO carries extension key %d, unknown here\n", e.Key)
+		}
+	}
+	ad, covers := sub.PeerReplays()
+	switch {
+	case covers && ad.Paths == nil:
+		fmt.Fprintf(stderr, "connector weida sub: the publisher advertises last-value replay (version %d) without listing its paths\n", ad.Version)
+	case covers:
+		fmt.Fprintf(stderr, "connector weida sub: the publisher replays last values on %s (last-value extension version %d)\n", sub.Path(), ad.Version)
+	case ad.Version != 0:
+		fmt.Fprintf(stderr, "connector weida sub: the publisher replays last values on other paths only (version %d)\n", ad.Version)
+	}
 }
 
 // parseSub reads sub's flags and checks them, and every filter, before
@@ -266,6 +295,10 @@ func writeSubText(b []byte, m *weida.Message) []byte {
 			b = append(b, safeText(kv.v)...)
 		}
 	}
+	if m.SourceSequence != 0 {
+		b = append(b, "\tsource-seq="...)
+		b = strconv.AppendUint(b, m.SourceSequence, 10)
+	}
 	if r := m.Replay; r.Replayed || r.Stale || r.HasAge {
 		if r.Replayed {
 			b = append(b, "\treplayed=true"...)
@@ -284,7 +317,7 @@ func writeSubText(b []byte, m *weida.Message) []byte {
 // writeSubJSON appends one JSON line for m.
 func writeSubJSON(b []byte, m *weida.Message) []byte {
 	j := subJSON{Endpoint: m.Endpoint, Topic: m.Topic, ContentType: m.ContentType,
-		Traceparent: m.Traceparent, Tracestate: m.Tracestate,
+		Traceparent: m.Traceparent, Tracestate: m.Tracestate, SourceSequence: m.SourceSequence,
 		Replayed: m.Replay.Replayed, Stale: m.Replay.Stale}
 	if m.Replay.HasAge {
 		ms := uint64(m.Replay.Age / time.Millisecond)

@@ -87,6 +87,10 @@ type Data struct {
 	// the copies a publisher replays from a last-value cache; see
 	// docs/WEIDA.md, "Replayed copies". A live copy carries none.
 	Replay ReplayMarks
+	// SourceSequence is extension key DataSourceSequence (68): the
+	// message's position in its source, such as a JetStream stream
+	// sequence; 0 = absent (a JetStream sequence starts at 1).
+	SourceSequence uint64
 }
 
 // DATA extension keys of the replay marks. Keys 0-63 are the
@@ -169,7 +173,11 @@ func (d *Data) keys() uint16 {
 func AppendData(dst []byte, d *Data) []byte {
 	set := d.keys()
 	has := func(key int) bool { return set&(1<<key) != 0 }
-	dst = appendHead(dst, majorMap, uint64(bits.OnesCount16(set))+d.Replay.count())
+	n := uint64(bits.OnesCount16(set)) + d.Replay.count()
+	if d.SourceSequence != 0 {
+		n++
+	}
+	dst = appendHead(dst, majorMap, n)
 	if has(dataEndpoint) {
 		dst = appendTextKV(dst, dataEndpoint, d.Endpoint)
 	}
@@ -217,13 +225,20 @@ func AppendData(dst []byte, d *Data) []byte {
 	if has(dataLayer) {
 		dst = appendUintKV(dst, dataLayer, d.Layer)
 	}
-	return d.Replay.append(dst)
+	// Extension keys ascend after the specification's: the replay marks
+	// (65-67), then the source sequence (68).
+	dst = d.Replay.append(dst)
+	if d.SourceSequence != 0 {
+		dst = appendUintKV(dst, DataSourceSequence, d.SourceSequence)
+	}
+	return dst
 }
 
 // DecodeData decodes a DATA header under every rule of PROTOCOL §5 and §6.2.
-// Keys 15 and up are skipped, but for the replay marks ([ReplayMarks]),
-// which are read when their value has the type they are written with and
-// skipped otherwise. Every failure is an [*Error].
+// Keys 15 and up are skipped, but for the replay marks ([ReplayMarks]) and
+// the source sequence ([DataSourceSequence]), which are read when their
+// value has the type they are written with and skipped otherwise. Every
+// failure is an [*Error].
 //
 // The text fields of the result share one string allocation; Producer and
 // Report are one allocation each when present.
@@ -304,6 +319,14 @@ func DecodeData(b []byte) (Data, error) {
 			out.Replay.AgeMillis, out.Replay.HasAge, err = d.optUint(k)
 		case DataKeyStale:
 			out.Replay.Stale, err = d.optTrue(k)
+		case DataSourceSequence:
+			// An extension key: a value of another type is somebody
+			// else's use of the number, skipped rather than refused.
+			if d.off < len(d.b) && d.b[d.off]>>5 == majorUint {
+				out.SourceSequence, err = d.uint(k)
+			} else {
+				err = d.skip(k)
+			}
 		default:
 			err = d.skip(k)
 		}

@@ -107,6 +107,7 @@ const (
 	RuleGuaranteeLevel       = "guarantee level not defined"
 	RuleGuaranteeCombination = "guarantee set combination forbidden"
 	RuleGuaranteeRequired    = "guarantees_required exceeds guarantees_offered"
+	RuleExtensionKey         = "extension key below 64"
 )
 
 func isPreambleRule(r string) bool {

@@ -21,6 +21,12 @@ type Hello struct {
 	// at core; the encoder writes only known dimensions not at core.
 	GuaranteesOffered  map[uint64]uint64 // key 5
 	GuaranteesRequired map[uint64]uint64 // key 6
+
+	// Extensions are the keys from 64 up (PROTOCOL §5), ascending, each
+	// with its value's encoded bytes (see ext.go for the ones this
+	// package defines). The decoder keeps at most [MaxHelloExtensions] of
+	// them, each value a copy, and skips every other unknown key.
+	Extensions []Extension
 }
 
 // HELLO keys.
@@ -58,6 +64,7 @@ func AppendHello(dst []byte, h *Hello) []byte {
 	if req.nonCore() > 0 {
 		n++
 	}
+	n += uint64(len(h.Extensions))
 	dst = appendHead(dst, majorMap, n)
 	dst = appendUintList(dst, helloVersions, h.Versions)
 	dst = appendUintKV(dst, helloMaxHeaderBytes, h.MaxHeaderBytes)
@@ -69,6 +76,10 @@ func AppendHello(dst []byte, h *Hello) []byte {
 	}
 	if req.nonCore() > 0 {
 		dst = appendGuarantees(dst, helloGuaranteesRequired, &req)
+	}
+	for _, e := range h.Extensions {
+		dst = appendHead(dst, majorUint, e.Key)
+		dst = append(dst, e.Value...)
 	}
 	return dst
 }
@@ -112,7 +123,11 @@ func DecodeHello(b []byte) (Hello, error) {
 		case helloGuaranteesRequired:
 			h.GuaranteesRequired, req, err = d.decodeGuarantees(k)
 		default:
+			start := d.off
 			err = d.skip(k)
+			if err == nil && key >= FirstExtensionKey && len(h.Extensions) < MaxHelloExtensions {
+				h.Extensions = append(h.Extensions, Extension{Key: key, Value: append([]byte(nil), d.b[start:d.off]...)})
+			}
 		}
 		if err != nil {
 			return Hello{}, err
@@ -155,5 +170,5 @@ func (h *Hello) Validate() error {
 	if ok, dim := reaches(&off, &req); !ok {
 		return &Error{Frame: KindHello, Key: helloGuaranteesRequired, Rule: RuleGuaranteeRequired, Detail: dim}
 	}
-	return nil
+	return validExtensions(h.Extensions)
 }
