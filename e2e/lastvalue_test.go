@@ -372,6 +372,14 @@ func TestMQTTLastValueBrokerOutage(t *testing.T) {
 	if r := fresh.Messages()[0].Replay; !r.Replayed || r.Stale || !r.HasAge {
 		t.Fatalf("a replay while the broker is up has marks %+v, want replayed with an age, not stale", r)
 	}
+	// A peer that is not ours reads the same marks: key 65 true, key 66
+	// an age, no key 67; and no key 68, which MQTT has no number for.
+	hostPort := strings.TrimPrefix(strings.TrimSuffix(marked, "/marked"), "weida://")
+	keys, payload := independentCopy(t, hostPort, "/marked", u+".state.*")
+	if string(payload) != "on" || !cborTrue(t, keys[65]) || keys[66] == nil || keys[67] != nil || keys[68] != nil {
+		t.Fatalf("independent peer: a replay while the broker is up has keys %v, payload %q", keys, payload)
+	}
+	cborUint(t, keys[66])
 
 	broker.Stop()
 	for _, name := range []string{"lv-mark", "lv-withhold"} {
@@ -385,6 +393,10 @@ func TestMQTTLastValueBrokerOutage(t *testing.T) {
 	m := sub.Messages()[0]
 	if string(m.Payload) != "on" || !m.Replay.Replayed || !m.Replay.Stale || !m.Replay.HasAge {
 		t.Fatalf("during the outage replayed %q with marks %+v, want \"on\" replayed and stale", m.Payload, m.Replay)
+	}
+	keys, payload = independentCopy(t, hostPort, "/marked", u+".state.*")
+	if string(payload) != "on" || !cborTrue(t, keys[65]) || keys[66] == nil || !cborTrue(t, keys[67]) {
+		t.Fatalf("independent peer: a replay during the outage has keys %v, payload %q", keys, payload)
 	}
 	out := weidaSubCLI(t, c, "lv-mark", u+".state.*")
 	for _, want := range []string{u + ".state.boiler\ton", "\treplayed=true", "\tage=", "\tstale=true"} {
