@@ -134,3 +134,23 @@ func TestRates(t *testing.T) {
 		t.Errorf("a counter that went down kept its history: %+v", got)
 	}
 }
+
+// TestStatusPageFailingBox: an outbound resource retrying its weida dial
+// inside an attempt has no supervisor failure, yet the page's Failing box
+// shows the weida side's reason and message.
+func TestStatusPageFailingBox(t *testing.T) {
+	now := time.Now()
+	rt := fixedRuntime{statuses: []connectors.Status{{
+		Name: "out", Direction: "outbound",
+		Conditions: []connectors.Condition{
+			{Type: connectors.CondBrokerConnected, Status: "True", Reason: "Connected", LastTransitionTime: now},
+			{Type: connectors.CondWeidaReady, Status: "False", Reason: connectors.FailWeidaDial, Message: "dial weida://127.0.0.1:1/x: no answer", LastTransitionTime: now},
+			{Type: connectors.CondReady, Status: "False", Reason: "WeidaNotReady", LastTransitionTime: now},
+		},
+	}}}
+	_, page := get(t, Handler(rt, prometheus.NewRegistry(), Options{}), "/")
+	if !strings.Contains(page, `<div class="failure" data-f="failure">`) || !strings.Contains(page, connectors.FailWeidaDial) ||
+		!strings.Contains(page, "no answer") || !strings.Contains(page, `data-f="failure.meta" hidden`) {
+		t.Errorf("the page has no visible Failing box for the weida dial failure:\n%s", page)
+	}
+}
