@@ -213,3 +213,36 @@ func TestReloadVisible(t *testing.T) {
 		t.Errorf("dialogs %q, page errors %q", dialogs, errs)
 	}
 }
+
+// TestStatusPageWeidaDialFailing: an outbound resource whose weida
+// endpoint does not answer (its port is closed) shows a Failing box on the
+// page, in a browser, naming the weida side's reason: the bridge retries
+// the dial inside its attempt, so there is no supervisor failure to show.
+func TestStatusPageWeidaDialFailing(t *testing.T) {
+	requireTCP(t, "Mosquitto", mosquittoAddr)
+	br := newBrowser(t)
+	u := unique()
+	_, url := weidaPublisher(t, "/gone")
+	// The same pinned fingerprint, at a port where nothing listens.
+	url = regexp.MustCompile(`:\d+/`).ReplaceAllString(url, fmt.Sprintf(":%d/", freePort(t, "udp")))
+	res := mqttResource{Name: "dial-fails", Direction: policy.Outbound, QoS: 1, Endpoint: url,
+		Routes: []mqttRoute{{"all", u + "/#"}}}
+	c := StartConnector(t, nil, fastRetry("-f", writeFile(t, t.TempDir(), "out.yaml", res.YAML(t)))...)
+	var reason string
+	Eventually(t, 60*time.Second, "the weida side of dial-fails to report False", func() bool {
+		st, ok := c.Status("dial-fails")
+		var status string
+		status, reason = condition(st, "WeidaReady")
+		return ok && status == "False" && reason != "Starting"
+	})
+	br.do("load the page", chromedp.Navigate("http://"+c.Admin+"/"), chromedp.WaitVisible(chromedp.CSS("section.res")))
+	Eventually(t, 10*time.Second, "the Failing box on the page", func() bool {
+		return eval[bool](br, `!document.querySelector('[data-f="failure"]').hidden`)
+	})
+	if got := br.text(`document.querySelector('[data-f="failure"]').innerText`); !strings.Contains(got, "Failing") || !strings.Contains(got, reason) {
+		t.Errorf("the Failing box reads %q; want it to name %s", got, reason)
+	}
+	if dialogs, errs := br.problems(); len(dialogs)+len(errs) > 0 {
+		t.Errorf("dialogs %q, page errors %q", dialogs, errs)
+	}
+}
