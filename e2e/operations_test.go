@@ -183,6 +183,7 @@ func TestReloadVisible(t *testing.T) {
 	if text := br.text(`document.getElementById("reload-banner").innerText`); !strings.Contains(text, "refused") || !strings.Contains(text, "mqtt-dotted-level") {
 		t.Errorf("the banner reads %q; want it to say the reload was refused and why", text)
 	}
+	br.screenshot(screenshotDir(t), "statuspage-reload-refused.png")
 	if st, ok := c.Status("reloaded"); !ok || !st.ready() {
 		t.Errorf("the running resource is not Ready after a refused reload:\n%s", c.StatusJSON())
 	}
