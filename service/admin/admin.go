@@ -95,7 +95,7 @@ func (r Reload) Refused() bool { return r.Result == ReloadRefused }
 //	/readyz            200 once the process has loaded its resources and runs them
 //	                   ([Options.Loaded]); never fails because one resource is down
 //	/readyz/{resource} 200 only when that resource's broker and weida sides are up;
-//	                   404 for a resource the process does not run
+//	                   503 too for a name the process does not run (now)
 //	/status            JSON: the process, the last reload, the names of the ready and
 //	                   not ready resources, and every resource with its readiness,
 //	                   conditions, counters and rates
@@ -148,8 +148,11 @@ func Handler(rt Runtime, g prometheus.Gatherer, o Options) http.Handler {
 			_, _ = w.Write([]byte("ready\n"))
 			return
 		}
-		w.WriteHeader(http.StatusNotFound)
-		_, _ = w.Write([]byte("no resource of that name runs here\n"))
+		// Not 404: a reload that restarts the resource removes it for a
+		// moment, and a probe must read that as not ready, not as an
+		// error in the probe.
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = w.Write([]byte("not ready: no resource of that name runs here (check the name in /status)\n"))
 	})
 	mux.HandleFunc("GET /status", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")

@@ -42,7 +42,7 @@ func TestReadyzPerResource(t *testing.T) {
 	if res.StatusCode != 200 || !strings.Contains(body, "broken") {
 		t.Errorf("/readyz with one resource down = %d %q, want 200 naming the resource that is down", res.StatusCode, body)
 	}
-	for path, want := range map[string]int{"/readyz/healthy": 200, "/readyz/broken": 503, "/readyz/absent": 404} {
+	for path, want := range map[string]int{"/readyz/healthy": 200, "/readyz/broken": 503, "/readyz/absent": 503} {
 		if res, body := get(t, h, path); res.StatusCode != want {
 			t.Errorf("%s = %d %q, want %d", path, res.StatusCode, body, want)
 		}
