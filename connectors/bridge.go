@@ -286,13 +286,7 @@ func (b *core) status() Status {
 	c := b.stats.count.snapshot(b.deps.Now())
 	conds, failure := b.conds.snapshot()
 	// Routes and Losses are copied: a Status is the caller's to keep.
-	var routes []RouteStatus
-	if len(b.spec.Routes) > 0 {
-		routes = make([]RouteStatus, len(b.spec.Routes))
-		for i, r := range b.spec.Routes {
-			routes[i] = RouteStatus(r)
-		}
-	}
+	routes := b.stats.routeCounts(b.spec.Routes)
 	return Status{
 		Name:       b.spec.Name,
 		Protocol:   string(b.spec.Protocol),

@@ -2,6 +2,7 @@ package connectors
 
 import (
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -26,11 +27,39 @@ type stats struct {
 // changes a resource's routes carries its accounting on. The old routes'
 // series stay, with what they counted. Call it only while no bridge uses s.
 func (s *stats) addRoutes(routes []Route) {
+	s.count.mu.Lock() // routeCounts may be reading the map
+	defer s.count.mu.Unlock()
 	for _, r := range routes {
 		if s.m.bridged[r.Name] == nil {
-			s.m.bridged[r.Name] = s.metrics.Bridged.WithLabelValues(s.resource, r.Name)
+			s.m.bridged[r.Name] = &routeSeries{bridged: s.metrics.Bridged.WithLabelValues(s.resource, r.Name)}
 		}
 	}
+}
+
+// routeSeries is one route's bridged series and its running totals for
+// /status.
+type routeSeries struct {
+	bridged prometheus.Counter
+	// count counts the messages of the route bridged, dropped the ones
+	// dropped under any reason.
+	count, dropped atomic.Uint64
+}
+
+// routeCounts returns the running totals of the named routes, by name.
+func (s *stats) routeCounts(routes []Route) []RouteStatus {
+	if len(routes) == 0 {
+		return nil
+	}
+	out := make([]RouteStatus, len(routes))
+	s.count.mu.Lock()
+	defer s.count.mu.Unlock()
+	for i, r := range routes {
+		out[i] = RouteStatus{Name: r.Name, Foreign: r.Foreign, Weida: r.Weida}
+		if rs := s.m.bridged[r.Name]; rs != nil {
+			out[i].Bridged, out[i].Dropped = rs.count.Load(), rs.dropped.Load()
+		}
+	}
+	return out
 }
 
 // series are the bridge's metric children, resolved once: a label lookup
@@ -41,7 +70,9 @@ type series struct {
 	sessionsLost                                 prometheus.Counter
 	inFlight, holding                            prometheus.Gauge
 	latency                                      prometheus.Observer
-	bridged                                      map[string]prometheus.Counter // by route name
+	// bridged is by route name. Bridge goroutines read it without a
+	// lock: only addRoutes writes it, while no bridge uses the stats.
+	bridged map[string]*routeSeries
 }
 
 func newStats(m *Metrics, resource string, routes []Route, rlog *RateLogger) *stats {
@@ -62,12 +93,21 @@ func newStats(m *Metrics, resource string, routes []Route, rlog *RateLogger) *st
 			unconfirmed:   m.CopiesUnconfirmed.WithLabelValues(resource),
 			sessionsLost:  m.SessionsLost.WithLabelValues(resource),
 			latency:       m.Latency.WithLabelValues(resource),
-			bridged:       make(map[string]prometheus.Counter, len(routes)),
+			bridged:       make(map[string]*routeSeries, len(routes)),
 		},
 	}
 	for _, r := range routes {
-		s.m.bridged[r.Name] = m.Bridged.WithLabelValues(resource, r.Name)
+		s.m.bridged[r.Name] = &routeSeries{bridged: m.Bridged.WithLabelValues(resource, r.Name)}
 	}
+	// The series a dashboard graphs exist from the start, at 0, rather
+	// than from their first event: a panel over an absent series shows
+	// "No data", not 0. WithLabelValues leaves an existing child as it
+	// is, so a resource restarted by a reload keeps its values.
+	for _, side := range []string{"broker", "weida"} {
+		m.Reconnects.WithLabelValues(resource, side)
+		m.Up.WithLabelValues(resource, side)
+	}
+	m.Subscribers.WithLabelValues(resource)
 	return s
 }
 
@@ -75,6 +115,9 @@ func newStats(m *Metrics, resource string, routes []Route, rlog *RateLogger) *st
 // msg at level, at most once per interval per reason.
 func (s *stats) drop(route, reason string, n int, level slog.Level, msg string, attrs ...slog.Attr) {
 	s.count.drop(reason, uint64(n))
+	if rs := s.m.bridged[route]; rs != nil {
+		rs.dropped.Add(uint64(n))
+	}
 	s.metrics.Dropped.WithLabelValues(s.resource, route, reason).Add(float64(n))
 	attrs = append(attrs, slog.String("reason", reason), slog.String("route", route))
 	if n != 1 {
@@ -195,7 +238,9 @@ func (s *stats) acked() {
 // receivedUnixNano.
 func (s *stats) bridged(route string, receivedUnixNano int64, now time.Time) {
 	s.count.bridged.Add(1)
-	s.m.bridged[route].Inc()
+	rs := s.m.bridged[route]
+	rs.count.Add(1)
+	rs.bridged.Inc()
 	s.m.latency.Observe(now.Sub(time.Unix(0, receivedUnixNano)).Seconds())
 }
 

@@ -71,11 +71,17 @@ type Gap struct {
 }
 
 // RouteStatus is one route of a resource as /status shows it: the filter
-// in the broker's grammar and its weida conversion.
+// in the broker's grammar and its weida conversion, and what the route
+// carried: the messages it bridged and those of its topics dropped (under
+// any reason; drops before a route is known, such as no-route, belong to
+// no route). They are the route-labelled series of
+// weida_connector_messages_bridged_total and _dropped_total.
 type RouteStatus struct {
 	Name    string `json:"name"`
 	Foreign string `json:"foreign"`
 	Weida   string `json:"weida"`
+	Bridged uint64 `json:"bridged"`
+	Dropped uint64 `json:"dropped"`
 }
 
 // Status is a snapshot of one resource. Its slices belong to the caller.

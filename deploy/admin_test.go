@@ -48,7 +48,7 @@ func newAdmin(t *testing.T) *admin {
 	lc := rt.Collector()
 	reg.MustRegister(lc)
 
-	a := &admin{handler: serviceadmin.Handler(rt, reg), metrics: make(map[string]metricType)}
+	a := &admin{handler: serviceadmin.Handler(rt, reg, serviceadmin.Options{}), metrics: make(map[string]metricType)}
 	describe := func(c prometheus.Collector, typ metricType) {
 		ch := make(chan *prometheus.Desc)
 		go func() { c.Describe(ch); close(ch) }()

@@ -485,6 +485,17 @@ func TestKubernetes(t *testing.T) {
 		}
 	})
 
+	t.Run("NotReadyAddresses", func(t *testing.T) {
+		// The admin Service reaches a pod that is not ready (its page is
+		// how an operator sees why); the weida Service only ready ones.
+		for _, s := range m.services {
+			admin := s.Labels["app.kubernetes.io/component"] == "admin"
+			if s.Spec.PublishNotReadyAddresses != admin {
+				t.Errorf("service %s: publishNotReadyAddresses %t, want %t", s.Name, s.Spec.PublishNotReadyAddresses, admin)
+			}
+		}
+	})
+
 	t.Run("Scraping", func(t *testing.T) {
 		ann := pod.Annotations
 		if ann["prometheus.io/scrape"] != "true" {

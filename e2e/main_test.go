@@ -148,7 +148,9 @@ func (c *Connector) Signal(sig os.Signal) {
 	}
 }
 
-// WaitReady polls /readyz until it answers 200.
+// WaitReady polls until every resource is Ready (/status "ready", which
+// /readyz no longer waits for: it answers for the process) and /readyz
+// answers 200.
 func (c *Connector) WaitReady(d time.Duration) {
 	c.t.Helper()
 	deadline := time.Now().Add(d)
@@ -158,11 +160,16 @@ func (c *Connector) WaitReady(d time.Duration) {
 			c.t.Fatalf("connector exited early (%v):\n%s", c.err, c.Output())
 		default:
 		}
-		resp, err := http.Get("http://" + c.Admin + "/readyz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == 200 {
-				return
+		var doc struct {
+			Ready bool `json:"ready"`
+		}
+		if json.Unmarshal([]byte(c.StatusJSON()), &doc) == nil && doc.Ready {
+			resp, err := http.Get("http://" + c.Admin + "/readyz")
+			if err == nil {
+				resp.Body.Close()
+				if resp.StatusCode == 200 {
+					return
+				}
 			}
 		}
 		time.Sleep(50 * time.Millisecond)

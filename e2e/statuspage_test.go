@@ -274,6 +274,54 @@ func TestStatusPageLive(t *testing.T) {
 		drops := br.text(`document.querySelector('[data-f="drops"]').innerText`)
 		return bridged == fmt.Sprint(st0.Counters.Bridged+n) && strings.Contains(drops, "mqtt-dotted-level\t2")
 	})
+	// The page shows the endpoint's fingerprint and subscriber URL, as
+	// /status has them, each with a copy button, and each route's
+	// counters follow the route's traffic.
+	st1, _ := c.Status(name)
+	if st1.Fingerprint == "" || st1.SubscriberURL == "" {
+		t.Fatalf("/status has no fingerprint or subscriberURL:\n%s", c.StatusJSON())
+	}
+	if got := br.text(`document.querySelector('section.res [data-f="fingerprint"]').textContent`); got != st1.Fingerprint {
+		t.Errorf("fingerprint shown = %q, want %q", got, st1.Fingerprint)
+	}
+	if got := br.text(`document.querySelector('section.res [data-f="subscriberURL"]').textContent`); got != st1.SubscriberURL {
+		t.Errorf("subscriber URL shown = %q, want %q", got, st1.SubscriberURL)
+	}
+	if n := eval[int](br, `[...document.querySelectorAll('section.res .copyable')].filter(r => !r.hidden && r.querySelector("button.copy")).length`); n != 2 {
+		t.Errorf("%d visible rows with a copy button, want 2 (fingerprint, subscriber URL)", n)
+	}
+	var routeDoc struct {
+		Resources []struct {
+			Name   string
+			Routes []struct {
+				Name             string
+				Bridged, Dropped uint64
+			}
+		}
+	}
+	if err := json.Unmarshal([]byte(c.StatusJSON()), &routeDoc); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string][2]uint64{}
+	for _, r := range routeDoc.Resources {
+		for _, rt := range r.Routes {
+			want[rt.Name] = [2]uint64{rt.Bridged, rt.Dropped}
+		}
+	}
+	// Readings dropped its dotted topic and, when the probe arrived
+	// before the subscription, a no-subscriber copy; alarms its dotted one.
+	if w := want["readings"]; w[0] < n+1 || w[1] < 1 || want["alarms"] != [2]uint64{0, 1} {
+		t.Errorf("/status route counters = %v; want readings to have bridged at least %d and dropped at least 1, alarms bridged 0 and dropped 1", want, n+1)
+	}
+	Eventually(t, 10*time.Second, "the per-route counters on the page", func() bool {
+		got := br.text(`[...document.querySelectorAll("section.res .routes li[data-route]")].map(li => li.querySelector('[data-f="route.bridged"]').textContent + "/" + li.querySelector('[data-f="route.dropped"]').textContent).join(" ")`)
+		return got == fmt.Sprintf("%d/%d %d/%d", want["readings"][0], want["readings"][1], want["alarms"][0], want["alarms"][1])
+	})
+	for _, id := range []string{"version", "instance", "uptime"} {
+		if got := br.text(`document.getElementById("` + id + `").textContent`); got == "" {
+			t.Errorf("the page shows no %s", id)
+		}
+	}
 	if !eval[bool](br, `window.__sameDocument === true`) {
 		t.Error("the page reloaded instead of updating in place")
 	}

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"syscall"
 	"testing"
 	"time"
@@ -33,11 +34,13 @@ func fastRetry(args ...string) []string {
 
 // adminView is one look at a connector's admin endpoints. /status is read
 // before and after the probes, so that a resource that was down in both
-// reads was down while /readyz answered.
+// reads was down while /readyz/{resource} answered.
 type adminView struct {
-	Healthz, Readyz int // HTTP status codes; 0 when the request failed
-	Ready           bool
-	Before, After   []ResourceStatus
+	// HTTP status codes; 0 when the request failed. Resource is
+	// /readyz/{resource} of the resource the view was taken for.
+	Healthz, Readyz, Resource int
+	Ready                     bool
+	Before, After             []ResourceStatus
 }
 
 func find(rs []ResourceStatus, name string) (ResourceStatus, bool) {
@@ -82,8 +85,8 @@ func (c *Connector) code(path string) int {
 	return resp.StatusCode
 }
 
-// view reads /status, /readyz, /healthz and /status again.
-func (c *Connector) view() (adminView, error) {
+// view reads /status, /readyz, /readyz/{name}, /healthz and /status again.
+func (c *Connector) view(name string) (adminView, error) {
 	c.t.Helper()
 	var v adminView
 	var err error
@@ -91,6 +94,7 @@ func (c *Connector) view() (adminView, error) {
 		return v, err
 	}
 	v.Readyz = c.code("/readyz")
+	v.Resource = c.code("/readyz/" + url.PathEscape(name))
 	v.Healthz = c.code("/healthz")
 	if v.Ready, v.After, err = c.statusDoc(); err != nil {
 		return v, err
@@ -112,15 +116,16 @@ func (c *Connector) alive() {
 // pollSupervised polls the admin endpoints every 50 ms until done accepts
 // the named resource or d passes. On every poll once the admin listener has
 // answered, it asserts what holds whatever a resource's state: /healthz
-// answers 200 (a resource being down never fails liveness), and /readyz
+// answers 200 (a resource being down never fails liveness), /readyz
+// answers 200 once it has (a resource never takes the process's readiness), and /readyz/{resource}
 // answers 503 while the resource is not Ready.
 func (c *Connector) pollSupervised(name string, d time.Duration, what string, done func(adminView, ResourceStatus) bool) ResourceStatus {
 	c.t.Helper()
 	deadline := time.Now().Add(d)
-	answered := false
+	answered, loaded := false, false
 	for {
 		c.alive()
-		v, err := c.view()
+		v, err := c.view(name)
 		switch {
 		case err != nil && answered:
 			c.t.Fatalf("the admin listener stopped answering while waiting for %s: %v", what, err)
@@ -129,10 +134,16 @@ func (c *Connector) pollSupervised(name string, d time.Duration, what string, do
 			if v.Healthz != http.StatusOK {
 				c.t.Fatalf("/healthz answered %d while waiting for %s; status:\n%s", v.Healthz, what, c.StatusJSON())
 			}
+			// /readyz is 503 only until the process has loaded its
+			// resources; after that, nothing a resource does changes it.
+			loaded = loaded || v.Readyz == http.StatusOK
+			if loaded && v.Readyz != http.StatusOK {
+				c.t.Fatalf("/readyz answered %d while waiting for %s: a resource being down must not make the process unready; status:\n%s", v.Readyz, what, c.StatusJSON())
+			}
 			before, ok1 := find(v.Before, name)
 			after, ok2 := find(v.After, name)
-			if ok1 && ok2 && !before.ready() && !after.ready() && v.Readyz != http.StatusServiceUnavailable {
-				c.t.Fatalf("/readyz answered %d while %s was not Ready (waiting for %s); status:\n%s", v.Readyz, name, what, c.StatusJSON())
+			if ok1 && ok2 && !before.ready() && !after.ready() && v.Resource != http.StatusServiceUnavailable {
+				c.t.Fatalf("/readyz/%s answered %d while %s was not Ready (waiting for %s); status:\n%s", name, v.Resource, name, what, c.StatusJSON())
 			}
 			if ok2 && done(v, after) {
 				return after
@@ -149,8 +160,8 @@ func (c *Connector) pollSupervised(name string, d time.Duration, what string, do
 // reason after at least minAttempts attempts, and checks what the contract
 // says of a resource that is down and retrying: its Ready condition is
 // False with the failure's reason, the failure is not permanent and says
-// when it happened and when the next attempt is due, /readyz answers 503
-// and /status is not ready.
+// when it happened and when the next attempt is due, /readyz/{resource}
+// answers 503 and /status is not ready.
 func (c *Connector) WaitFailure(name, reason string, minAttempts int, d time.Duration) ResourceStatus {
 	c.t.Helper()
 	var view adminView
@@ -169,20 +180,20 @@ func (c *Connector) WaitFailure(name, reason string, minAttempts int, d time.Dur
 	if f.Message == "" || f.LastErrorTime.IsZero() || f.NextRetryTime.IsZero() {
 		c.t.Errorf("failure of %s lacks a message, lastErrorTime or nextRetryTime: %+v", name, *f)
 	}
-	if view.Ready || view.Readyz != http.StatusServiceUnavailable {
-		c.t.Errorf("while %s is down: /status ready=%t, /readyz %d; want false and 503", name, view.Ready, view.Readyz)
+	if view.Ready || view.Resource != http.StatusServiceUnavailable {
+		c.t.Errorf("while %s is down: /status ready=%t, /readyz/%s %d; want false and 503", name, view.Ready, name, view.Resource)
 	}
 	return st
 }
 
 // WaitRecovered waits until the named resource is Ready with no failure
-// and /readyz answers 200 (each test runs one resource), asserting
-// /healthz and /readyz on the way as pollSupervised does.
+// and /readyz/{resource} answers 200 (each test runs one resource),
+// asserting /healthz and /readyz on the way as pollSupervised does.
 func (c *Connector) WaitRecovered(name string, d time.Duration) ResourceStatus {
 	c.t.Helper()
 	return c.pollSupervised(name, d, name+" to recover and the connector to be ready",
 		func(v adminView, st ResourceStatus) bool {
-			return st.ready() && st.Failure == nil && v.Ready && v.Readyz == http.StatusOK
+			return st.ready() && st.Failure == nil && v.Ready && v.Resource == http.StatusOK
 		})
 }
 

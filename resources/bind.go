@@ -487,14 +487,28 @@ func (b *binder) checkLosses(declared []string) {
 			fmt.Sprintf("if the bridge may lose them, write in spec.conversion: losses: [%s] (docs/POLICIES.md says what each one means)", list))
 		return
 	}
+	// Every missing loss in one error: one hint per loss would repeat
+	// the same list of what to write once per loss.
+	var missing []policy.Loss
 	for _, l := range want {
-		if stated[l] {
-			continue
+		if !stated[l] {
+			missing = append(missing, l)
 		}
-		b.fail(base, b.lookupPos(base, true), string(l), "loss-undeclared",
-			fmt.Sprintf("this conversion (%s) loses %s, which spec.conversion.losses does not state: %s", context, l, l.Description()),
-			fmt.Sprintf("if the bridge may lose it, state every loss of this conversion: losses: [%s]", joinLosses(want)))
 	}
+	if len(missing) == 0 {
+		return
+	}
+	why := make([]string, len(missing))
+	for i, l := range missing {
+		why[i] = fmt.Sprintf("%s (%s)", l, l.Description())
+	}
+	it := "it"
+	if len(missing) > 1 {
+		it = "them"
+	}
+	b.fail(base, b.lookupPos(base, true), joinLosses(missing), "loss-undeclared",
+		fmt.Sprintf("this conversion (%s) loses %s, which spec.conversion.losses does not state: %s", context, joinLosses(missing), strings.Join(why, "; ")),
+		fmt.Sprintf("if the bridge may lose %s, state every loss of this conversion: losses: [%s]", it, joinLosses(want)))
 }
 
 // fail with a cause.

@@ -100,6 +100,9 @@ func TestRules(t *testing.T) {
 		{"missing loss", mqttIn, []string{"retain, ", ""}, []diag{{"spec.conversion.losses", "loss-undeclared"}}},
 		{"losses missing entirely", natsIn, []string{"  conversion:\n    losses: [at-most-once, delivery-best-effort, non-utf8-names, ordering, properties, reply-to, topic-length]\n", ""},
 			[]diag{{"spec.conversion.losses", "loss-undeclared"}}}, // one error listing them all
+		// Several losses missing: one error lists them all.
+		{"several losses missing", natsIn, []string{"losses: [at-most-once, delivery-best-effort, non-utf8-names, ordering, properties, reply-to, topic-length]", "losses: [at-most-once, delivery-best-effort, non-utf8-names]"},
+			[]diag{{"spec.conversion.losses", "loss-undeclared"}}},
 		{"losses written empty", natsIn, []string{"losses: [at-most-once, delivery-best-effort, non-utf8-names, ordering, properties, reply-to, topic-length]", "losses: []"},
 			[]diag{{"spec.conversion.losses", "loss-undeclared"}}},
 		{"extra loss", amqpOut, []string{"ordering, ", "ordering, retain, "}, []diag{{"spec.conversion.losses[3]", "loss-not-incurred"}}},

@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -175,6 +176,11 @@ func Run[T any](ctx context.Context, cfg Config, reload <-chan T) error {
 	}
 	rt := connectors.NewRuntime(deps)
 	reg.MustRegister(rt.Collector())
+	started := time.Now()
+	history := newReloads(reg, started, time.Now)
+	// loaded is what /readyz answers: true from the first Apply until
+	// ctx ends, so that a stopping pod leaves its Services first.
+	var loaded atomic.Bool
 
 	var adminServer *http.Server
 	var serving sync.WaitGroup
@@ -183,23 +189,34 @@ func Run[T any](ctx context.Context, cfg Config, reload <-chan T) error {
 		if err != nil {
 			return &AdminError{Addr: cfg.Admin, Err: err}
 		}
-		adminServer = &http.Server{Handler: adminHandler(rt, reg, cfg.Pprof), ReadHeaderTimeout: 5 * time.Second}
+		opts := admin.Options{
+			Version: cfg.Build.Version, Instance: cfg.LoopMarker, Started: started,
+			Loaded: loaded.Load, LastReload: history.Last,
+		}
+		adminServer = &http.Server{Handler: adminHandler(rt, reg, opts, cfg.Pprof), ReadHeaderTimeout: 5 * time.Second}
 		serving.Go(func() {
 			if err := adminServer.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				log.Error("admin listener stopped", "err", err)
 			}
 		})
 		log.Info("admin listener up", "addr", ln.Addr().String())
+		if !loopbackOnly(ln.Addr()) {
+			log.Warn("the admin listener is reachable beyond this host: it serves /metrics, /status and the status page "+
+				"without authentication (and pprof when --pprof is set); bind it to 127.0.0.1 unless a network policy "+
+				"or a proxy restricts who reaches it", "addr", ln.Addr().String())
+		}
 	}
 
 	if err := rt.Apply(ctx, units); err != nil {
 		log.Error("some resources could not start; the others run", "err", err)
 	}
+	loaded.Store(true)
 	log.Info("connector running", "resources", len(cs), "instance", cfg.LoopMarker)
 
 	for {
 		select {
 		case <-ctx.Done():
+			loaded.Store(false)
 			log.Info("stopping: draining in-flight messages", "bound", deps.DrainBound().String())
 			rt.Stop()
 			if adminServer != nil {
@@ -211,18 +228,18 @@ func Run[T any](ctx context.Context, cfg Config, reload <-chan T) error {
 			log.Info("stopped")
 			return nil
 		case <-reload:
-			Reload(ctx, rt, cfg)
+			reloadOnce(ctx, rt, cfg, history, "signal")
 		case <-changes:
 			log.Info("resource files changed")
-			Reload(ctx, rt, cfg)
+			reloadOnce(ctx, rt, cfg, history, "watch")
 		}
 	}
 }
 
 // adminHandler is [admin.Handler], with net/http/pprof's
 // handlers under /debug/pprof/ when pprof is set.
-func adminHandler(rt *connectors.Runtime, g prometheus.Gatherer, pprof bool) http.Handler {
-	h := admin.Handler(rt, g)
+func adminHandler(rt *connectors.Runtime, g prometheus.Gatherer, o admin.Options, pprof bool) http.Handler {
+	h := admin.Handler(rt, g, o)
 	if !pprof {
 		return h
 	}
@@ -239,16 +256,42 @@ func adminHandler(rt *connectors.Runtime, g prometheus.Gatherer, pprof bool) htt
 // Reload loads cfg's files again and applies them to rt when every
 // resource is valid; otherwise it logs why and leaves rt as it is.
 func Reload(ctx context.Context, rt *connectors.Runtime, cfg Config) {
+	reloadOnce(ctx, rt, cfg, nil, "")
+}
+
+// reloadOnce is [Reload], recording the outcome in history (when not nil)
+// as asked for by trigger.
+func reloadOnce(ctx context.Context, rt *connectors.Runtime, cfg Config, history *reloads, trigger string) {
 	log := cfg.logger()
-	log.Info("reloading resources", "paths", strings.Join(cfg.Paths, ","))
+	t := time.Now()
+	log.Info("reloading resources", "paths", strings.Join(cfg.Paths, ","), "trigger", trigger)
 	units, cs, err := Load(cfg.Paths, cfg.Env, cfg.Describe)
 	if err != nil {
-		log.Error("reload refused; the running resources are unchanged", "errors", err.Error())
+		log.Error("reload refused; the running resources are unchanged: correct the files (connector check -f lists every fault) and reload again",
+			"errors", err.Error())
+		if history != nil {
+			history.record(t, trigger, err.Error(), "")
+		}
 		return
 	}
-	if err := rt.Apply(ctx, units); err != nil {
+	err = rt.Apply(ctx, units)
+	if history != nil {
+		var startErrs string
+		if err != nil {
+			startErrs = err.Error()
+		}
+		history.record(t, trigger, "", startErrs)
+	}
+	if err != nil {
 		log.Error("reload applied; some resources could not start", "err", err)
 		return
 	}
 	log.Info("reload applied", "resources", len(cs))
+}
+
+// loopbackOnly reports whether addr is a loopback address: a wildcard
+// (0.0.0.0, ::) or any other address is reachable from elsewhere.
+func loopbackOnly(addr net.Addr) bool {
+	ta, ok := addr.(*net.TCPAddr)
+	return ok && ta.IP.IsLoopback()
 }

@@ -116,6 +116,10 @@ type explainResult struct {
 	Part      *string       `json:"part,omitempty"`
 	Hint      string        `json:"hint,omitempty"`
 	Losses    []policy.Loss `json:"losses"`
+	// DropReason is, for a refused topic, the reason label the runtime
+	// counts the dropped message under (the refusal's rule) in
+	// weida_connector_messages_dropped_total and /status.
+	DropReason string `json:"dropReason,omitempty"`
 }
 
 // explainFlags are explain's flags as parsed, before they are checked.
@@ -347,6 +351,9 @@ func explainOne(pol policy.Policy, d policy.Direction, opts policy.Options, in e
 		if l, ok := pol.LossFor(ref.Rule); ok {
 			r.Losses = []policy.Loss{l}
 		}
+		// The runtime counts a refused topic under the refusal's rule
+		// (connectors' refusalRule), not under the loss's name.
+		r.DropReason = ref.Rule
 	}
 	return r
 }
@@ -387,8 +394,12 @@ func writeExplainText(w io.Writer, pol policy.Policy, settings string, d policy.
 		if r.Hint != "" {
 			fmt.Fprintf(w, "       hint: %s\n", r.Hint)
 		}
-		if len(r.Losses) > 0 {
-			fmt.Fprintf(w, "       at run time: dropped and counted as %s\n", r.Losses[0])
+		if r.DropReason != "" {
+			fmt.Fprintf(w, "       at run time: dropped and counted under reason %s", r.DropReason)
+			if len(r.Losses) > 0 {
+				fmt.Fprintf(w, " (the declared loss %s)", r.Losses[0])
+			}
+			fmt.Fprintf(w, "\n")
 		}
 	}
 	if !converted {

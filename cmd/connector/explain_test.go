@@ -145,7 +145,7 @@ func TestExplainText(t *testing.T) {
 	}
 	// Only refusals: no losses block, and the run-time loss of the topic.
 	code, out, _ = runCLI(t, "", "explain", "--protocol", "amqp", "--direction", "outbound", "--topic", "")
-	if code != exitRefused || strings.Contains(out, "losses of") || !strings.Contains(out, "counted as empty-routing-key") {
+	if code != exitRefused || strings.Contains(out, "losses of") || !strings.Contains(out, "counted under reason amqp-empty-routing-key (the declared loss empty-routing-key)") {
 		t.Errorf("code %d:\n%s", code, out)
 	}
 	// All converted: exit 0.
@@ -330,5 +330,19 @@ func TestExplainAndCheckAgreeUnderMount(t *testing.T) {
 		if got := fmt.Sprint(res.Resources[0].Losses); got != fmt.Sprint(explained) {
 			t.Errorf("%s: check's losses %s, explain's %v", c.foreign, got, explained)
 		}
+	}
+}
+
+// TestExplainNamesDropReason: where explain says a refused topic is lost
+// at run time, it names the reason label the drop counter uses (the
+// refusal's rule), beside the loss a resource declares.
+func TestExplainNamesDropReason(t *testing.T) {
+	code, out, _ := runCLI(t, "", "explain", "--protocol", "mqtt", "--topic", "v1.2/status")
+	if code != exitRefused || !strings.Contains(out, "counted under reason mqtt-dotted-level (the declared loss dotted-levels)") {
+		t.Errorf("code %d:\n%s", code, out)
+	}
+	code, out, _ = runCLI(t, "", "explain", "--protocol", "mqtt", "--topic", "v1.2/status", "--output", "json")
+	if code != exitRefused || !strings.Contains(out, `"dropReason":"mqtt-dotted-level"`) {
+		t.Errorf("code %d:\n%s", code, out)
 	}
 }

@@ -15,9 +15,9 @@ import (
 // image carries no HTTP client, and the binary that serves the probe can
 // just as well ask it.
 func cmdHealth(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) int {
-	fs := newFlagSet("health", "connector health [--admin ADDR] [--path /readyz|/healthz] [--timeout DURATION]", stderr)
+	fs := newFlagSet("health", "connector health [--admin ADDR] [--path /readyz|/readyz/RESOURCE|/healthz] [--timeout DURATION]", stderr)
 	admin := fs.String("admin", "127.0.0.1:9090", "the admin listener to ask, as given to run --admin; a wildcard host (:9090, 0.0.0.0:9090) is asked on loopback")
-	path := fs.String("path", "/readyz", "the probe: /readyz (every resource up) or /healthz (the process serves)")
+	path := fs.String("path", "/readyz", "the probe: /readyz (the resources are loaded and run), /readyz/RESOURCE (that resource is up) or /healthz (the process serves)")
 	timeout := fs.Duration("timeout", 3*time.Second, "how long the answer may take")
 	if code, done := parseFlags(fs, args, stdout); done {
 		return code

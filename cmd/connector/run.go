@@ -151,7 +151,10 @@ func runService(ctx context.Context, opts runOptions, stateSource string, stdout
 	var ae *service.AdminError
 	switch {
 	case errors.As(err, &le):
-		fmt.Fprintf(stderr, "connector run: refusing to start; nothing was started.\n%s\n", le.Text)
+		fmt.Fprintf(stderr, "connector run: refusing to start; nothing was started.\n%s\n"+
+			"Correct the files and start again: `connector check -f PATH` lists every fault without starting anything. "+
+			"The connector does not fall back to an older set: a file refused here was also refused by any reload "+
+			"of a running connector, which kept running the set it had (see lastReload in /status).\n", le.Text)
 		return exitFailure
 	case errors.As(err, &ae):
 		fmt.Fprintf(stderr, "connector run: %v; nothing was started.\n", ae)

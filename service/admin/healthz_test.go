@@ -22,14 +22,14 @@ func TestHealthz(t *testing.T) {
 		return rec.Code
 	}
 	rt := connectors.NewRuntime(connectors.Deps{Metrics: connectors.NewMetrics(reg)})
-	if code := get(Handler(rt, reg)); code != http.StatusOK {
+	if code := get(Handler(rt, reg, Options{})); code != http.StatusOK {
 		t.Fatalf("healthz of an idle runtime = %d, want 200", code)
 	}
 	wedged := fixedRuntime{alive: func(ctx context.Context) bool { <-ctx.Done(); return false }}
-	if code := get(Handler(wedged, reg)); code != http.StatusServiceUnavailable {
+	if code := get(Handler(wedged, reg, Options{})); code != http.StatusServiceUnavailable {
 		t.Errorf("healthz of a wedged runtime = %d, want 503", code)
 	}
-	if code := get(Handler(hostileRuntime(t), reg)); code != http.StatusOK {
+	if code := get(Handler(hostileRuntime(t), reg, Options{})); code != http.StatusOK {
 		t.Errorf("healthz of a runtime whose resource is down = %d, want 200", code)
 	}
 }

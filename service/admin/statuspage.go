@@ -47,18 +47,21 @@ func statusPageAsset(name string) (string, bool) {
 // resource's Status as HTML, and /ui/ serves the page's script, style sheet
 // and icon. Safe for concurrent use.
 type statusPage struct {
-	rt   Runtime
-	tmpl *template.Template
-	now  func() time.Time
+	rt    Runtime
+	o     Options
+	rates *rateTracker
+	tmpl  *template.Template
 }
 
 // newStatusPage returns the handler of the status page for rt. Its patterns
 // are / (exactly) and /ui/; everything else under / is not found.
-func newStatusPage(rt Runtime) http.Handler {
+func newStatusPage(rt Runtime, o Options, rates *rateTracker) http.Handler {
+	o.fill()
 	p := &statusPage{
-		rt:   rt,
-		tmpl: mustStatusTemplate(),
-		now:  time.Now,
+		rt:    rt,
+		o:     o,
+		rates: rates,
+		tmpl:  mustStatusTemplate(),
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /{$}", p.serveIndex)
@@ -74,9 +77,12 @@ func mustStatusTemplate() *template.Template {
 
 // pageData is what the template renders.
 type pageData struct {
-	Ready     bool
-	Resources []pageResource
-	Generated time.Time
+	Ready      bool
+	NotReady   []string
+	Process    Process
+	LastReload *Reload
+	Resources  []pageResource
+	Generated  time.Time
 }
 
 // pageResource is one Status as the page sees it: decoded from the same
@@ -86,6 +92,32 @@ type pageResource struct {
 	connectors.Status
 	// Failure is the supervisor's account of why a resource is down.
 	Failure *pageFailure `json:"failure,omitempty"`
+	// Rates are the server's message rates (see [Rates]).
+	Rates *Rates `json:"rates,omitempty"`
+}
+
+// Failing is what the page's "Failing" box shows: the supervisor's
+// failure while there is one, else the first side whose condition is False
+// (an outbound resource retrying its weida dial inside one attempt, a
+// broker connection lost and being re-established), else nothing.
+type Failing struct {
+	Reason, Message string
+	// Side is the condition type that says so; empty for a failure.
+	Side    string
+	Failure *pageFailure
+}
+
+// Failing returns the resource's failing box, or nil.
+func (r pageResource) Failing() *Failing {
+	if r.Failure != nil {
+		return &Failing{Reason: r.Failure.Reason, Message: r.Failure.Message, Failure: r.Failure}
+	}
+	for _, t := range []string{connectors.CondWeidaReady, connectors.CondBrokerConnected} {
+		if c, ok := r.Condition(t); ok && c.Status == "False" {
+			return &Failing{Reason: c.Reason, Message: c.Message, Side: t}
+		}
+	}
+	return nil
 }
 
 // pageFailure is the optional "failure" object of a resource's status.
@@ -117,21 +149,19 @@ func (r pageResource) DroppedTotal() uint64 {
 }
 
 func (p *statusPage) data() (pageData, error) {
-	st := p.rt.Statuses()
-	d := pageData{Ready: len(st) > 0, Generated: p.now()}
+	doc := statusDoc(p.rt, p.o, p.rates)
+	d := pageData{
+		Ready: doc.Ready, NotReady: doc.NotReady, Process: doc.Process,
+		LastReload: doc.LastReload, Generated: p.o.Now(),
+	}
 	// The JSON round trip is deliberate: the page renders exactly what
 	// /status encodes, including fields this file does not know yet.
-	raw, err := json.Marshal(st)
+	raw, err := json.Marshal(doc.Resources)
 	if err != nil {
 		return d, err
 	}
 	if err := json.Unmarshal(raw, &d.Resources); err != nil {
 		return d, err
-	}
-	for _, r := range d.Resources {
-		if !r.Ready() {
-			d.Ready = false
-		}
 	}
 	return d, nil
 }
@@ -204,6 +234,20 @@ func statusPageFuncs() template.FuncMap {
 				return ""
 			}
 			return humanDuration(now.Sub(t))
+		},
+		"seconds": func(s float64) string { return humanDuration(time.Duration(s * float64(time.Second))) },
+		"rate": func(r *Rates, kind string) string {
+			if r == nil {
+				return "—"
+			}
+			v := map[string]float64{"received": r.Received, "bridged": r.Bridged, "dropped": r.Dropped}[kind]
+			switch {
+			case v == 0:
+				return "0"
+			case v < 10:
+				return strconv.FormatFloat(v, 'f', 1, 64)
+			}
+			return strconv.FormatFloat(v, 'f', 0, 64)
 		},
 		"condClass": func(status string) string {
 			switch status {

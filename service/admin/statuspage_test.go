@@ -88,7 +88,7 @@ func get(t *testing.T, h http.Handler, path string) (*http.Response, string) {
 }
 
 func TestStatusPageEscapesHostileText(t *testing.T) {
-	h := Handler(hostileRuntime(t), prometheus.NewRegistry())
+	h := Handler(hostileRuntime(t), prometheus.NewRegistry(), Options{})
 	res, body := get(t, h, "/")
 	if res.StatusCode != 200 {
 		t.Fatalf("GET / = %d\n%s", res.StatusCode, body)
@@ -129,7 +129,7 @@ func TestStatusPageEscapesHostileText(t *testing.T) {
 }
 
 func TestStatusPageHeaders(t *testing.T) {
-	h := Handler(hostileRuntime(t), prometheus.NewRegistry())
+	h := Handler(hostileRuntime(t), prometheus.NewRegistry(), Options{})
 	res, _ := get(t, h, "/")
 	csp := res.Header.Get("Content-Security-Policy")
 	for _, want := range []string{"default-src 'none'", "script-src 'self'", "style-src 'self'", "connect-src 'self'", "frame-ancestors 'none'"} {
@@ -148,7 +148,7 @@ func TestStatusPageHeaders(t *testing.T) {
 }
 
 func TestStatusPageAssets(t *testing.T) {
-	h := Handler(hostileRuntime(t), prometheus.NewRegistry())
+	h := Handler(hostileRuntime(t), prometheus.NewRegistry(), Options{})
 	for path, want := range map[string]string{
 		"/ui/page.js":     "text/javascript; charset=utf-8",
 		"/ui/page.css":    "text/css; charset=utf-8",
@@ -203,7 +203,7 @@ func TestStatusPageScriptUsesTextContent(t *testing.T) {
 // A status may carry a "failure" object (the supervisor's account of a
 // resource that is down); the page shows it, escaped, when present.
 func TestStatusPageRendersFailure(t *testing.T) {
-	page := &statusPage{tmpl: mustStatusTemplate(), now: time.Now}
+	page := &statusPage{tmpl: mustStatusTemplate()}
 	at := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
 	d := pageData{Generated: at, Resources: []pageResource{
 		{Status: connectors.Status{Name: "down"}, Failure: &pageFailure{Reason: "ConnectFailed", Message: hostileError, Attempts: 3,

@@ -649,3 +649,21 @@ func TestWeidaSubDrainsOnInterrupt(t *testing.T) {
 		t.Fatalf("sub printed %d of the %d messages queued for it before the interrupt; stderr %q", len(out), queued, sub.stderr)
 	}
 }
+
+// TestLostAfterQueue: pub's summary counts as dropped the queued copies
+// that were neither written nor refused by the time the listener shut
+// down.
+func TestLostAfterQueue(t *testing.T) {
+	for _, c := range []struct {
+		st   weida.ListenerStats
+		want uint64
+	}{
+		{weida.ListenerStats{CopiesQueued: 10, CopiesWritten: 10}, 0},
+		{weida.ListenerStats{CopiesQueued: 10, CopiesWritten: 4, CopiesRefused: 1}, 5},
+		{weida.ListenerStats{CopiesQueued: 3, CopiesWritten: 5}, 0}, // replayed copies are written but not queued
+	} {
+		if got := lostAfterQueue(c.st); got != c.want {
+			t.Errorf("lostAfterQueue(%+v) = %d, want %d", c.st, got, c.want)
+		}
+	}
+}

@@ -29,6 +29,8 @@ Hosts a weida publisher endpoint: binds ADDR (UDP), registers each --path,
 prints the endpoint's fingerprint and a ready-to-paste 'connector weida sub'
 command line per path, then publishes every line read from stdin and
 reports what it reached ("line 3: a.b: matched 2, queued 2, dropped 0").
+The summary at the end counts as dropped also the copies that were queued
+and then lost, their connection closing before they were written.
 
 A line is either a JSON object
   {"topic": "a.b", "payload": "text", "contentType": "...", "traceparent": "...",
@@ -293,9 +295,18 @@ func (pp *pubRun) finish(ctx context.Context, drain, linger time.Duration) {
 		fmt.Fprintf(pp.stderr, "connector weida pub: copies still queued after --drain %v were dropped\n", drain)
 	}
 	st := pp.l.Stats()
-	fmt.Fprintf(pp.stdout, "published %s: matched %d, queued %d, dropped %d; %s written to QUIC",
-		countOf(pp.published, "message", "messages"), pp.matched, pp.queued, pp.dropped,
-		countOf(int(st.CopiesWritten), "copy", "copies"))
+	// Publish counts the copies it could not queue; a queued copy can
+	// still be lost, when its connection closes before it is written
+	// (the listener's Dropped.ConnectionClosed, among others). After
+	// Shutdown every queued copy was written, refused by its
+	// subscriber or lost, so the lost ones are what remains.
+	lost := lostAfterQueue(st)
+	fmt.Fprintf(pp.stdout, "published %s: matched %d, queued %d, dropped %d",
+		countOf(pp.published, "message", "messages"), pp.matched, pp.queued, uint64(pp.dropped)+lost)
+	if lost > 0 {
+		fmt.Fprintf(pp.stdout, " (%d of them after queueing: their connection closed before they were written)", lost)
+	}
+	fmt.Fprintf(pp.stdout, "; %s written to QUIC", countOf(int(st.CopiesWritten), "copy", "copies"))
 	if st.CopiesUnconfirmed > 0 {
 		// Written to a subscriber that vanished without closing: the
 		// copies it may or may not have received.
@@ -305,6 +316,17 @@ func (pp *pubRun) finish(ctx context.Context, drain, linger time.Duration) {
 		fmt.Fprintf(pp.stdout, "; %s", countOf(pp.invalid, "invalid line", "invalid lines"))
 	}
 	fmt.Fprintln(pp.stdout)
+}
+
+// lostAfterQueue is the number of queued copies neither written nor
+// refused by their subscriber: once the listener is shut down, those its
+// connections dropped.
+func lostAfterQueue(st weida.ListenerStats) uint64 {
+	done := st.CopiesWritten + st.CopiesRefused
+	if done >= st.CopiesQueued {
+		return 0
+	}
+	return st.CopiesQueued - done
 }
 
 // pubDrained reports whether every queued copy has been written, refused

@@ -1,7 +1,8 @@
 // Live updates for the connector's status page. The page is complete
 // without this script; it only polls /status (the same data the page was
-// rendered from) every second and refreshes counters, conditions, drops and
-// message rates. Every piece of data is written with textContent or as an
+// rendered from) every second and refreshes counters, conditions, drops,
+// message rates (computed by the server), the reload banner and the
+// process facts. Every piece of data is written with textContent or as an
 // SVG number list, never parsed as HTML: resource names, topics and error
 // texts come from configuration and brokers and are not trusted.
 "use strict";
@@ -15,13 +16,18 @@
 
   const cards = new Map();
   for (const el of document.querySelectorAll("section.res")) {
-    cards.set(el.dataset.resource, { el, last: null, hist: { received: [], bridged: [], dropped: [] } });
+    cards.set(el.dataset.resource, { el, hist: { received: [], bridged: [], dropped: [] } });
   }
   const liveEl = document.getElementById("live");
   const overallEl = document.getElementById("overall");
   const updatedEl = document.getElementById("updated");
   const noticeEl = document.getElementById("notice");
   const countEl = document.getElementById("count");
+  const reloadEl = document.getElementById("reload-banner");
+  const versionEl = document.getElementById("version");
+  const instanceEl = document.getElementById("instance");
+  const uptimeEl = document.getElementById("uptime");
+  const processEl = document.getElementById("process-ready");
   const intFmt = new Intl.NumberFormat("en-US");
 
   // field finds an element by its data-f name; names are this script's own
@@ -57,7 +63,12 @@
   function ago(iso) {
     const t = Date.parse(iso);
     if (Number.isNaN(t) || t <= 0) return "";
-    let s = Math.max(0, Math.floor((Date.now() - t) / 1000));
+    return duration((Date.now() - t) / 1000);
+  }
+
+  // duration renders seconds the way the server's humanDuration does.
+  function duration(secs) {
+    const s = Math.max(0, Math.floor(secs));
     if (s < 60) return s + "s";
     if (s < 3600) return Math.floor(s / 60) + "m";
     if (s < 48 * 3600) return Math.floor(s / 3600) + "h" + Math.floor((s % 3600) / 60) + "m";
@@ -145,17 +156,100 @@
     }));
   }
 
-  function renderFailure(root, f) {
+  // failing mirrors pageResource.Failing: the supervisor's failure, else
+  // the first side whose condition is False.
+  function failing(r) {
+    if (r.failure) return { reason: r.failure.reason, message: r.failure.message, side: "", failure: r.failure };
+    for (const t of ["WeidaReady", "BrokerConnected"]) {
+      const c = (r.conditions || []).find((x) => x.type === t);
+      if (c && c.status === "False") return { reason: c.reason, message: c.message, side: t, failure: null };
+    }
+    return null;
+  }
+
+  function renderFailure(root, r) {
     const box = field(root, "failure");
     if (!box) return;
+    const f = failing(r);
     box.hidden = !f;
     if (!f) return;
     setText(field(box, "failure.reason"), String(f.reason || ""));
+    setText(field(box, "failure.side"), String(f.side || ""));
     setText(field(box, "failure.message"), String(f.message || ""));
-    setText(field(box, "failure.attempts"), String(f.attempts ?? ""));
-    setText(field(box, "failure.lastErrorTime"), clock(f.lastErrorTime));
-    setText(field(box, "failure.nextRetryTime"), clock(f.nextRetryTime));
+    const meta = field(box, "failure.meta");
+    if (meta) meta.hidden = !f.failure;
+    if (!f.failure) return;
+    setText(field(box, "failure.attempts"), String(f.failure.attempts ?? ""));
+    setText(field(box, "failure.lastErrorTime"), clock(f.failure.lastErrorTime));
+    setText(field(box, "failure.nextRetryTime"), clock(f.failure.nextRetryTime));
   }
+
+  function renderCopyable(root, name, value) {
+    const row = field(root, name + ".row");
+    if (row) row.hidden = !value;
+    setText(field(root, name), String(value || ""));
+  }
+
+  // Routes are matched by position: the page and /status list them in the
+  // resource's order, and a name from configuration never becomes a selector.
+  function renderRoutes(root, routes) {
+    const items = root.querySelectorAll(".routes li[data-route]");
+    (routes || []).forEach((rt, i) => {
+      const li = items[i];
+      if (!li) return;
+      setText(field(li, "route.bridged"), String(rt.bridged ?? 0));
+      setText(field(li, "route.dropped"), String(rt.dropped ?? 0));
+    });
+  }
+
+  function renderReload(r) {
+    if (!reloadEl) return;
+    const refused = !!r && r.result === "refused";
+    reloadEl.hidden = !refused;
+    if (!refused) return;
+    setText(field(reloadEl, "reload.time"), clock(r.time));
+    setText(field(reloadEl, "reload.trigger"), String(r.trigger || ""));
+    setText(field(reloadEl, "reload.lastSuccessTime"), clock(r.lastSuccessTime));
+    setText(field(reloadEl, "reload.errors"), (r.errors || []).join("\n"));
+  }
+
+  function renderProcess(p, notReady) {
+    if (!p) return;
+    setText(versionEl, p.version || "—");
+    setText(instanceEl, p.instance || "—");
+    setText(uptimeEl, duration(p.uptimeSeconds || 0));
+    let text = p.ready ? "ready" : "not ready";
+    if (notReady && notReady.length) text += " · not ready: " + notReady.join(", ");
+    setText(processEl, text);
+  }
+
+  // Copy buttons copy the text of their row's code element.
+  async function copy(btn) {
+    const code = btn.parentElement && btn.parentElement.querySelector("code");
+    const text = code ? code.textContent : "";
+    try {
+      await navigator.clipboard.writeText(text);
+    } catch (e) {
+      // No clipboard API (not a secure context): select the text so
+      // that the user can copy it with the keyboard.
+      const sel = window.getSelection();
+      const range = document.createRange();
+      range.selectNodeContents(code);
+      sel.removeAllRanges();
+      sel.addRange(range);
+      btn.title = "Selected: press Ctrl+C (the browser refused the clipboard)";
+    }
+    btn.classList.add("done");
+    setText(btn, "Copied");
+    setTimeout(() => {
+      btn.classList.remove("done");
+      setText(btn, "Copy");
+    }, 1500);
+  }
+  document.addEventListener("click", (ev) => {
+    const btn = ev.target instanceof Element ? ev.target.closest("button.copy") : null;
+    if (btn) copy(btn);
+  });
 
   function render(data, now) {
     const resources = data.resources || [];
@@ -163,6 +257,8 @@
     document.title = (data.ready ? "Ready" : "Not ready") + " · weida-connector";
     setText(countEl, String(resources.length));
     setText(updatedEl, clock(new Date(now).toISOString()));
+    renderProcess(data.process, data.notReady);
+    renderReload(data.lastReload);
 
     const seen = new Set();
     for (const r of resources) {
@@ -184,22 +280,21 @@
       setText(field(root, "subscribers"), String(c.weidaSubscribers ?? 0));
       renderConditions(root, r.conditions);
       renderDrops(root, c.dropped);
-      renderFailure(root, r.failure);
+      renderFailure(root, r);
+      renderCopyable(root, "fingerprint", r.fingerprint);
+      renderCopyable(root, "subscriberURL", r.subscriberURL);
+      renderRoutes(root, r.routes);
 
-      const cur = { t: now, received: c.received ?? 0, bridged: c.bridged ?? 0, dropped };
-      const last = card.last;
-      card.last = cur;
-      if (!last) continue;
-      const dt = (cur.t - last.t) / 1000;
+      // The rates are the server's (see "rates" in /status), so that the
+      // page and a script reading /status agree.
+      const rates = r.rates || null;
       for (const k of KINDS) {
-        // A counter that went down belongs to a restarted resource:
-        // count the new run from zero.
-        const d = cur[k] >= last[k] ? cur[k] - last[k] : cur[k];
-        const rate = dt > 0 ? d / dt : 0;
+        const rate = rates ? rates[k] ?? 0 : null;
+        setText(field(root, "rate." + k), fmtRate(rate));
+        if (rate === null) continue;
         const h = card.hist[k];
         h.push(rate);
         if (h.length > HISTORY) h.shift();
-        setText(field(root, "rate." + k), fmtRate(rate));
         drawSpark(root, k, h);
       }
     }
