@@ -19,8 +19,8 @@
 // over the leases of one that left or died.
 //
 // Backends: [Etcd] (go.etcd.io/etcd/client/v3) and [Kubernetes]
-// (coordination.k8s.io/v1 through client-go). Nothing in the runtime uses
-// this package yet (issue 23).
+// (coordination.k8s.io/v1 through client-go). The service runs a Placer
+// when `connector run` is given --placement (service/placed.go).
 package placement
 
 import (
