@@ -92,6 +92,9 @@ type Config struct {
 	// Build names the running build in the weida_connector_build_info
 	// series of /metrics.
 	Build Build
+	// Placement shares the resources among replicas through leases (see
+	// placed.go); its zero value runs every resource here.
+	Placement Placement
 }
 
 // Build names a build of the program, as `connector version` prints it.
@@ -175,15 +178,26 @@ func Run[T any](ctx context.Context, cfg Config, reload <-chan T) error {
 	}
 	rt := connectors.NewRuntime(deps)
 	reg.MustRegister(rt.Collector())
+	var view admin.Runtime = rt
+	var pl *placed
+	if cfg.Placement.Enabled() {
+		if pl, err = newPlaced(cfg, rt, units, reg); err != nil {
+			return err
+		}
+		view = pl
+	}
 
 	var adminServer *http.Server
 	var serving sync.WaitGroup
 	if cfg.Admin != "" {
 		ln, err := net.Listen("tcp", cfg.Admin)
 		if err != nil {
+			if pl != nil {
+				pl.close()
+			}
 			return &AdminError{Addr: cfg.Admin, Err: err}
 		}
-		adminServer = &http.Server{Handler: adminHandler(rt, reg, cfg.Pprof), ReadHeaderTimeout: 5 * time.Second}
+		adminServer = &http.Server{Handler: adminHandler(view, reg, cfg.Pprof), ReadHeaderTimeout: 5 * time.Second}
 		serving.Go(func() {
 			if err := adminServer.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				log.Error("admin listener stopped", "err", err)
@@ -192,7 +206,11 @@ func Run[T any](ctx context.Context, cfg Config, reload <-chan T) error {
 		log.Info("admin listener up", "addr", ln.Addr().String())
 	}
 
-	if err := rt.Apply(ctx, units); err != nil {
+	if pl != nil {
+		if err := pl.start(); err != nil {
+			return err
+		}
+	} else if err := rt.Apply(ctx, units); err != nil {
 		log.Error("some resources could not start; the others run", "err", err)
 	}
 	log.Info("connector running", "resources", len(cs), "instance", cfg.LoopMarker)
@@ -201,6 +219,9 @@ func Run[T any](ctx context.Context, cfg Config, reload <-chan T) error {
 		select {
 		case <-ctx.Done():
 			log.Info("stopping: draining in-flight messages", "bound", deps.DrainBound().String())
+			if pl != nil {
+				pl.Close() // stops what it holds, then releases every lease
+			}
 			rt.Stop()
 			if adminServer != nil {
 				sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
@@ -211,9 +232,17 @@ func Run[T any](ctx context.Context, cfg Config, reload <-chan T) error {
 			log.Info("stopped")
 			return nil
 		case <-reload:
+			if pl != nil {
+				pl.Reload()
+				continue
+			}
 			Reload(ctx, rt, cfg)
 		case <-changes:
 			log.Info("resource files changed")
+			if pl != nil {
+				pl.Reload()
+				continue
+			}
 			Reload(ctx, rt, cfg)
 		}
 	}
@@ -221,7 +250,7 @@ func Run[T any](ctx context.Context, cfg Config, reload <-chan T) error {
 
 // adminHandler is [admin.Handler], with net/http/pprof's
 // handlers under /debug/pprof/ when pprof is set.
-func adminHandler(rt *connectors.Runtime, g prometheus.Gatherer, pprof bool) http.Handler {
+func adminHandler(rt admin.Runtime, g prometheus.Gatherer, pprof bool) http.Handler {
 	h := admin.Handler(rt, g)
 	if !pprof {
 		return h

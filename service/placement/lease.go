@@ -73,6 +73,11 @@ func (t Timing) withDefaults() (Timing, error) {
 	return t, nil
 }
 
+// WithDefaults returns t with its zero fields taken from DefaultTiming, or
+// an error when the order RetryPeriod < RenewDeadline < LeaseDuration does
+// not hold.
+func (t Timing) WithDefaults() (Timing, error) { return t.withDefaults() }
+
 // Margin is LeaseDuration - RenewDeadline: the least time between a holder
 // learning it must stop and another replica being able to take its lease.
 func (t Timing) Margin() time.Duration { return t.LeaseDuration - t.RenewDeadline }
