@@ -167,7 +167,7 @@ func TestHAPlacementByLease(t *testing.T) {
 		m := mqttResource{Name: "ha-mqtt-" + s, Direction: policy.Inbound, QoS: 1, Endpoint: endpoint("mqtt-" + s),
 			Routes: []mqttRoute{{"r", u + "/" + s + "/#"}}}
 		n := natsResource{Name: "ha-nats-" + s, Direction: policy.Inbound, Endpoint: endpoint("nats-" + s),
-			Routes: []string{u + "." + s + ".>"}}
+			Routes: []string{u + "." + s + ".*"}}
 		queue := "ha-" + u + "-" + s
 		deleteQueueAtEnd(t, rabbitAddr, queue)
 		a := amqpResource{Name: "ha-amqp-" + s, Direction: policy.Inbound, QueueName: queue, Durable: true,
