@@ -3,6 +3,7 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"syscall"
@@ -151,7 +152,9 @@ const haFailoverBound = 10 * time.Second
 // instant. Then the holder of a resource of each protocol is SIGKILLed in
 // turn: a survivor runs it within the bound. Last, SIGTERM hands a
 // resource over within about a retry period, without waiting for the lease
-// to expire.
+// to expire. Killing one etcd member moves nothing; stopping the whole
+// cluster stops every holder within the renew deadline, and they resume
+// when it returns.
 func TestHAPlacementByLease(t *testing.T) {
 	requireTCP(t, "Mosquitto", mosquittoAddr)
 	requireTCP(t, "NATS", natsAddr)
@@ -257,4 +260,53 @@ func TestHAPlacementByLease(t *testing.T) {
 		t.Errorf("a SIGTERM handover took %s: leases must be released at once, not left to expire", d)
 	}
 	t.Logf("failover after SIGKILL: %v", took)
+	h.remove(r)
+	h.start()
+	h.waitSpread(60 * time.Second)
+
+	// One etcd member killed: for longer than a lease, nothing moves.
+	before := h.epochs()
+	etcd.Kill(0)
+	for end := time.Now().Add(7 * time.Second); time.Now().Before(end); time.Sleep(200 * time.Millisecond) {
+		if now := h.epochs(); !maps.Equal(now, before) {
+			t.Fatalf("with one etcd member down, placement moved: %v, was %v", now, before)
+		}
+	}
+	etcd.Start(0)
+	etcd.WaitHealthy()
+
+	// The whole cluster down: every holder stops within the renew
+	// deadline (3 s, with room for a loaded machine), /status says why,
+	// and everything runs again once the cluster is back.
+	for i := range 3 {
+		etcd.Kill(i)
+	}
+	down := time.Now()
+	Eventually(t, 8*time.Second, "every holder to stop with etcd down", func() bool {
+		return len(h.holders()) == 0
+	})
+	t.Logf("etcd down: every resource stopped after %s", time.Since(down).Round(10*time.Millisecond))
+	Eventually(t, 10*time.Second, "/status to say the coordination service does not answer", func() bool {
+		return strings.Contains(h.replicas[0].c.StatusJSON(), "CoordinationUnreachable")
+	})
+	for i := range 3 {
+		etcd.Start(i)
+	}
+	etcd.WaitHealthy()
+	back := time.Now()
+	h.waitSpread(60 * time.Second)
+	t.Logf("etcd back: every resource running again after %s", time.Since(back).Round(10*time.Millisecond))
+}
+
+// epochs returns each resource's holder and epoch as its holder reports it.
+func (h *haCluster) epochs() map[string]string {
+	out := make(map[string]string)
+	for _, r := range h.replicas {
+		for name, p := range r.placements() {
+			if p.Placement != nil && p.Placement.Role == "holder" {
+				out[name] = fmt.Sprintf("%s@%d", r.id, p.Placement.Epoch)
+			}
+		}
+	}
+	return out
 }

@@ -22,6 +22,7 @@ type EtcdCluster struct {
 }
 
 type etcdMember struct {
+	args       []string
 	cmd        *exec.Cmd
 	done       chan struct{}
 	out        Output
@@ -42,21 +43,18 @@ func StartEtcdCluster(t testing.TB) *EtcdCluster {
 	peers := make([]int, 3)
 	for i := range 3 {
 		peers[i] = FreePort(t, "tcp")
-		c.members = append(c.members, &etcdMember{clientPort: FreePort(t, "tcp"), done: make(chan struct{})})
+		c.members = append(c.members, &etcdMember{clientPort: FreePort(t, "tcp")})
 		initial = append(initial, fmt.Sprintf("m%d=http://127.0.0.1:%d", i, peers[i]))
 	}
 	t.Cleanup(func() {
-		for _, m := range c.members {
-			if m.cmd != nil {
-				_ = syscall.Kill(-m.cmd.Process.Pid, syscall.SIGKILL)
-				<-m.done
-			}
+		for i := range c.members {
+			c.Kill(i)
 		}
 		http.DefaultClient.CloseIdleConnections()
 	})
 	for i, m := range c.members {
 		peer := fmt.Sprintf("http://127.0.0.1:%d", peers[i])
-		m.cmd = exec.Command(bin,
+		m.args = append([]string{bin},
 			"--name", fmt.Sprintf("m%d", i),
 			"--data-dir", filepath.Join(t.TempDir(), "data"),
 			"--listen-client-urls", m.clientURL(), "--advertise-client-urls", m.clientURL(),
@@ -66,23 +64,57 @@ func StartEtcdCluster(t testing.TB) *EtcdCluster {
 			// Short raft timers: an election takes well under a renew deadline.
 			"--heartbeat-interval", "50", "--election-timeout", "500",
 			"--logger", "zap", "--log-level", "warn")
-		m.cmd.Stdout, m.cmd.Stderr = &m.out, &m.out
-		m.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-		if err := m.cmd.Start(); err != nil {
-			t.Fatalf("starting etcd member %d: %v", i, err)
-		}
-		go func() { _ = m.cmd.Wait(); close(m.done) }()
+		c.Start(i)
 	}
+	c.WaitHealthy()
+	return c
+}
+
+// Start starts member i again after Kill, with its data directory (it
+// rejoins the cluster); it does nothing while the member runs.
+func (c *EtcdCluster) Start(i int) {
+	c.t.Helper()
+	m := c.members[i]
+	if m.cmd != nil {
+		return
+	}
+	cmd := exec.Command(m.args[0], m.args[1:]...)
+	cmd.Stdout, cmd.Stderr = &m.out, &m.out
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		c.t.Fatalf("starting etcd member %d: %v", i, err)
+	}
+	m.cmd, m.done = cmd, make(chan struct{})
+	go func(done chan struct{}) { _ = cmd.Wait(); close(done) }(m.done)
+}
+
+// Kill ends member i with SIGKILL, as a crash would, and waits for it.
+func (c *EtcdCluster) Kill(i int) {
+	m := c.members[i]
+	if m.cmd == nil {
+		return
+	}
+	_ = syscall.Kill(-m.cmd.Process.Pid, syscall.SIGKILL)
+	<-m.done
+	m.cmd = nil
+}
+
+// WaitHealthy waits until every running member answers /health with a
+// leader.
+func (c *EtcdCluster) WaitHealthy() {
+	c.t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for i, m := range c.members {
+		if m.cmd == nil {
+			continue
+		}
 		for !healthy(m.clientURL()) {
 			if time.Now().After(deadline) {
-				t.Fatalf("etcd member %d not healthy after 30 s:\n%s", i, m.out.String())
+				c.t.Fatalf("etcd member %d not healthy after 30 s:\n%s", i, m.out.String())
 			}
 			time.Sleep(50 * time.Millisecond)
 		}
 	}
-	return c
 }
 
 func healthy(url string) bool {
