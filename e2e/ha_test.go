@@ -76,6 +76,13 @@ func (h *haCluster) start() *haReplica {
 	h.next++
 	r := &haReplica{id: id, c: StartConnector(h.t, amqpEnv, append(slices.Clone(h.args), "--replica-id", id)...)}
 	h.replicas = append(h.replicas, r)
+	// The binary is built with -race: a replica that saw a data race says
+	// so in its output, even one that was killed later.
+	h.t.Cleanup(func() {
+		if out := r.c.Output(); strings.Contains(out, "DATA RACE") {
+			h.t.Errorf("replica %s reported a data race:\n%s", id, out)
+		}
+	})
 	return r
 }
 
