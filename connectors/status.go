@@ -106,6 +106,27 @@ type Status struct {
 	// Failure is present while the unit is down after a failed attempt,
 	// until another attempt has started.
 	Failure *FailureStatus `json:"failure,omitempty"`
+	// Placement is present when replicas share the resources through
+	// leases: who runs this one. The runtime never sets it; the service
+	// does, as it reports its runtime.
+	Placement *PlacementStatus `json:"placement,omitempty"`
+}
+
+// PlacementStatus is where a resource shared by replicas runs.
+type PlacementStatus struct {
+	// Role is this replica's part: "holder" (it runs the resource),
+	// "standby" (another replica does) or "unheld" (no replica does now).
+	Role string `json:"role"`
+	// Holder is the identity of the replica that holds the lease; empty
+	// when none does.
+	Holder string `json:"holder,omitempty"`
+	// Epoch is the fencing token of the holding, when this replica is the
+	// holder; every change of holder increases it.
+	Epoch uint64 `json:"epoch,omitempty"`
+	// Standbys are the other live replicas, ready to take over.
+	Standbys []string `json:"standbys,omitempty"`
+	// Since is when this replica's role last changed.
+	Since time.Time `json:"since,omitzero"`
 }
 
 // FailureStatus is why a unit is down, and when it is tried again.

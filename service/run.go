@@ -93,6 +93,9 @@ type Config struct {
 	// Build names the running build in the weida_connector_build_info
 	// series of /metrics.
 	Build Build
+	// Placement shares the resources among replicas through leases (see
+	// placed.go); its zero value runs every resource here.
+	Placement Placement
 }
 
 // Build names a build of the program, as `connector version` prints it.
@@ -181,19 +184,30 @@ func Run[T any](ctx context.Context, cfg Config, reload <-chan T) error {
 	// loaded is what /readyz answers: true from the first Apply until
 	// ctx ends, so that a stopping pod leaves its Services first.
 	var loaded atomic.Bool
+	var view admin.Runtime = rt
+	var pl *placed
+	if cfg.Placement.Enabled() {
+		if pl, err = newPlaced(cfg, rt, units, reg); err != nil {
+			return err
+		}
+		view = pl
+	}
 
 	var adminServer *http.Server
 	var serving sync.WaitGroup
 	if cfg.Admin != "" {
 		ln, err := net.Listen("tcp", cfg.Admin)
 		if err != nil {
+			if pl != nil {
+				pl.close()
+			}
 			return &AdminError{Addr: cfg.Admin, Err: err}
 		}
 		opts := admin.Options{
 			Version: cfg.Build.Version, Instance: cfg.LoopMarker, Started: started,
 			Loaded: loaded.Load, LastReload: history.Last,
 		}
-		adminServer = &http.Server{Handler: adminHandler(rt, reg, opts, cfg.Pprof), ReadHeaderTimeout: 5 * time.Second}
+		adminServer = &http.Server{Handler: adminHandler(view, reg, opts, cfg.Pprof), ReadHeaderTimeout: 5 * time.Second}
 		serving.Go(func() {
 			if err := adminServer.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				log.Error("admin listener stopped", "err", err)
@@ -207,7 +221,11 @@ func Run[T any](ctx context.Context, cfg Config, reload <-chan T) error {
 		}
 	}
 
-	if err := rt.Apply(ctx, units); err != nil {
+	if pl != nil {
+		if err := pl.start(); err != nil {
+			return err
+		}
+	} else if err := rt.Apply(ctx, units); err != nil {
 		log.Error("some resources could not start; the others run", "err", err)
 	}
 	loaded.Store(true)
@@ -218,6 +236,9 @@ func Run[T any](ctx context.Context, cfg Config, reload <-chan T) error {
 		case <-ctx.Done():
 			loaded.Store(false)
 			log.Info("stopping: draining in-flight messages", "bound", deps.DrainBound().String())
+			if pl != nil {
+				pl.Close() // stops what it holds, then releases every lease
+			}
 			rt.Stop()
 			if adminServer != nil {
 				sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
@@ -228,9 +249,17 @@ func Run[T any](ctx context.Context, cfg Config, reload <-chan T) error {
 			log.Info("stopped")
 			return nil
 		case <-reload:
+			if pl != nil {
+				pl.Reload(history, "signal")
+				continue
+			}
 			reloadOnce(ctx, rt, cfg, history, "signal")
 		case <-changes:
 			log.Info("resource files changed")
+			if pl != nil {
+				pl.Reload(history, "watch")
+				continue
+			}
 			reloadOnce(ctx, rt, cfg, history, "watch")
 		}
 	}
@@ -238,7 +267,7 @@ func Run[T any](ctx context.Context, cfg Config, reload <-chan T) error {
 
 // adminHandler is [admin.Handler], with net/http/pprof's
 // handlers under /debug/pprof/ when pprof is set.
-func adminHandler(rt *connectors.Runtime, g prometheus.Gatherer, o admin.Options, pprof bool) http.Handler {
+func adminHandler(rt admin.Runtime, g prometheus.Gatherer, o admin.Options, pprof bool) http.Handler {
 	h := admin.Handler(rt, g, o)
 	if !pprof {
 		return h

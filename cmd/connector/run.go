@@ -30,6 +30,7 @@ type runOptions struct {
 	stateDir  string // "" when none could be chosen
 	watch     bool
 	pprof     bool
+	placement service.Placement
 }
 
 // cmdRun loads and checks every resource exactly as `check` does, then runs
@@ -38,7 +39,7 @@ type runOptions struct {
 // again and, only when all of them are valid, the difference is applied.
 // With --watch, a change to the files does the same, without a signal.
 func cmdRun(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) int {
-	fs := newFlagSet("run", "connector run -f PATH [-f PATH...] [--admin ADDR] [--log-format text|json] [--log-level LEVEL] [--instance NAME] [--drain DURATION] [--retry-initial DURATION] [--retry-max DURATION] [--state-dir DIR] [--watch] [--pprof]", stderr)
+	fs := newFlagSet("run", "connector run -f PATH [-f PATH...] [--admin ADDR] [--log-format text|json] [--log-level LEVEL] [--instance NAME] [--drain DURATION] [--retry-initial DURATION] [--retry-max DURATION] [--state-dir DIR] [--watch] [--pprof] [--placement etcd|kubernetes --replica-id ID (--etcd-endpoints URLS | --lease-namespace NS) ...]", stderr)
 	var paths stringList
 	fs.Var(&paths, "f", "a resource file, or a directory whose *.yaml and *.yml files are read (not recursively); repeatable")
 	admin := fs.String("admin", "127.0.0.1:9090", "address of the admin HTTP listener (/metrics, /healthz, /readyz, /status); empty disables it")
@@ -52,10 +53,16 @@ func cmdRun(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.W
 		"(default: $STATE_DIRECTORY, else "+systemStateDir+" when writable, else $XDG_STATE_HOME/weida-connector or ~/.local/state/weida-connector)")
 	watch := fs.Bool("watch", false, "reload when the resource files change (an edit, or a Kubernetes ConfigMap update), as SIGHUP does")
 	pprof := fs.Bool("pprof", false, "serve Go's profiles (net/http/pprof) under /debug/pprof/ on the admin listener")
+	placementFlags := addPlacementFlags(fs)
 	if code, done := parseFlags(fs, args, stdout); done {
 		return code
 	}
-	opts := runOptions{pprof: *pprof, paths: paths, admin: *admin, logFormat: *logFormat, instance: *instance, drain: *drain,
+	pl, perr := placementFlags.placement(os.Hostname)
+	if perr != nil {
+		fmt.Fprintf(stderr, "connector run: %v\n", perr)
+		return exitUsage
+	}
+	opts := runOptions{placement: pl, pprof: *pprof, paths: paths, admin: *admin, logFormat: *logFormat, instance: *instance, drain: *drain,
 		retry: connectors.Backoff{Initial: *retryInitial, Max: *retryMax}, stateDir: *stateDir, watch: *watch}
 	stateSource := "--state-dir"
 	if opts.stateDir == "" {
@@ -133,14 +140,15 @@ func runService(ctx context.Context, opts runOptions, stateSource string, stdout
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
 	err := service.Run(ctx, service.Config{
-		Env:   service.Env{Drivers: programDrivers(), LoopMarker: opts.instance, Logger: log, StateDir: opts.stateDir},
-		Paths: opts.paths,
-		Admin: opts.admin,
-		Drain: opts.drain,
-		Retry: opts.retry,
-		Watch: opts.watch,
-		Pprof: opts.pprof,
-		Build: buildOf(version, buildInfo()),
+		Env:       service.Env{Drivers: programDrivers(), LoopMarker: opts.instance, Logger: log, StateDir: opts.stateDir},
+		Paths:     opts.paths,
+		Admin:     opts.admin,
+		Drain:     opts.drain,
+		Retry:     opts.retry,
+		Watch:     opts.watch,
+		Pprof:     opts.pprof,
+		Build:     buildOf(version, buildInfo()),
+		Placement: opts.placement,
 		Describe: func(set *resources.Set) string {
 			var b strings.Builder
 			writeCheckText(&b, set)

@@ -64,11 +64,11 @@ var allowed = map[string][]string{
 	// placement (issue 23); it knows nothing of resources or drivers.
 	"service/placement": {},
 	// The service knows drivers only through their common interface.
-	"service": {"service/admin", "connectors", "resources", "policy", "weida", "weida/topic", "weida/address", "internal/safefile"},
+	"service": {"service/admin", "service/placement", "connectors", "resources", "policy", "weida", "weida/topic", "weida/address", "internal/safefile"},
 	// The admin listener reads the runtime it reports on.
 	"service/admin": {"connectors"},
 	// The commands wire flags to the service and the driver list.
-	"cmd/connector":      {"internal/cli", "internal/safefile", driverList, "service", "resources", "policy", "connectors", "weida", "weida/weidacli"},
+	"cmd/connector":      {"internal/cli", "internal/safefile", driverList, "service", "service/placement", "resources", "policy", "connectors", "weida", "weida/weidacli"},
 	"cmd/internal/demo":  {driverList, "service", "resources", "policy", "connectors", "weida"},
 	"cmd/connector-demo": {"internal/cli", "cmd/internal/demo"},
 }

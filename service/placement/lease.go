@@ -19,8 +19,8 @@
 // over the leases of one that left or died.
 //
 // Backends: [Etcd] (go.etcd.io/etcd/client/v3) and [Kubernetes]
-// (coordination.k8s.io/v1 through client-go). Nothing in the runtime uses
-// this package yet (issue 23).
+// (coordination.k8s.io/v1 through client-go). The service runs a Placer
+// when `connector run` is given --placement (service/placed.go).
 package placement
 
 import (
@@ -72,6 +72,11 @@ func (t Timing) withDefaults() (Timing, error) {
 	}
 	return t, nil
 }
+
+// WithDefaults returns t with its zero fields taken from DefaultTiming, or
+// an error when the order RetryPeriod < RenewDeadline < LeaseDuration does
+// not hold.
+func (t Timing) WithDefaults() (Timing, error) { return t.withDefaults() }
 
 // Margin is LeaseDuration - RenewDeadline: the least time between a holder
 // learning it must stop and another replica being able to take its lease.

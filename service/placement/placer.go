@@ -332,3 +332,40 @@ func (p *Placer) stopped(r string, h *Holding) {
 	}
 	p.mu.Unlock()
 }
+
+// View is who holds what, as the backend sees it at one moment.
+type View struct {
+	// Holders maps each resource of the Placer's list that is held to
+	// its holder's identity; a resource missing from it has no holder.
+	Holders map[string]string
+	// Members are the identities of the live replicas, sorted.
+	Members []string
+}
+
+// View reads the holders of the Placer's resources and the live replicas
+// from the backend: two list requests.
+func (p *Placer) View(ctx context.Context) (View, error) {
+	members, err := p.cfg.Backend.Holders(ctx, memberPrefix)
+	if err != nil {
+		return View{}, err
+	}
+	leases, err := p.cfg.Backend.Holders(ctx, resourcePrefix)
+	if err != nil {
+		return View{}, err
+	}
+	v := View{Holders: make(map[string]string)}
+	for _, id := range members {
+		v.Members = append(v.Members, id)
+	}
+	slices.Sort(v.Members)
+	v.Members = slices.Compact(v.Members)
+	for _, r := range p.cfg.Resources {
+		if id, ok := leases[resourcePrefix+r]; ok {
+			v.Holders[r] = id
+		}
+	}
+	return v, nil
+}
+
+// Timing returns the Placer's timing, with defaults filled in.
+func (p *Placer) Timing() Timing { return p.cfg.Timing }

@@ -1,0 +1,82 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"strings"
+	"time"
+
+	"weida.dev/connector/service"
+	"weida.dev/connector/service/placement"
+)
+
+// placementFlags are the flags of `connector run` that share the
+// resources among replicas through leases (docs/OPERATIONS.md, High
+// availability).
+type placementFlags struct {
+	backend       *string
+	replicaID     *string
+	etcdEndpoints *string
+	etcdPrefix    *string
+	namespace     *string
+	leasePrefix   *string
+	lease         *time.Duration
+	renewDeadline *time.Duration
+	retry         *time.Duration
+}
+
+func addPlacementFlags(fs *flag.FlagSet) *placementFlags {
+	d := placement.DefaultTiming
+	return &placementFlags{
+		backend:       fs.String("placement", "", "share the resources among replicas through leases on a coordination service: etcd or kubernetes; empty runs every resource in this process"),
+		replicaID:     fs.String("replica-id", "", "this replica's identity among those sharing the leases, unique among live replicas (default: the host name; in Kubernetes, the pod name)"),
+		etcdEndpoints: fs.String("etcd-endpoints", "", "with --placement etcd: the etcd members' client URLs, comma-separated (http://10.0.0.1:2379,...)"),
+		etcdPrefix:    fs.String("etcd-prefix", "/weida-connector/", "with --placement etcd: the key prefix of the leases"),
+		namespace:     fs.String("lease-namespace", "", "with --placement kubernetes: the namespace of the Lease objects (default: the pod's own)"),
+		leasePrefix:   fs.String("lease-prefix", "weida-connector.", "with --placement kubernetes: the name prefix of the Lease objects"),
+		lease:         fs.Duration("lease-duration", d.LeaseDuration, "how long the coordination service keeps a lease after its last renewal (whole seconds); the same on every replica"),
+		renewDeadline: fs.Duration("lease-renew-deadline", d.RenewDeadline, "a holder that has not renewed for this long stops the resource; shorter than --lease-duration"),
+		retry:         fs.Duration("lease-retry", d.RetryPeriod, "how often a holder renews and a standby tries to take a free lease; shorter than --lease-renew-deadline"),
+	}
+}
+
+// placement checks the flags; hostname names the replica when
+// --replica-id is not given.
+func (f *placementFlags) placement(hostname func() (string, error)) (service.Placement, error) {
+	p := service.Placement{
+		Backend:     *f.backend,
+		Identity:    *f.replicaID,
+		EtcdPrefix:  *f.etcdPrefix,
+		Namespace:   *f.namespace,
+		LeasePrefix: *f.leasePrefix,
+		Timing:      placement.Timing{LeaseDuration: *f.lease, RenewDeadline: *f.renewDeadline, RetryPeriod: *f.retry},
+	}
+	for _, e := range strings.Split(*f.etcdEndpoints, ",") {
+		if e = strings.TrimSpace(e); e != "" {
+			p.EtcdEndpoints = append(p.EtcdEndpoints, e)
+		}
+	}
+	switch p.Backend {
+	case "":
+		return service.Placement{}, nil
+	case "etcd":
+		if len(p.EtcdEndpoints) == 0 {
+			return p, errors.New("--placement etcd needs --etcd-endpoints")
+		}
+	case "kubernetes":
+	default:
+		return p, fmt.Errorf("--placement must be etcd or kubernetes, not %q", p.Backend)
+	}
+	if p.Identity == "" {
+		h, err := hostname()
+		if err != nil || h == "" {
+			return p, fmt.Errorf("--placement needs --replica-id: the host name is unknown (%v)", err)
+		}
+		p.Identity = h
+	}
+	if _, err := p.Timing.WithDefaults(); err != nil {
+		return p, fmt.Errorf("--lease-retry, --lease-renew-deadline and --lease-duration: %w", err)
+	}
+	return p, nil
+}

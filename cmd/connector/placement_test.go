@@ -1,0 +1,54 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"io"
+	"strings"
+	"testing"
+)
+
+// The placement flags: none means no placement, whatever else is set; a
+// backend needs what it connects with; the timing's order is checked
+// before anything starts.
+func TestPlacementFlags(t *testing.T) {
+	host := func() (string, error) { return "host-a", nil }
+	noHost := func() (string, error) { return "", errors.New("no name") }
+	for _, c := range []struct {
+		args     []string
+		hostname func() (string, error)
+		backend  string
+		identity string
+		err      string
+	}{
+		{args: nil, hostname: host},
+		{args: []string{"--etcd-endpoints", "http://127.0.0.1:2379"}, hostname: host},
+		{args: []string{"--placement", "etcd", "--etcd-endpoints", "http://127.0.0.1:2379, http://127.0.0.1:2380"}, hostname: host, backend: "etcd", identity: "host-a"},
+		{args: []string{"--placement", "etcd", "--etcd-endpoints", "http://127.0.0.1:2379", "--replica-id", "r1"}, hostname: noHost, backend: "etcd", identity: "r1"},
+		{args: []string{"--placement", "kubernetes", "--replica-id", "pod-0"}, hostname: host, backend: "kubernetes", identity: "pod-0"},
+		{args: []string{"--placement", "etcd"}, hostname: host, err: "--etcd-endpoints"},
+		{args: []string{"--placement", "zookeeper"}, hostname: host, err: "etcd or kubernetes"},
+		{args: []string{"--placement", "kubernetes"}, hostname: noHost, err: "--replica-id"},
+		{args: []string{"--placement", "kubernetes", "--lease-renew-deadline", "6s"}, hostname: host, err: "renew deadline"},
+	} {
+		fs := flag.NewFlagSet("run", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		f := addPlacementFlags(fs)
+		if err := fs.Parse(c.args); err != nil {
+			t.Fatal(err)
+		}
+		p, err := f.placement(c.hostname)
+		switch {
+		case c.err != "":
+			if err == nil || !strings.Contains(err.Error(), c.err) {
+				t.Errorf("%v: error %v, want one naming %q", c.args, err, c.err)
+			}
+		case err != nil:
+			t.Errorf("%v: %v", c.args, err)
+		case p.Backend != c.backend || p.Identity != c.identity:
+			t.Errorf("%v: backend %q identity %q, want %q %q", c.args, p.Backend, p.Identity, c.backend, c.identity)
+		case c.backend == "etcd" && len(p.EtcdEndpoints) == 0:
+			t.Errorf("%v: no endpoints", c.args)
+		}
+	}
+}

@@ -1,0 +1,73 @@
+package placement
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	coordinationclient "k8s.io/client-go/kubernetes/typed/coordination/v1"
+	"k8s.io/client-go/rest"
+)
+
+// DialEtcd returns an Etcd backend on a client of endpoints (URLs such as
+// http://10.0.0.1:2379), keeping its keys under prefix, and the function
+// that closes the client. The client reconnects after at most half a
+// second: gRPC's default backoff grows to two minutes, far beyond a lease,
+// and would keep a replica away long after the cluster is back.
+func DialEtcd(endpoints []string, prefix string, t Timing) (*Etcd, func(), error) {
+	if len(endpoints) == 0 {
+		return nil, nil, errors.New("placement: etcd needs at least one endpoint")
+	}
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints:   endpoints,
+		DialTimeout: 2 * time.Second,
+		Logger:      zap.NewNop(),
+		DialOptions: []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 500 * time.Millisecond},
+			MinConnectTimeout: 500 * time.Millisecond,
+		})},
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("placement: etcd client of %s: %w", strings.Join(endpoints, ","), err)
+	}
+	e, err := NewEtcd(cli, prefix, t)
+	if err != nil {
+		cli.Close()
+		return nil, nil, err
+	}
+	return e, func() { _ = cli.Close() }, nil
+}
+
+// serviceAccountNamespace is where Kubernetes mounts the pod's namespace.
+const serviceAccountNamespace = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+// InCluster returns a Kubernetes backend on the Lease objects of namespace
+// through the pod's service account. An empty namespace is the pod's own
+// (POD_NAMESPACE, else the service account's mounted namespace file).
+func InCluster(namespace, prefix string, t Timing) (*Kubernetes, error) {
+	if namespace == "" {
+		namespace = os.Getenv("POD_NAMESPACE")
+	}
+	if namespace == "" {
+		b, err := os.ReadFile(serviceAccountNamespace)
+		if err != nil {
+			return nil, fmt.Errorf("placement: kubernetes: no namespace given and none mounted (%v): set --lease-namespace or POD_NAMESPACE", err)
+		}
+		namespace = strings.TrimSpace(string(b))
+	}
+	cfg, err := rest.InClusterConfig()
+	if err != nil {
+		return nil, fmt.Errorf("placement: kubernetes: not running in a pod with a service account: %w", err)
+	}
+	client, err := coordinationclient.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("placement: kubernetes client: %w", err)
+	}
+	return NewKubernetes(client.Leases(namespace), prefix, t)
+}
