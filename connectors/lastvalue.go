@@ -218,6 +218,10 @@ func (lv *lastValues) takes(m *Message) bool {
 // record makes wm the last value of its topic, or removes the topic when
 // m is a retained message with an empty payload (MQTT's deletion) or has
 // expired already.
+//
+// Its branches are the ways an update can end an entry (deletion, expiry,
+// too large to cache, refused by weida) before one is stored; the replay
+// property test drives each of them.
 func (lv *lastValues) record(m *Message, wm *weida.Message) {
 	lv.mu.Lock()
 	defer lv.mu.Unlock()

@@ -149,6 +149,10 @@ func (e *AdminError) Unwrap() error { return e.Err }
 // and a path that cannot be watched the watcher's error. A resource that
 // cannot start (its listen address is taken, say) is logged and the others
 // run.
+//
+// Its body is the lifecycle in the order it happens (load, watch, metrics,
+// placement, admin listener, start, the reload loop, stop); each step is a
+// call, and what remains long is their sequence.
 func Run[T any](ctx context.Context, cfg Config, reload <-chan T) error {
 	log := cfg.logger()
 	units, cs, err := Load(cfg.Paths, cfg.Env, cfg.Describe)
@@ -193,32 +197,16 @@ func Run[T any](ctx context.Context, cfg Config, reload <-chan T) error {
 		view = pl
 	}
 
-	var adminServer *http.Server
-	var serving sync.WaitGroup
-	if cfg.Admin != "" {
-		ln, err := net.Listen("tcp", cfg.Admin)
-		if err != nil {
-			if pl != nil {
-				pl.close()
-			}
-			return &AdminError{Addr: cfg.Admin, Err: err}
+	opts := admin.Options{
+		Version: cfg.Build.Version, Instance: cfg.LoopMarker, Started: started,
+		Loaded: loaded.Load, LastReload: history.Last,
+	}
+	adminServer, serving, err := serveAdmin(cfg, view, reg, opts)
+	if err != nil {
+		if pl != nil {
+			pl.close()
 		}
-		opts := admin.Options{
-			Version: cfg.Build.Version, Instance: cfg.LoopMarker, Started: started,
-			Loaded: loaded.Load, LastReload: history.Last,
-		}
-		adminServer = &http.Server{Handler: adminHandler(view, reg, opts, cfg.Pprof), ReadHeaderTimeout: 5 * time.Second}
-		serving.Go(func() {
-			if err := adminServer.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				log.Error("admin listener stopped", "err", err)
-			}
-		})
-		log.Info("admin listener up", "addr", ln.Addr().String())
-		if !loopbackOnly(ln.Addr()) {
-			log.Warn("the admin listener is reachable beyond this host: it serves /metrics, /status and the status page "+
-				"without authentication (and pprof when --pprof is set); bind it to 127.0.0.1 unless a network policy "+
-				"or a proxy restricts who reaches it", "addr", ln.Addr().String())
-		}
+		return err
 	}
 
 	if pl != nil {
@@ -249,18 +237,10 @@ func Run[T any](ctx context.Context, cfg Config, reload <-chan T) error {
 			log.Info("stopped")
 			return nil
 		case <-reload:
-			if pl != nil {
-				pl.Reload(history, "signal")
-				continue
-			}
-			reloadOnce(ctx, rt, cfg, history, "signal")
+			reloadBy(ctx, rt, pl, cfg, history, "signal")
 		case <-changes:
 			log.Info("resource files changed")
-			if pl != nil {
-				pl.Reload(history, "watch")
-				continue
-			}
-			reloadOnce(ctx, rt, cfg, history, "watch")
+			reloadBy(ctx, rt, pl, cfg, history, "watch")
 		}
 	}
 }
@@ -289,6 +269,44 @@ func Reload(ctx context.Context, rt *connectors.Runtime, cfg Config) {
 }
 
 // reloadOnce is [Reload], recording the outcome in history (when not nil)
+// serveAdmin starts the admin listener when cfg names one: it returns the
+// server (nil without one) and the group its Serve runs in, or an
+// [*AdminError] when the address cannot be bound.
+func serveAdmin(cfg Config, view admin.Runtime, reg *prometheus.Registry, opts admin.Options) (*http.Server, *sync.WaitGroup, error) {
+	var serving sync.WaitGroup
+	if cfg.Admin == "" {
+		return nil, &serving, nil
+	}
+	log := cfg.logger()
+	ln, err := net.Listen("tcp", cfg.Admin)
+	if err != nil {
+		return nil, &serving, &AdminError{Addr: cfg.Admin, Err: err}
+	}
+	srv := &http.Server{Handler: adminHandler(view, reg, opts, cfg.Pprof), ReadHeaderTimeout: 5 * time.Second}
+	serving.Go(func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("admin listener stopped", "err", err)
+		}
+	})
+	log.Info("admin listener up", "addr", ln.Addr().String())
+	if !loopbackOnly(ln.Addr()) {
+		log.Warn("the admin listener is reachable beyond this host: it serves /metrics, /status and the status page "+
+			"without authentication (and pprof when --pprof is set); bind it to 127.0.0.1 unless a network policy "+
+			"or a proxy restricts who reaches it", "addr", ln.Addr().String())
+	}
+	return srv, &serving, nil
+}
+
+// reloadBy reloads the files for trigger: through the placement when the
+// replica places its resources by lease, straight into rt otherwise.
+func reloadBy(ctx context.Context, rt *connectors.Runtime, pl *placed, cfg Config, history *reloads, trigger string) {
+	if pl != nil {
+		pl.Reload(history, trigger)
+		return
+	}
+	reloadOnce(ctx, rt, cfg, history, trigger)
+}
+
 // as asked for by trigger.
 func reloadOnce(ctx context.Context, rt *connectors.Runtime, cfg Config, history *reloads, trigger string) {
 	log := cfg.logger()

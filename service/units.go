@@ -102,52 +102,11 @@ func unit(c *resources.Connector, env Env) (connectors.Unit, error) {
 	if err != nil {
 		return connectors.Unit{}, err
 	}
-	// The drivers read the broker identity from the resource; give them
-	// a copy with its ${NAME} references expanded. The unit keeps the
-	// resource as loaded, for reloads to compare.
-	id, err := env.Resolver.ClientID(c.Broker.ClientID)
+	expanded, err := withClientID(c, env.Resolver)
 	if err != nil {
 		return connectors.Unit{}, err
 	}
-	expanded := c
-	if id != c.Broker.ClientID {
-		cp := *c
-		cp.Broker.ClientID = id
-		expanded = &cp
-	}
-	routes := make([]connectors.Route, len(c.Routes))
-	for i, r := range c.Routes {
-		routes[i] = connectors.Route{Name: r.Name, Foreign: r.Foreign, Weida: r.Weida}
-	}
-	var losses []string
-	for _, l := range c.Losses {
-		losses = append(losses, string(l))
-	}
-	u := connectors.Unit{
-		Spec: connectors.Spec{
-			Name:            c.Name,
-			Protocol:        c.Protocol,
-			Direction:       c.Direction,
-			Policy:          c.Policy,
-			Routes:          routes,
-			Endpoint:        c.Weida.Endpoint.String(),
-			Broker:          c.Broker.URL,
-			Losses:          losses,
-			MaxMessageBytes: int(c.Limits.MaxMessageBytes),
-			InFlight:        c.Limits.InFlight,
-			Hold:            c.Delivery.Hold(),
-			LastValue: connectors.LastValue{
-				Mode:           connectors.LastValueMode(c.LastValue.Mode),
-				MaxTopics:      c.LastValue.MaxTopics,
-				MaxBytes:       c.LastValue.MaxBytes,
-				MaxAge:         c.LastValue.MaxAge,
-				WhenSourceDown: connectors.LastValueWhenDown(c.LastValue.WhenSourceDown),
-				OrphanAfter:    c.LastValue.OrphanAfter,
-			},
-			LastValueDir: lastValueDir(c, env),
-		},
-		Revision: expanded.Revision(),
-	}
+	u := connectors.Unit{Spec: unitSpec(c, env), Revision: expanded.Revision(), Files: c.Broker.Credentials.Files()}
 	log := env.logger().With("resource", c.Name)
 	// The secrets were read above, so that a resource whose secret is
 	// missing refuses to start as a whole; each attempt reads them again
@@ -162,9 +121,12 @@ func unit(c *resources.Connector, env Env) (connectors.Unit, error) {
 		LoopMarker:      env.LoopMarker,
 		Logger:          log.With("broker", c.Broker.URL),
 	}
-	u.Files = c.Broker.Credentials.Files()
-	// attemptConfig is bc with the secrets as they are at this attempt.
-	attemptConfig := func() (resources.BrokerConfig, error) {
+	// A TLS configuration that cannot be built is reported through the
+	// runtime, which keeps the resource visible with its reason.
+	var tlsErr error
+	bc.TLS, tlsErr = brokerTLS(c.Broker, env.Resolver)
+	// again is bc with the secrets as they are at a later attempt.
+	again := func() (resources.BrokerConfig, error) {
 		creds, err := readCreds()
 		if err != nil {
 			return bc, connectors.Retryable(connectors.FailSecretUnavailable, err)
@@ -173,12 +135,6 @@ func unit(c *resources.Connector, env Env) (connectors.Unit, error) {
 		at.Credentials = creds
 		return at, nil
 	}
-	// The first attempt, which Apply starts at once, uses the secrets
-	// just read; every later one reads them again.
-	var firstUsed atomic.Bool
-	// A TLS configuration that cannot be built is reported through the
-	// runtime, which keeps the resource visible with its reason.
-	bc.TLS, err = brokerTLS(c.Broker, env.Resolver)
 	if c.Direction == policy.Outbound {
 		url := c.Weida.Endpoint.String()
 		cfg := weida.DialConfig{
@@ -189,21 +145,7 @@ func unit(c *resources.Connector, env Env) (connectors.Unit, error) {
 			Logger:                       log,
 		}
 		u.Dial = func(ctx context.Context) (*weida.Subscriber, error) { return weida.Dial(ctx, url, cfg) }
-		if err != nil {
-			u.NewSink = func(connectors.StateFunc) (connectors.Sink, error) { return nil, err }
-		} else {
-			first := d.Sink(bc)
-			u.NewSink = func(report connectors.StateFunc) (connectors.Sink, error) {
-				if !firstUsed.Swap(true) {
-					return first(report)
-				}
-				at, err := attemptConfig()
-				if err != nil {
-					return nil, err
-				}
-				return d.Sink(at)(report)
-			}
-		}
+		u.NewSink = perAttempt(tlsErr, bc, again, d.Sink)
 		return u, nil
 	}
 	u.Listen = c.Weida.Endpoint.HostPort()
@@ -219,22 +161,80 @@ func unit(c *resources.Connector, env Env) (connectors.Unit, error) {
 		// and their subscribers would wait for their idle timeout.
 		StateDir: env.StateDir,
 	}
-	if err != nil {
-		u.NewSource = func(connectors.StateFunc) (connectors.Source, error) { return nil, err }
-	} else {
-		first := d.Source(bc)
-		u.NewSource = func(report connectors.StateFunc) (connectors.Source, error) {
-			if !firstUsed.Swap(true) {
-				return first(report)
-			}
-			at, err := attemptConfig()
-			if err != nil {
-				return nil, err
-			}
-			return d.Source(at)(report)
-		}
-	}
+	u.NewSource = perAttempt(tlsErr, bc, again, d.Source)
 	return u, nil
+}
+
+// withClientID returns c, or a copy of it with the ${NAME} references of
+// its broker client ID expanded: the drivers read the broker identity from
+// the resource, while the unit keeps the resource as loaded, for reloads
+// to compare.
+func withClientID(c *resources.Connector, r resources.Resolver) (*resources.Connector, error) {
+	id, err := r.ClientID(c.Broker.ClientID)
+	if err != nil || id == c.Broker.ClientID {
+		return c, err
+	}
+	cp := *c
+	cp.Broker.ClientID = id
+	return &cp, nil
+}
+
+// unitSpec is what the runtime needs to know of c.
+func unitSpec(c *resources.Connector, env Env) connectors.Spec {
+	routes := make([]connectors.Route, len(c.Routes))
+	for i, r := range c.Routes {
+		routes[i] = connectors.Route{Name: r.Name, Foreign: r.Foreign, Weida: r.Weida}
+	}
+	var losses []string
+	for _, l := range c.Losses {
+		losses = append(losses, string(l))
+	}
+	return connectors.Spec{
+		Name:            c.Name,
+		Protocol:        c.Protocol,
+		Direction:       c.Direction,
+		Policy:          c.Policy,
+		Routes:          routes,
+		Endpoint:        c.Weida.Endpoint.String(),
+		Broker:          c.Broker.URL,
+		Losses:          losses,
+		MaxMessageBytes: int(c.Limits.MaxMessageBytes),
+		InFlight:        c.Limits.InFlight,
+		Hold:            c.Delivery.Hold(),
+		LastValue: connectors.LastValue{
+			Mode:           connectors.LastValueMode(c.LastValue.Mode),
+			MaxTopics:      c.LastValue.MaxTopics,
+			MaxBytes:       c.LastValue.MaxBytes,
+			MaxAge:         c.LastValue.MaxAge,
+			WhenSourceDown: connectors.LastValueWhenDown(c.LastValue.WhenSourceDown),
+			OrphanAfter:    c.LastValue.OrphanAfter,
+		},
+		LastValueDir: lastValueDir(c, env),
+	}
+}
+
+// perAttempt is the factory of a unit's broker side: the first attempt,
+// which Apply starts at once, gets the driver's factory for bc with the
+// secrets read at load; every later one reads them again (again) and gets
+// a factory for what it read. With tlsErr set every attempt fails with it.
+func perAttempt[T any, F ~func(connectors.StateFunc) (T, error)](tlsErr error, bc resources.BrokerConfig,
+	again func() (resources.BrokerConfig, error), factory func(resources.BrokerConfig) F) F {
+	if tlsErr != nil {
+		return func(connectors.StateFunc) (T, error) { var none T; return none, tlsErr }
+	}
+	first := factory(bc)
+	var firstUsed atomic.Bool
+	return func(report connectors.StateFunc) (T, error) {
+		if !firstUsed.Swap(true) {
+			return first(report)
+		}
+		at, err := again()
+		if err != nil {
+			var none T
+			return none, err
+		}
+		return factory(at)(report)
+	}
 }
 
 // maxTLSFileBytes bounds a CA, certificate or key file: a PEM bundle of

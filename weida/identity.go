@@ -224,6 +224,10 @@ func (r *certReloader) getCertificate(*tls.ClientHelloInfo) (*tls.Certificate, e
 // package (generated now or kept in cfg.StateDir), and, with CertFile and
 // KeyFile, the reloader serving them. Clients refused by
 // cfg.ClientFingerprints are logged and counted in refused.
+//
+// Its steps (where the identity comes from, how clients are verified,
+// what reloads the files) build one tls.Config and decide together what a
+// restarted listener presents, so they read in one place.
 func serverTLS(addr string, cfg *ListenConfig, log *slog.Logger, refused *atomic.Uint64, proofs *proofs) (*tls.Config, string, bool, *certReloader, error) {
 	var reload *certReloader
 	if cfg.CertFile != "" || cfg.KeyFile != "" {

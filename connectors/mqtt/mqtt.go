@@ -122,6 +122,10 @@ type Config struct {
 // clientConfig builds autopaho's configuration. onConn, when not nil, is
 // told about every new network connection; fails, when not nil, keeps why
 // the last connection attempt failed.
+//
+// It fills autopaho's one configuration struct group by group (address,
+// session, TLS, credentials, callbacks); the callbacks close over the same
+// connection state, so it stays one function.
 func (c *Config) clientConfig(report connectors.StateFunc, log *slog.Logger, onConn func(net.Conn), fails *lastFailure) (autopaho.ClientConfig, error) {
 	if err := c.validate(); err != nil {
 		return autopaho.ClientConfig{}, err

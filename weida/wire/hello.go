@@ -89,6 +89,8 @@ func AppendHello(dst []byte, h *Hello) []byte {
 // guarantee sets whose levels and combinations §6.5 allows, and a required
 // set the offered set reaches. Every failure is an [*Error]. The lists are
 // non-nil, each its own allocation.
+//
+// Like [DecodeData] it follows the spec's key table one case per key.
 func DecodeHello(b []byte) (Hello, error) {
 	var h Hello
 	d := decoder{b: b, frame: KindHello}
