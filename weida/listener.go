@@ -722,7 +722,7 @@ func (w *copyWriter) write(f *frame) bool {
 		} else {
 			s.CancelWrite(quic.StreamErrorCode(Canceled))
 			st.dropped.connectionClosed.Add(1)
-			f.pub.copiesLost(1)
+			f.lost()
 		}
 		sc.q.done(f)
 	} else {
@@ -743,7 +743,7 @@ func (w *copyWriter) write(f *frame) bool {
 func (w *copyWriter) lost(f *frame) {
 	w.sc.q.done(f)
 	w.sc.l.stats.dropped.connectionClosed.Add(1)
-	f.pub.copiesLost(1)
+	f.lost()
 	f.release()
 }
 

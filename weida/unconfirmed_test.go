@@ -52,7 +52,9 @@ func numberOf(payload []byte) int {
 // TestVanishedSubscriberUnconfirmed: a subscriber whose socket vanishes
 // without a CONNECTION_CLOSE while copies are published to it. Every copy
 // it did not receive was either never written (counted lost) or is among
-// the copies reported unconfirmed, with its message as published.
+// the copies reported unconfirmed, with its message as published. The
+// copies never written are reported one by one too (OnCopyLost), and
+// they are exactly the missing copies not reported unconfirmed.
 func TestVanishedSubscriberUnconfirmed(t *testing.T) {
 	t.Parallel()
 	l := listen(t, ListenConfig{})
@@ -61,6 +63,18 @@ func TestVanishedSubscriberUnconfirmed(t *testing.T) {
 	p.OnCopiesUnconfirmed(rec.add)
 	var lost atomic.Int64
 	p.OnCopiesLost(func(n int) { lost.Add(int64(n)) })
+	var (
+		lostMu   sync.Mutex
+		lostMsgs = make(map[int]int)
+	)
+	p.OnCopyLost(func(m Message) {
+		if m.Endpoint != "/vanish" || m.Topic != "v.t" {
+			t.Errorf("lost copy on %s %q is not one published", m.Endpoint, m.Topic)
+		}
+		lostMu.Lock()
+		lostMsgs[numberOf(m.Payload)]++
+		lostMu.Unlock()
+	})
 	s := dial(t, l, "/vanish", DialConfig{})
 	subscribe(t, l, s, 1, "")
 
@@ -112,10 +126,23 @@ func TestVanishedSubscriberUnconfirmed(t *testing.T) {
 		unconfirmed[n] = true
 	}
 	missing := 0
+	lostMu.Lock()
+	defer lostMu.Unlock()
 	for i := range copies {
-		if !received[i] && !unconfirmed[i] {
+		switch {
+		case lostMsgs[i] > 1:
+			t.Errorf("copy %d reported lost %d times", i, lostMsgs[i])
+		case lostMsgs[i] == 1 && (received[i] || unconfirmed[i]):
+			t.Errorf("copy %d reported lost, and also received (%v) or unconfirmed (%v)", i, received[i], unconfirmed[i])
+		case !received[i] && !unconfirmed[i]:
 			missing++
+			if lostMsgs[i] == 0 {
+				t.Errorf("copy %d missing and neither reported unconfirmed nor lost", i)
+			}
 		}
+	}
+	if len(lostMsgs) != int(lost.Load()) {
+		t.Errorf("OnCopyLost reported %d copies, OnCopiesLost counted %d", len(lostMsgs), lost.Load())
 	}
 	st := l.Stats()
 	if int64(missing) != lost.Load() || st.Dropped.ConnectionClosed != uint64(lost.Load()) {
