@@ -68,6 +68,13 @@ type Message struct {
 	// or a message of a JetStream stream. A resource keeping a last-value
 	// cache in mode retained caches exactly these (see [LastValue]).
 	Retained bool
+	// Redelivered is set by a Source when the broker says it may have
+	// delivered this message before: MQTT's DUP flag, AMQP's redelivered
+	// flag, a JetStream delivery count above one. An earlier delivery may
+	// have been bridged (a connector killed after the copies went out and
+	// before its acknowledgement reached the broker), so a drop of this
+	// one is counted under [ReasonRedeliveryDropped], not as a loss.
+	Redelivered bool
 	// ReceivedUnixNano is when the message entered the connector (set by
 	// the runtime when zero); it measures end-to-end latency.
 	ReceivedUnixNano int64

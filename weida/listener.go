@@ -727,6 +727,11 @@ func (w *copyWriter) write(f *frame) bool {
 		sc.q.done(f)
 	} else {
 		st.copiesWritten.Add(1)
+		if sc.wl.keepLast == 0 {
+			// A copy is queued only after a SUBSCRIBE, which the
+			// connection handles only after the peer's HELLO.
+			sc.wl.setHold(sc.c.agreed.peerMaxTransfers)
+		}
 		sc.wl.written(f)
 		sc.q.parked(f)
 		w.parked++

@@ -171,7 +171,9 @@ func (f *frame) lost() {
 //
 // While fn is set, each connection keeps the copies it writes for this
 // Publisher (holding their encoded frames, not copies of them) for as long
-// as the window, at most 4096 copies and Limits.SubscriberBufferBytes of
+// as the window, and its last ones up to the peer's max_transfers however
+// old, so that those reported through the peer's credit come with their
+// messages too; at most 4096 copies and Limits.SubscriberBufferBytes of
 // them per connection; copies that do not fit are counted in
 // [UnconfirmedCopies].Unkept. While no Publisher of a listener has fn set,
 // nothing is kept. Copies written before fn was set are not reported.
