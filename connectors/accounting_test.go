@@ -162,6 +162,36 @@ func TestNoSubscriberDrop(t *testing.T) {
 	}
 }
 
+// TestRedeliveryDropped: a message the broker marks as delivered again that
+// the bridge drops is counted under redelivery-dropped, not under the
+// reason it was dropped for: an earlier delivery may have been bridged, and
+// counting it as no-subscriber would count a delivered message as lost.
+func TestRedeliveryDropped(t *testing.T) {
+	e := startInbound(t, false)
+	select {
+	case e.src.msgs <- &connectors.Message{Topic: "in.again", Payload: []byte("in.again"), Redelivered: true}:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the bridge did not read in.again")
+	}
+	waitFor(t, "in.again settled", func() bool { ok, _ := e.src.outcome("in.again"); return ok })
+	if _, err := e.src.outcome("in.again"); err != nil {
+		t.Errorf("in.again settled with %v, want acknowledged", err)
+	}
+	c := e.bridge.Status().Counters
+	if c.Dropped[connectors.ReasonRedeliveryDropped] != 1 || c.Dropped[connectors.ReasonNoSubscriber] != 0 {
+		t.Errorf("counters = %+v, want 1 redelivery-dropped and no no-subscriber drop", c)
+	}
+	if got := testutil.ToFloat64(e.m.Dropped.WithLabelValues("in", "r", connectors.ReasonRedeliveryDropped)); got != 1 {
+		t.Errorf("messages_dropped_total{redelivery-dropped} = %v, want 1", got)
+	}
+	// A first delivery dropped the same way keeps its reason.
+	e.send(t, "in.first")
+	waitFor(t, "in.first settled", func() bool { ok, _ := e.src.outcome("in.first"); return ok })
+	if c := e.bridge.Status().Counters; c.Dropped[connectors.ReasonNoSubscriber] != 1 {
+		t.Errorf("counters = %+v, want 1 no-subscriber drop for the first delivery", c)
+	}
+}
+
 // TestHoldUntilSubscriber: under hold, a message nobody subscribes to is
 // neither acknowledged nor dropped; it is published and acknowledged once a
 // subscriber comes.

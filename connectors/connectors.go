@@ -73,6 +73,13 @@ type Message struct {
 	// source has none (MQTT, AMQP, core NATS). It goes to weida as the
 	// copies' source sequence (DATA key 68), replayed or live.
 	Sequence uint64
+	// Redelivered is set by a Source when the broker says it may have
+	// delivered this message before: MQTT's DUP flag, AMQP's redelivered
+	// flag, a JetStream delivery count above one. An earlier delivery may
+	// have been bridged (a connector killed after the copies went out and
+	// before its acknowledgement reached the broker), so a drop of this
+	// one is counted under [ReasonRedeliveryDropped], not as a loss.
+	Redelivered bool
 	// ReceivedUnixNano is when the message entered the connector (set by
 	// the runtime when zero); it measures end-to-end latency.
 	ReceivedUnixNano int64

@@ -287,22 +287,22 @@ func (b *inboundBridge) handle(ctx context.Context, pub Publisher, m *Message, a
 // convert finds m's route and converts it, or drops it and counts why.
 func (b *inboundBridge) convert(m *Message) (Route, weida.Message, bool) {
 	if m.Looped {
-		b.drop("", ReasonLoop, slog.LevelDebug, "not bridging a message this connector published", slog.String("topic", m.Topic))
+		b.dropMsg(m, "", ReasonLoop, slog.LevelDebug, "not bridging a message this connector published", slog.String("topic", m.Topic))
 		return Route{}, weida.Message{}, false
 	}
 	wt, err := b.spec.Policy.TopicToWeida(m.Topic)
 	route, ok := b.inboundRouteOf(wt, m.Topic, err == nil)
 	switch {
 	case !ok:
-		b.drop("", ReasonNoRoute, slog.LevelWarn, "the broker delivered a topic no route selects", slog.String("topic", m.Topic))
+		b.dropMsg(m, "", ReasonNoRoute, slog.LevelWarn, "the broker delivered a topic no route selects", slog.String("topic", m.Topic))
 		return Route{}, weida.Message{}, false
 	case err != nil:
-		b.drop(route.Name, refusalRule(err), slog.LevelWarn, "topic has no exact weida form; dropped", slog.String("topic", m.Topic), slog.String("why", err.Error()))
+		b.dropMsg(m, route.Name, refusalRule(err), slog.LevelWarn, "topic has no exact weida form; dropped", slog.String("topic", m.Topic), slog.String("why", err.Error()))
 		return Route{}, weida.Message{}, false
 	case !b.guard(route, m.Topic, wt):
 		return Route{}, weida.Message{}, false
 	case b.spec.MaxMessageBytes > 0 && len(m.Payload) > b.spec.MaxMessageBytes:
-		b.drop(route.Name, ReasonTooLarge, slog.LevelWarn, "payload over spec.limits.maxMessageBytes; dropped",
+		b.dropMsg(m, route.Name, ReasonTooLarge, slog.LevelWarn, "payload over spec.limits.maxMessageBytes; dropped",
 			slog.String("topic", m.Topic), slog.Int("bytes", len(m.Payload)))
 		b.uncache(m, wt, EvictTooLarge)
 		return Route{}, weida.Message{}, false
@@ -315,6 +315,19 @@ func (b *inboundBridge) convert(m *Message) (Route, weida.Message, bool) {
 		SourceSequence: m.Sequence,
 		Payload:        m.Payload,
 	}, true
+}
+
+// dropMsg counts m as dropped under reason, or, when the broker delivered
+// it again, under ReasonRedeliveryDropped with reason in the log line: an
+// earlier delivery of it may have been bridged, and counting the drop as
+// a loss would count the message twice.
+func (b *inboundBridge) dropMsg(m *Message, route, reason string, level slog.Level, msg string, attrs ...slog.Attr) {
+	if m.Redelivered {
+		attrs = append(attrs, slog.String("dropped_for", reason))
+		reason = ReasonRedeliveryDropped
+		msg += "; the broker delivered it again, and an earlier delivery may have been bridged"
+	}
+	b.drop(route, reason, level, msg, attrs...)
 }
 
 // deliver publishes wm, the conversion of m, holding it while nobody
@@ -338,11 +351,11 @@ func (b *inboundBridge) deliver(ctx context.Context, pub Publisher, route Route,
 			if errors.Is(err, weida.ErrPayloadTooLarge) {
 				reason, evict = ReasonTooLarge, EvictTooLarge
 			}
-			b.drop(route.Name, reason, slog.LevelWarn, "weida refused the message; dropped", slog.String("topic", m.Topic), slog.Any("err", err))
+			b.dropMsg(m, route.Name, reason, slog.LevelWarn, "weida refused the message; dropped", slog.String("topic", m.Topic), slog.Any("err", err))
 			b.uncache(m, wm.Topic, evict)
 			return nil
 		}
-		b.stats.copies(route.Name, res.Queued, res.Dropped, res.Closing)
+		b.stats.copies(route.Name, res.Queued, res.Dropped, res.Closing, m.Redelivered)
 		switch {
 		case res.Queued > 0:
 			b.stats.bridged(route.Name, m.ReceivedUnixNano, b.deps.Now())
@@ -354,7 +367,7 @@ func (b *inboundBridge) deliver(ctx context.Context, pub Publisher, route Route,
 			// slow one.
 			return nil
 		case !b.spec.Hold:
-			b.drop(route.Name, ReasonNoSubscriber, slog.LevelInfo, "no weida subscriber wants this topic; dropped (whenNoSubscriber: drop)",
+			b.dropMsg(m, route.Name, ReasonNoSubscriber, slog.LevelInfo, "no weida subscriber wants this topic; dropped (whenNoSubscriber: drop)",
 				slog.String("topic", m.Topic), slog.String("weida_topic", wm.Topic))
 			return nil
 		}

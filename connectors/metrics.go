@@ -28,6 +28,13 @@ const (
 	// subscriber connection closed before they were written, while other
 	// subscribers got theirs.
 	ReasonConnectionClosed = "connection-closed"
+	// ReasonRedeliveryDropped: inbound, a message the broker delivered
+	// again (Message.Redelivered) and the bridge dropped, for whatever
+	// reason the log line names. An earlier delivery of it may have been
+	// bridged, so it is not necessarily a loss: an upper bound on what
+	// redeliveries lost, counted apart so that adding it to the other
+	// reasons does not count a message twice.
+	ReasonRedeliveryDropped = "redelivery-dropped"
 )
 
 // Metrics holds the Prometheus collectors shared by every bridge of a

@@ -132,15 +132,28 @@ func (s *stats) drop(route, reason string, n int, level slog.Level, msg string, 
 // took or refused its copy. Closing copies of a message only closing
 // subscribers matched are left to the caller, which counts the message
 // itself (no-subscriber) or publishes it again (hold).
-func (s *stats) copies(route string, queued, dropped, closing int) {
+//
+// The copies of a redelivered message are counted under
+// ReasonRedeliveryDropped instead, the reason in the log line: an earlier
+// delivery may have given that subscriber its copy.
+func (s *stats) copies(route string, queued, dropped, closing int, redelivered bool) {
+	reasonFor := func(reason string, msg string) (string, string, []slog.Attr) {
+		if !redelivered {
+			return reason, msg, nil
+		}
+		return ReasonRedeliveryDropped, msg + "; the broker delivered the message again, and an earlier delivery may have reached it",
+			[]slog.Attr{slog.String("dropped_for", reason)}
+	}
 	full := dropped - closing
 	if full > 0 {
 		s.m.copiesDropped.Add(float64(full))
-		s.drop(route, ReasonSubscriberBuf, full, slog.LevelWarn, "a weida subscriber is too slow; its copies are dropped")
+		reason, msg, attrs := reasonFor(ReasonSubscriberBuf, "a weida subscriber is too slow; its copies are dropped")
+		s.drop(route, reason, full, slog.LevelWarn, msg, attrs...)
 	}
 	if (queued > 0 || full > 0) && closing > 0 {
 		s.m.copiesDropped.Add(float64(closing))
-		s.drop(route, ReasonConnectionClosed, closing, slog.LevelWarn, "a weida subscriber's connection was closing; its copies are dropped")
+		reason, msg, attrs := reasonFor(ReasonConnectionClosed, "a weida subscriber's connection was closing; its copies are dropped")
+		s.drop(route, reason, closing, slog.LevelWarn, msg, attrs...)
 	}
 	if queued > 0 {
 		s.m.copiesQueued.Add(float64(queued))

@@ -84,6 +84,9 @@ const (
 	// connection, which then vanished (Publisher.OnCopiesUnconfirmed):
 	// delivered or not, nobody could tell, and it is missing.
 	reasonPublisherUnconfirmed = "publisher:unconfirmed"
+	// Outbound: the weida publisher queued the copy, and the connector's
+	// connection closed before it was written (Publisher.OnCopyLost).
+	reasonPublisherConnClosed = "publisher:connection-closed"
 )
 
 // reasonWrittenToKilled: inbound core NATS, the connector SIGKILLed. The
@@ -93,7 +96,29 @@ const (
 // closed connection's out_msgs (GET /connz?state=closed). Not per message.
 const reasonWrittenToKilled = "broker:written-to-killed-connection"
 
-var chaosPeerReasons = []string{reasonNoInterest, reasonBrokerRefused, reasonNoSubscriber, reasonPublisherClosed, reasonPublisherDropped, reasonPublisherUnconfirmed}
+// reasonUndelivered: outbound core NATS. The server took the connector's
+// publish (the witness stream stored it) and the test's reader never got
+// it: the server had no subscription of the reader's when it came (the
+// reader resubscribing after a restart), and core NATS keeps nothing.
+// The lowest precedence: every other reason says more.
+const reasonUndelivered = "broker:undelivered"
+
+var chaosPeerReasons = []string{reasonNoInterest, reasonBrokerRefused, reasonNoSubscriber, reasonPublisherClosed, reasonPublisherDropped, reasonPublisherConnClosed, reasonPublisherUnconfirmed, reasonUndelivered}
+
+// chaosPossibleReasons are the connector's counts that are upper bounds, not
+// losses: a redelivered message it dropped may have been delivered before
+// (redelivery-dropped), and a write in flight when the broker connection
+// failed may have been stored by the broker before it could confirm it
+// (connection-lost; RabbitMQ keeps such a message across its restart).
+// They account for missing messages only up to what the other reasons
+// leave unexplained: a message both received and counted there is a
+// message delivered once. So are the copies the test's weida subscriber
+// discarded unread at a close (subscriber:unread): from a durable source
+// held for the subscriber, the broker delivers such a message again when
+// the connector's acknowledgement did not reach it. The cap only ever
+// turns an over-count into 0; it never explains a message that nothing
+// counted.
+var chaosPossibleReasons = []string{"redelivery-dropped", "connection-lost", "subscriber:unread"}
 
 // chaosMode is one way of using a broker: how to start it, how the
 // connector's resource reads it, how the test publishes into it and reads
@@ -112,7 +137,11 @@ type chaosMode struct {
 	inbound func(t *testing.T, b *brokertest.Broker, u, name, endpoint string, lost func(payload, reason string)) (yaml string, send func(payload string) bool, settle func())
 	// outbound renders the outbound resource and starts a reader of what
 	// the connector publishes; it returns the weida topic to publish on.
-	outbound func(t *testing.T, b *brokertest.Broker, u, name, dial string, arr *arrivals) (yaml, topic string)
+	// A broker that can tell which messages it took from the connector
+	// and may not have delivered to the reader (core NATS: a stream that
+	// witnesses the subject) returns witness, which calls visit with each
+	// such payload stored since its last call.
+	outbound func(t *testing.T, b *brokertest.Broker, u, name, dial string, arr *arrivals) (yaml, topic string, witness func(visit func(payload string)))
 }
 
 // arrivals records which numbered messages arrived, how often and when.
@@ -436,7 +465,6 @@ func runChaosCell(t *testing.T, m chaosMode, b *brokertest.Broker, dir policy.Di
 	var (
 		lostMu      sync.Mutex
 		lost        = map[string]map[int]bool{} // by reason in chaosPeerReasons, the message numbers
-		copiesLost  atomic.Int64                // copies the test's weida publisher queued and then lost
 		unkept      atomic.Int64                // copies it wrote to a connection that vanished, without knowing which
 		unread      *atomic.Int64               // copies the test's weida subscriber discarded unread when it closed
 		faultAt     = n / 3
@@ -459,6 +487,10 @@ func runChaosCell(t *testing.T, m chaosMode, b *brokertest.Broker, dir policy.Di
 		send   func(i int)
 		settle func() // inbound: waits for the broker's late reports
 		bounce func() // the weida peer's fault
+		// witness, when not nil, marks the messages the broker took and
+		// may not have delivered (reasonUndelivered).
+		witness   func()
+		witnessed atomic.Int64 // numbered messages the witness saw stored
 	)
 	if dir == policy.Inbound {
 		endpoint := fmt.Sprintf("weida://127.0.0.1:%d/chaos", port)
@@ -491,15 +523,34 @@ func runChaosCell(t *testing.T, m chaosMode, b *brokertest.Broker, dir policy.Di
 		bounce = func() { sink.bounce(chaosWeidaAway) }
 		unread = &sink.unread
 	} else {
-		src := startWeidaSource(t, port, files, &copiesLost, func(u weida.UnconfirmedCopies) {
+		number := func(m weida.Message) (int, bool) {
+			rest, ok := strings.CutPrefix(string(m.Payload), prefix)
+			i, err := strconv.Atoi(rest)
+			return i, ok && err == nil && i >= 0 && i < n
+		}
+		src := startWeidaSource(t, port, files, func(m weida.Message) {
+			if i, ok := number(m); ok {
+				mark(reasonPublisherConnClosed, i)
+			}
+		}, func(u weida.UnconfirmedCopies) {
 			for _, m := range u.Messages {
-				if i, err := strconv.Atoi(strings.TrimPrefix(string(m.Payload), prefix)); err == nil {
+				if i, ok := number(m); ok {
 					mark(reasonPublisherUnconfirmed, i)
 				}
 			}
 			unkept.Add(int64(u.Unkept))
 		})
-		yaml, topic := m.outbound(t, b, u, name, src.url, arr)
+		yaml, topic, w := m.outbound(t, b, u, name, src.url, arr)
+		if w != nil {
+			witness = func() {
+				w(func(payload string) {
+					if i, ok := number(weida.Message{Payload: []byte(payload)}); ok {
+						witnessed.Add(1)
+						mark(reasonUndelivered, i)
+					}
+				})
+			}
+		}
 		lives = startLives(t, amqpEnv, name, "-f", writeFile(t, files, "r.yaml", yaml), "--state-dir", state, "--instance", "chaos-"+u)
 		Eventually(t, 30*time.Second, "the probe across the bridge", func() bool {
 			src.publish(topic, prefix+"probe")
@@ -586,10 +637,10 @@ func runChaosCell(t *testing.T, m chaosMode, b *brokertest.Broker, dir policy.Di
 	// dropped, and the drops by reason. The test's per-message reasons
 	// count only missing messages, each under the first reason it carries.
 	accounted := func() (int, map[string]float64) {
-		drops := lives.drops()
-		if v := copiesLost.Load(); v > 0 {
-			drops["publisher:connection-closed"] = float64(v)
+		if witness != nil {
+			witness()
 		}
+		drops := lives.drops()
 		if v := unkept.Load(); v > 0 {
 			drops["publisher:unconfirmed-unkept"] = float64(v)
 		}
@@ -600,12 +651,20 @@ func runChaosCell(t *testing.T, m chaosMode, b *brokertest.Broker, dir policy.Di
 			// What nats-server wrote to the killed process and nobody
 			// received or counted: the server's count of the dead
 			// connection's deliveries since the baseline, less what
-			// arrived before the new process started and what the old
-			// one counted before it was killed (lives.past).
+			// arrived before the new process started, what the old
+			// one counted before it was killed (lives.past) and what
+			// the test's subscriber discarded unread.
 			if written, ok := killWatch.writtenSince(); ok {
 				counted := 0.0
 				for _, v := range lives.past {
 					counted += v
+				}
+				// The copies the killed process had handed to the
+				// test's weida subscriber and that it discarded unread
+				// when that connection died are counted already
+				// (subscriber:unread).
+				if unread != nil {
+					counted += float64(unread.Load())
 				}
 				if n := written - arr.before(lives.restartedAt) - int(counted); n > 0 {
 					drops[reasonWrittenToKilled] = float64(n)
@@ -627,11 +686,7 @@ func runChaosCell(t *testing.T, m chaosMode, b *brokertest.Broker, dir policy.Di
 				}
 			}
 		}
-		total := 0.0
-		for _, v := range drops {
-			total += v
-		}
-		return len(arr.count) + int(total), drops
+		return len(arr.count) + int(chaosCounted(drops, n-len(arr.count))), drops
 	}
 
 	// Wait until everything is accounted for, or nothing has moved for
@@ -661,12 +716,15 @@ func runChaosCell(t *testing.T, m chaosMode, b *brokertest.Broker, dir policy.Di
 	r.received = len(arr.count)
 	arr.mu.Unlock()
 	r.missing = n - r.received
-	total := 0.0
-	for _, v := range r.drops {
-		total += v
-	}
-	r.unaccounted = r.missing - int(total)
+	r.unaccounted = r.missing - int(chaosCounted(r.drops, r.missing))
 	r.recovery = arr.firstAfter(faultEnd)
+	if witness != nil {
+		t.Logf("the broker's witness stream stored %d of the %d messages", witnessed.Load(), n)
+	}
+	if total := chaosCounted(r.drops, n); total > float64(r.missing) {
+		t.Logf("%v more counted than missing, capped by the reasons that are upper bounds (%v): %d missing, %v counted",
+			total-float64(r.missing), chaosPossibleReasons, r.missing, r.drops)
+	}
 	if r.unaccounted < 0 {
 		t.Logf("more drops counted (%v) than messages missing (%d): a copy counted lost also arrived, or a drop was counted twice", r.drops, r.missing)
 	}
@@ -691,6 +749,21 @@ func runChaosCell(t *testing.T, m chaosMode, b *brokertest.Broker, dir policy.Di
 			r.unaccounted, len(unexplained), lives.drops(), faultEnd.Sub(faultStart).Round(time.Millisecond), chaosRuns(unexplained, sentAt, faultStart))
 	}
 	return r
+}
+
+// chaosCounted is how many of missing messages drops accounts for: every
+// firm count, and the possible ones (chaosPossibleReasons) up to what the
+// firm ones leave.
+func chaosCounted(drops map[string]float64, missing int) float64 {
+	firm, possible := 0.0, 0.0
+	for k, v := range drops {
+		if slices.Contains(chaosPossibleReasons, k) {
+			possible += v
+		} else {
+			firm += v
+		}
+	}
+	return firm + min(possible, max(0, float64(missing)-firm))
 }
 
 // chaosRuns renders ascending message numbers as runs of consecutive ones,
@@ -803,20 +876,20 @@ func (s *weidaSink) bounce(d time.Duration) {
 // address with a fixed identity, so that it can be closed and started again
 // where the connector's resource pins it.
 type weidaSource struct {
-	t          *testing.T
-	addr       string
-	cfg        weida.ListenConfig
-	url        string
-	copiesLost *atomic.Int64
-	onUnconf   func(weida.UnconfirmedCopies)
-	mu         sync.Mutex
-	l          *weida.Listener
-	pub        *weida.Publisher
+	t        *testing.T
+	addr     string
+	cfg      weida.ListenConfig
+	url      string
+	onLost   func(weida.Message)
+	onUnconf func(weida.UnconfirmedCopies)
+	mu       sync.Mutex
+	l        *weida.Listener
+	pub      *weida.Publisher
 }
 
-func startWeidaSource(t *testing.T, port int, dir string, copiesLost *atomic.Int64, onUnconfirmed func(weida.UnconfirmedCopies)) *weidaSource {
+func startWeidaSource(t *testing.T, port int, dir string, onLost func(weida.Message), onUnconfirmed func(weida.UnconfirmedCopies)) *weidaSource {
 	cert, key, fp := weidaCert(t, dir)
-	s := &weidaSource{t: t, addr: fmt.Sprintf("127.0.0.1:%d", port), cfg: weida.ListenConfig{CertFile: cert, KeyFile: key}, copiesLost: copiesLost, onUnconf: onUnconfirmed}
+	s := &weidaSource{t: t, addr: fmt.Sprintf("127.0.0.1:%d", port), cfg: weida.ListenConfig{CertFile: cert, KeyFile: key}, onLost: onLost, onUnconf: onUnconfirmed}
 	s.url = "weida://" + fp + "@" + s.addr + "/chaos"
 	s.listen()
 	t.Cleanup(func() {
@@ -846,7 +919,7 @@ func (s *weidaSource) listen() {
 	if err != nil {
 		s.t.Fatal(err)
 	}
-	pub.OnCopiesLost(func(n int) { s.copiesLost.Add(int64(n)) })
+	pub.OnCopyLost(s.onLost)
 	pub.OnCopiesUnconfirmed(s.onUnconf)
 	s.mu.Lock()
 	s.l, s.pub = l, pub
@@ -1009,7 +1082,7 @@ func mqttChaosIn(t *testing.T, b *brokertest.Broker, u, name, endpoint string, _
 	}, nil
 }
 
-func mqttChaosOut(t *testing.T, b *brokertest.Broker, u, name, dial string, arr *arrivals) (string, string) {
+func mqttChaosOut(t *testing.T, b *brokertest.Broker, u, name, dial string, arr *arrivals) (string, string, func(func(string))) {
 	res := mqttResource{Name: name, Direction: policy.Outbound, Broker: b.Addr(), QoS: 1, Endpoint: dial,
 		Routes: []mqttRoute{{"r", u + "/#"}}}
 	// The reader keeps a session of its own, so that what the broker took
@@ -1029,7 +1102,7 @@ func mqttChaosOut(t *testing.T, b *brokertest.Broker, u, name, dial string, arr 
 	if err != nil {
 		t.Fatal(err)
 	}
-	return res.YAML(t), weidaTopic(t, p, u+"/m")
+	return res.YAML(t), weidaTopic(t, p, u+"/m"), nil
 }
 
 // keepConnected runs hold (which returns when its connection ended) again
@@ -1091,7 +1164,7 @@ func jsChaosIn(t *testing.T, b *brokertest.Broker, u, name, endpoint string, _ f
 	}, nil
 }
 
-func jsChaosOut(t *testing.T, b *brokertest.Broker, u, name, dial string, arr *arrivals) (string, string) {
+func jsChaosOut(t *testing.T, b *brokertest.Broker, u, name, dial string, arr *arrivals) (string, string, func(func(string))) {
 	_, js, stream := jsSetup(t, b, u)
 	res := natsResource{Name: name, Direction: policy.Outbound, Broker: b.Addr(), Endpoint: dial,
 		Stream: stream, Routes: []string{u + ".m"}}
@@ -1123,7 +1196,7 @@ func jsChaosOut(t *testing.T, b *brokertest.Broker, u, name, dial string, arr *a
 		}
 		return batch.Error()
 	}, func() { stopped.Store(true) })
-	return res.YAML(t), weidaTopic(t, policy.NATSTokensV1(), u+".m")
+	return res.YAML(t), weidaTopic(t, policy.NATSTokensV1(), u+".m"), nil
 }
 
 func coreChaosIn(t *testing.T, b *brokertest.Broker, u, name, endpoint string, lost func(payload, reason string)) (string, func(string) bool, func()) {
@@ -1192,7 +1265,7 @@ func coreChaosIn(t *testing.T, b *brokertest.Broker, u, name, endpoint string, l
 	return res.YAML(t), send, settle
 }
 
-func coreChaosOut(t *testing.T, b *brokertest.Broker, u, name, dial string, arr *arrivals) (string, string) {
+func coreChaosOut(t *testing.T, b *brokertest.Broker, u, name, dial string, arr *arrivals) (string, string, func(func(string))) {
 	nc := natsConn(t, b.Addr(), natsgo.MaxReconnects(-1), natsgo.ReconnectWait(50*time.Millisecond))
 	if _, err := nc.Subscribe(u+".m", func(m *natsgo.Msg) { arr.add(string(m.Data), time.Now()) }); err != nil {
 		t.Fatal(err)
@@ -1200,8 +1273,57 @@ func coreChaosOut(t *testing.T, b *brokertest.Broker, u, name, dial string, arr 
 	if err := nc.FlushTimeout(10 * time.Second); err != nil {
 		t.Fatal(err)
 	}
+	// The witness: a stream on the same server capturing the subject, on
+	// disk, so that it outlives the server's restarts. Core NATS delivers
+	// a publish only to the subscriptions the server holds at that
+	// moment; after a restart the connector may publish (what it held
+	// across the outage, confirmed by its PONG) before the reader's
+	// subscription is back, and the server discards those for the
+	// reader, telling nobody. The stream shows which messages the server
+	// took: one stored and never received was lost at the server, on the
+	// way to a subscriber that was not there (broker:undelivered).
+	stream := "WITNESS_" + u
+	js := createStream(t, nc, stream, u+".m")
+	var last uint64 // the stream sequence read up to
+	witness := func(visit func(string)) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		st, err := js.Stream(ctx, stream)
+		if err != nil {
+			t.Logf("core NATS witness stream: %v", err)
+			return
+		}
+		info, err := st.Info(ctx)
+		if err != nil || info.State.LastSeq <= last {
+			return
+		}
+		cons, err := st.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
+			DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: last + 1})
+		if err != nil {
+			t.Logf("core NATS witness consumer: %v", err)
+			return
+		}
+		for last < info.State.LastSeq && ctx.Err() == nil {
+			batch, err := cons.Fetch(500, jetstream.FetchMaxWait(time.Second))
+			if err != nil {
+				t.Logf("core NATS witness: %v", err)
+				return
+			}
+			got := 0
+			for m := range batch.Messages() {
+				got++
+				if md, err := m.Metadata(); err == nil {
+					last = md.Sequence.Stream
+				}
+				visit(string(m.Data()))
+			}
+			if got == 0 {
+				return
+			}
+		}
+	}
 	res := natsResource{Name: name, Direction: policy.Outbound, Broker: b.Addr(), Endpoint: dial, Routes: []string{u + ".m"}}
-	return res.YAML(t), weidaTopic(t, policy.NATSTokensV1(), u+".m")
+	return res.YAML(t), weidaTopic(t, policy.NATSTokensV1(), u+".m"), witness
 }
 
 // amqpSession is a reconnecting AMQP publisher with confirms.
@@ -1251,7 +1373,7 @@ func amqpChaosIn(t *testing.T, b *brokertest.Broker, u, name, endpoint string, _
 	}, nil
 }
 
-func amqpChaosOut(t *testing.T, b *brokertest.Broker, u, name, dial string, arr *arrivals) (string, string) {
+func amqpChaosOut(t *testing.T, b *brokertest.Broker, u, name, dial string, arr *arrivals) (string, string, func(func(string))) {
 	queue := "rd-" + u
 	// The reader's queue is durable and bound before the connector
 	// starts, so that it keeps what the connector publishes across the
@@ -1293,7 +1415,7 @@ func amqpChaosOut(t *testing.T, b *brokertest.Broker, u, name, dial string, arr 
 		mu.Unlock()
 	})
 	res := amqpResource{Name: name, Direction: policy.Outbound, Broker: b.Addr(), Endpoint: dial, Routes: []amqpRoute{{Filter: u + ".m"}}}
-	return res.YAML(t), weidaTopic(t, policy.AMQPWordsV1(), u+".m")
+	return res.YAML(t), weidaTopic(t, policy.AMQPWordsV1(), u+".m"), nil
 }
 
 // weidaTopic converts a foreign topic the test chose, which must have a

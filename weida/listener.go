@@ -758,11 +758,16 @@ func (w *copyWriter) write(f *frame) bool {
 		} else {
 			s.CancelWrite(quic.StreamErrorCode(Canceled))
 			st.dropped.connectionClosed.Add(1)
-			f.pub.copiesLost(1)
+			f.lost()
 		}
 		sc.q.done(f)
 	} else {
 		st.copiesWritten.Add(1)
+		if sc.wl.keepLast == 0 {
+			// A copy is queued only after a SUBSCRIBE, which the
+			// connection handles only after the peer's HELLO.
+			sc.wl.setHold(sc.c.agreed.peerMaxTransfers)
+		}
 		sc.wl.written(f)
 		sc.q.parked(f)
 		w.parked++
@@ -779,7 +784,7 @@ func (w *copyWriter) write(f *frame) bool {
 func (w *copyWriter) lost(f *frame) {
 	w.sc.q.done(f)
 	w.sc.l.stats.dropped.connectionClosed.Add(1)
-	f.pub.copiesLost(1)
+	f.lost()
 	f.release()
 }
 

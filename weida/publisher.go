@@ -107,6 +107,8 @@ type Publisher struct {
 	ps     *pathState
 	closed atomic.Bool
 	lost   atomic.Pointer[func(n int)] // see OnCopiesLost
+	// lostCopy is the OnCopyLost callback: each lost copy as published.
+	lostCopy atomic.Pointer[func(Message)]
 	// unconfirmed is the OnCopiesUnconfirmed or CountCopiesUnconfirmed
 	// callback; while it is nil, or set by CountCopiesUnconfirmed,
 	// connections keep no copy of this publisher's.
@@ -175,13 +177,36 @@ func (p *Publisher) OnCopiesLost(fn func(n int)) {
 	p.lost.Store(&fn)
 }
 
-// copiesLost reports n copies of p lost after they were queued.
-func (p *Publisher) copiesLost(n int) {
+// OnCopyLost sets fn to be called with each copy this Publisher queued
+// that was then dropped before it was written, because its subscriber
+// connection closed: the copies [Publisher.OnCopiesLost] counts, one call
+// per copy, with the message as published (Endpoint is the path), so that
+// a caller can tell which messages a subscriber missed. The Message and
+// its Payload are fresh: fn may keep them. Decoding a copy back into its
+// Message costs an allocation, paid only for lost copies and only while
+// fn is set. fn is called from the listener's goroutines, must be safe
+// for concurrent use and must not block; nil stops the calls. It is
+// independent of OnCopiesLost: with both set, both are called.
+func (p *Publisher) OnCopyLost(fn func(Message)) {
+	if fn == nil {
+		p.lostCopy.Store(nil)
+		return
+	}
+	p.lostCopy.Store(&fn)
+}
+
+// lost reports f, a copy queued for a subscriber connection that closed
+// before it was written, to its publisher.
+func (f *frame) lost() {
+	p := f.pub
 	if p == nil {
 		return
 	}
-	if fn := p.lost.Load(); fn != nil && n > 0 {
-		(*fn)(n)
+	if fn := p.lost.Load(); fn != nil {
+		(*fn)(1)
+	}
+	if fn := p.lostCopy.Load(); fn != nil {
+		(*fn)(f.message())
 	}
 }
 
@@ -207,7 +232,9 @@ func (p *Publisher) copiesLost(n int) {
 //
 // While fn is set, each connection keeps the copies it writes for this
 // Publisher (holding their encoded frames, not copies of them) for as long
-// as the window, at most 4096 copies and Limits.SubscriberBufferBytes of
+// as the window, and its last ones up to the peer's max_transfers however
+// old, so that those reported through the peer's credit come with their
+// messages too; at most 4096 copies and Limits.SubscriberBufferBytes of
 // them per connection; copies that do not fit are counted in
 // [UnconfirmedCopies].Unkept. While no Publisher of a listener has fn set,
 // nothing is kept. Copies written before fn was set are not reported.

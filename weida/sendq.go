@@ -168,7 +168,7 @@ func (q *sendQueue) close(st *listenerCounters) {
 	waiting := q.items[q.head:]
 	for _, f := range waiting {
 		q.bytes -= f.queuedCharge()
-		f.pub.copiesLost(1)
+		f.lost()
 		f.release()
 	}
 	st.dropped.connectionClosed.Add(uint64(len(waiting)))

@@ -127,6 +127,21 @@ type writtenLog struct {
 	lastPub *Publisher              // the last lookup in unkept, cached
 	lastBs  *buckets
 	maxKept int // maxKeptCopies; lowered by tests
+	// keepLast is how many of the last kept copies stay in the ring
+	// however old they are: as many as the peer can hold unread (its
+	// HELLO max_transfers, see finish) and the writer can leave parked,
+	// so that finish can report those it counts with their messages.
+	// Set by the writer before its first copy (setHold); 0 until then.
+	keepLast int
+}
+
+// setHold sets keepLast from the peer's HELLO max_transfers (0: absent).
+func (w *writtenLog) setHold(peerMaxTransfers uint64) {
+	hold := peerMaxTransfers
+	if hold == 0 {
+		hold = DefaultMaxConcurrentUniStreams + DefaultMaxConcurrentBidiStreams
+	}
+	w.keepLast = int(min(max(hold, maxParked), math.MaxInt32))
 }
 
 func (w *writtenLog) init(limits *Limits) {
@@ -158,8 +173,9 @@ func (w *writtenLog) written(f *frame) {
 		return
 	}
 	// Forget what no end from now on can reach: one bucket more than the
-	// span, for a copy noted after the end's bucket.
-	for w.n > 0 && w.ring[w.head].idx < idx-w.span-1 {
+	// span, for a copy noted after the end's bucket; but keep the last
+	// keepLast copies, which an end can reach through the peer's hold.
+	for w.n > w.keepLast && w.ring[w.head].idx < idx-w.span-1 {
 		w.dropOldest(false)
 	}
 	c := f.charge()
@@ -298,8 +314,8 @@ func (w *writtenLog) finish(st *listenerCounters, ended time.Duration, cause err
 	}
 	for i := range w.n {
 		k := w.ring[(w.head+i)%len(w.ring)]
-		if k.idx < first {
-			continue
+		if k.idx < first && uint64(w.n-i) > hold {
+			continue // neither in the window nor among the last hold
 		}
 		r := report(k.f.pub)
 		r.u.Messages = append(r.u.Messages, k.f.message())

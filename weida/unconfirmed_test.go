@@ -52,7 +52,9 @@ func numberOf(payload []byte) int {
 // TestVanishedSubscriberUnconfirmed: a subscriber whose socket vanishes
 // without a CONNECTION_CLOSE while copies are published to it. Every copy
 // it did not receive was either never written (counted lost) or is among
-// the copies reported unconfirmed, with its message as published.
+// the copies reported unconfirmed, with its message as published. The
+// copies never written are reported one by one too (OnCopyLost), and
+// they are exactly the missing copies not reported unconfirmed.
 func TestVanishedSubscriberUnconfirmed(t *testing.T) {
 	t.Parallel()
 	l := listen(t, ListenConfig{})
@@ -61,6 +63,18 @@ func TestVanishedSubscriberUnconfirmed(t *testing.T) {
 	p.OnCopiesUnconfirmed(rec.add)
 	var lost atomic.Int64
 	p.OnCopiesLost(func(n int) { lost.Add(int64(n)) })
+	var (
+		lostMu   sync.Mutex
+		lostMsgs = make(map[int]int)
+	)
+	p.OnCopyLost(func(m Message) {
+		if m.Endpoint != "/vanish" || m.Topic != "v.t" {
+			t.Errorf("lost copy on %s %q is not one published", m.Endpoint, m.Topic)
+		}
+		lostMu.Lock()
+		lostMsgs[numberOf(m.Payload)]++
+		lostMu.Unlock()
+	})
 	s := dial(t, l, "/vanish", DialConfig{})
 	subscribe(t, l, s, 1, "")
 
@@ -112,10 +126,23 @@ func TestVanishedSubscriberUnconfirmed(t *testing.T) {
 		unconfirmed[n] = true
 	}
 	missing := 0
+	lostMu.Lock()
+	defer lostMu.Unlock()
 	for i := range copies {
-		if !received[i] && !unconfirmed[i] {
+		switch {
+		case lostMsgs[i] > 1:
+			t.Errorf("copy %d reported lost %d times", i, lostMsgs[i])
+		case lostMsgs[i] == 1 && (received[i] || unconfirmed[i]):
+			t.Errorf("copy %d reported lost, and also received (%v) or unconfirmed (%v)", i, received[i], unconfirmed[i])
+		case !received[i] && !unconfirmed[i]:
 			missing++
+			if lostMsgs[i] == 0 {
+				t.Errorf("copy %d missing and neither reported unconfirmed nor lost", i)
+			}
 		}
+	}
+	if len(lostMsgs) != int(lost.Load()) {
+		t.Errorf("OnCopyLost reported %d copies, OnCopiesLost counted %d", len(lostMsgs), lost.Load())
 	}
 	st := l.Stats()
 	if int64(missing) != lost.Load() || st.Dropped.ConnectionClosed != uint64(lost.Load()) {
@@ -355,9 +382,51 @@ func TestWrittenLogHold(t *testing.T) {
 	if got := st.copiesUnconfirmed.Load(); got != 4 {
 		t.Errorf("CopiesUnconfirmed = %d, want the hold of 4", got)
 	}
+	// The ring still holds them, so they come with their messages.
 	reports := rec.all()
-	if len(reports) != 1 || reports[0].Len() != 4 || len(reports[0].Messages) != 0 {
-		t.Fatalf("reports %+v, want one with 4 unkept copies", reports)
+	if len(reports) != 1 || reports[0].Len() != 4 || len(reports[0].Messages) != 4 {
+		t.Fatalf("reports %+v, want one with the last 4 copies", reports)
+	}
+	for j, m := range reports[0].Messages {
+		if n := numberOf(m.Payload); n != 6+j {
+			t.Errorf("reported copy %d is number %d, want %d", j, n, 6+j)
+		}
+	}
+}
+
+// TestWrittenLogKeepsHold: copies older than the window stay in the ring
+// while they are among the last the peer can hold (its max_transfers), so
+// that a peer whose credit ran out gets them reported with their messages,
+// not only counted as Unkept.
+func TestWrittenLogKeepsHold(t *testing.T) {
+	var fp framePool
+	var rec unconfirmedRecorder
+	p := &Publisher{path: "/log"}
+	p.OnCopiesUnconfirmed(rec.add)
+	limits, _ := Limits{}.withDefaults(true)
+	var w writtenLog
+	w.init(&limits)
+	w.setHold(100)
+	for i := range 10 {
+		f := testFrame(t, &fp, p, Message{Topic: "w", Payload: numbered(i, 16)})
+		w.written(f)
+		f.release()
+	}
+	// An hour passes: the ten are far older than any window.
+	w.start = w.start.Add(-time.Hour)
+	f := testFrame(t, &fp, p, Message{Topic: "w", Payload: numbered(10, 16)})
+	w.written(f)
+	f.release()
+	if w.n != 11 {
+		t.Fatalf("the ring holds %d copies, want all 11: they are among the last 100", w.n)
+	}
+	var st listenerCounters
+	ended := time.Since(w.start)
+	w.blocked = w.bucketOf(ended) + 1
+	w.finish(&st, ended, &quic.IdleTimeoutError{}, "peer", 100)
+	reports := rec.all()
+	if len(reports) != 1 || len(reports[0].Messages) != 11 || reports[0].Unkept != 0 {
+		t.Fatalf("reports %+v, want one with all 11 copies as messages", reports)
 	}
 }
 

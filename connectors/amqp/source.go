@@ -345,6 +345,9 @@ func (s *Source) message(d *amqp.Delivery) *connectors.Message {
 		Topic:       d.RoutingKey,
 		Payload:     d.Body,
 		ContentType: d.ContentType,
+		// RabbitMQ sets redelivered on a message it delivered before
+		// without seeing it acknowledged (a consumer's channel closed).
+		Redelivered: d.Redelivered,
 	}
 	if d.Headers != nil {
 		m.Traceparent = headerString(d.Headers, headerTraceparent)

@@ -169,7 +169,8 @@ func testLoopMarker(t *testing.T, h Harness) {
 }
 
 // testRedelivery: a message read but not acknowledged when the Source
-// closes comes back to the next Source of the same resource.
+// closes comes back to the next Source of the same resource, marked
+// Redelivered.
 func testRedelivery(t *testing.T, h Harness) {
 	if !h.Capabilities().Redelivery {
 		t.Skip("driver does not redeliver")
@@ -184,6 +185,9 @@ func testRedelivery(t *testing.T, h Harness) {
 	m, ack, err := src.Read(ctx)
 	if err != nil || string(m.Payload) != "again" {
 		t.Fatalf("first read: %v %v", m, err)
+	}
+	if m.Redelivered {
+		t.Error("the first delivery is marked Redelivered")
 	}
 	ack(context.Canceled) // not settled: the connector is stopping
 	if err := src.Close(ctx); err != nil {
@@ -200,6 +204,12 @@ func testRedelivery(t *testing.T, h Harness) {
 	ack2(nil)
 	if string(m2.Payload) != "again" {
 		t.Fatalf("redelivered %q", m2.Payload)
+	}
+	// The broker says so (MQTT DUP, AMQP redelivered, a JetStream
+	// delivery count of 2), and the Source passes it on: a drop of it
+	// is then counted as redelivery-dropped, not as a loss.
+	if !m2.Redelivered {
+		t.Error("the redelivered message is not marked Redelivered")
 	}
 }
 

@@ -291,6 +291,9 @@ func (s *Source) onPublish(pr paho.PublishReceived) (bool, error) {
 		Topic:    p.Topic,
 		Payload:  p.Payload,
 		Retained: p.Retain,
+		// DUP: the broker sent this PUBLISH before, on this session's
+		// earlier connection, and saw no PUBACK for it.
+		Redelivered: p.Duplicate(),
 	}
 	if props := p.Properties; props != nil {
 		if props.MessageExpiry != nil {
