@@ -97,11 +97,11 @@ func (f replayFunc) Replay(filter string, yield func(Message) bool) { f(filter, 
 func TestIndependentPeerIgnoresExtensions(t *testing.T) {
 	l := listen(t, ListenConfig{})
 	p := publisher(t, l, "/state")
-	var last Message
+	// Set before SetReplayer, which the listener's goroutines read it after.
+	last := Message{Topic: "room.a", SourceSequence: 9, Payload: []byte("cached")}
 	p.SetReplayer(replayFunc(func(filter string, yield func(Message) bool) {
 		yield(last)
 	}))
-	last = Message{Topic: "room.a", SourceSequence: 9, Payload: []byte("cached")}
 
 	dm, err := cbor.DecOptions{
 		DupMapKey:         cbor.DupMapKeyEnforcedAPF,
