@@ -85,11 +85,11 @@ func (s *Source) lastValues(ctx context.Context, js jetstream.JetStream, filter 
 			n++
 			m := toMessage(msg.Subject(), msg.Data(), msg.Headers(), s.cfg.LoopMarker)
 			m.Retained = true
-			s.stored(m, msg)
+			md := s.stored(m, msg)
 			yield(m)
 			// The stored messages are fixed when the consumer starts;
 			// NumPending counts those not delivered yet.
-			if md, err := msg.Metadata(); err == nil && md.NumPending == 0 {
+			if md != nil && md.NumPending == 0 {
 				return nil
 			}
 		}
@@ -119,11 +119,13 @@ const TTLHeader = "Nats-TTL"
 // stored sets what the stream says of m, read from msg: its stream
 // sequence (DATA key 68), when the server stored it, and when the stream
 // drops it (its MaxAge, or its own TTL when sooner, where the stream
-// allows TTLs).
-func (s *Source) stored(m *connectors.Message, msg jetstream.Msg) {
+// allows TTLs). It returns the metadata it parsed, nil when msg has none,
+// so that a caller needing more of it does not parse the reply subject a
+// second time on the per-message path.
+func (s *Source) stored(m *connectors.Message, msg jetstream.Msg) *jetstream.MsgMetadata {
 	md, err := msg.Metadata()
 	if err != nil {
-		return
+		return nil
 	}
 	at := md.Timestamp
 	m.SourceUnixNano = at.UnixNano()
@@ -135,6 +137,7 @@ func (s *Source) stored(m *connectors.Message, msg jetstream.Msg) {
 	if life > 0 {
 		m.ExpiresUnixNano = at.Add(life).UnixNano()
 	}
+	return md
 }
 
 // messageTTL reads a Nats-TTL header as nats-server does: a Go duration

@@ -498,8 +498,7 @@ func (s *Source) readJetStream(ctx context.Context) (*connectors.Message, connec
 	if err == nil {
 		m := toMessage(msg.Subject(), msg.Data(), msg.Headers(), s.cfg.LoopMarker)
 		m.Retained = true // the stream keeps it: a last-value cache in mode retained takes it
-		s.stored(m, msg)
-		if md, err := msg.Metadata(); err == nil && md.NumDelivered > 1 {
+		if md := s.stored(m, msg); md != nil && md.NumDelivered > 1 {
 			// The consumer delivered it before and saw no ack in its
 			// ack wait.
 			m.Redelivered = true
