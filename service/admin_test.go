@@ -2,11 +2,9 @@ package service_test
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"net"
 	"net/http"
-	"os"
 	"runtime"
 	"strings"
 	"testing"
@@ -26,22 +24,7 @@ func startAdmin(t *testing.T, cfg service.Config) string {
 	}
 	addr := ln.Addr().String()
 	ln.Close()
-	name := fmt.Sprintf("admin-test-%d", time.Now().UnixNano())
-	res := fmt.Sprintf(`apiVersion: connector.weida.dev/v1alpha1
-kind: Connector
-metadata: {name: %s}
-spec:
-  protocol: nats
-  direction: outbound
-  broker: {url: "nats://127.0.0.1:4222"}
-  weida: {dial: "weida://sha256:9091e5f37dc3e870fcce55bf2721bd5db9e7ba9067b3b8067fd12f0153a52b98@127.0.0.1:9/x"}
-  conversion: {losses: [at-most-once, delivery-best-effort, empty-segments, forbidden-chars, ordering, wildcard-names]}
-  routes: [{filter: %s.*}]
-`, name, name)
-	file := t.TempDir() + "/r.yaml"
-	if err := os.WriteFile(file, []byte(res), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	file := outboundFile(t, "admin")
 	cfg.Env = env(nil)
 	cfg.Paths = []string{file}
 	cfg.Admin = addr

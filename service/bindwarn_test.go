@@ -2,9 +2,7 @@ package service_test
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -16,22 +14,7 @@ import (
 // beyond loopback, and says nothing of it on loopback. Nothing is sent to
 // the wildcard listener; it only binds.
 func TestAdminBindWarning(t *testing.T) {
-	name := fmt.Sprintf("bind-test-%d", time.Now().UnixNano())
-	res := fmt.Sprintf(`apiVersion: connector.weida.dev/v1alpha1
-kind: Connector
-metadata: {name: %s}
-spec:
-  protocol: nats
-  direction: outbound
-  broker: {url: "nats://127.0.0.1:4222"}
-  weida: {dial: "weida://sha256:9091e5f37dc3e870fcce55bf2721bd5db9e7ba9067b3b8067fd12f0153a52b98@127.0.0.1:9/x"}
-  conversion: {losses: [at-most-once, delivery-best-effort, empty-segments, forbidden-chars, ordering, wildcard-names]}
-  routes: [{filter: %s.*}]
-`, name, name)
-	file := t.TempDir() + "/r.yaml"
-	if err := os.WriteFile(file, []byte(res), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	file := outboundFile(t, "bind")
 	for addr, warn := range map[string]bool{"127.0.0.1:0": false, "0.0.0.0:0": true} {
 		var logs lockedBuffer
 		e := env(nil)

@@ -16,6 +16,30 @@ import (
 	"weida.dev/connector/service"
 )
 
+// outboundFile writes one NATS outbound resource named prefix-test-N (N
+// unique per call) whose weida side dials a closed port, and returns its
+// path: enough for Run to start, serve its admin listener and stop.
+func outboundFile(t *testing.T, prefix string) string {
+	t.Helper()
+	name := fmt.Sprintf("%s-test-%d", prefix, time.Now().UnixNano())
+	res := fmt.Sprintf(`apiVersion: connector.weida.dev/v1alpha1
+kind: Connector
+metadata: {name: %s}
+spec:
+  protocol: nats
+  direction: outbound
+  broker: {url: "nats://127.0.0.1:4222"}
+  weida: {dial: "weida://sha256:9091e5f37dc3e870fcce55bf2721bd5db9e7ba9067b3b8067fd12f0153a52b98@127.0.0.1:9/x"}
+  conversion: {losses: [at-most-once, delivery-best-effort, empty-segments, forbidden-chars, ordering, wildcard-names]}
+  routes: [{filter: %s.*}]
+`, name, name)
+	file := t.TempDir() + "/r.yaml"
+	if err := os.WriteFile(file, []byte(res), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return file
+}
+
 // lockedBuffer is a bytes.Buffer several goroutines may log into.
 type lockedBuffer struct {
 	mu  sync.Mutex
@@ -37,22 +61,7 @@ func (b *lockedBuffer) String() string {
 // TestRunLogsEffectiveDrain: with no drain bound configured, the stop log
 // names the bound the runtime applies (its default), not the zero value.
 func TestRunLogsEffectiveDrain(t *testing.T) {
-	name := fmt.Sprintf("drain-test-%d", time.Now().UnixNano())
-	res := fmt.Sprintf(`apiVersion: connector.weida.dev/v1alpha1
-kind: Connector
-metadata: {name: %s}
-spec:
-  protocol: nats
-  direction: outbound
-  broker: {url: "nats://127.0.0.1:4222"}
-  weida: {dial: "weida://sha256:9091e5f37dc3e870fcce55bf2721bd5db9e7ba9067b3b8067fd12f0153a52b98@127.0.0.1:9/x"}
-  conversion: {losses: [at-most-once, delivery-best-effort, empty-segments, forbidden-chars, ordering, wildcard-names]}
-  routes: [{filter: %s.*}]
-`, name, name)
-	file := t.TempDir() + "/r.yaml"
-	if err := os.WriteFile(file, []byte(res), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	file := outboundFile(t, "drain")
 	var logs lockedBuffer
 	e := env(nil)
 	e.Logger = slog.New(slog.NewJSONHandler(&logs, nil))
