@@ -690,14 +690,17 @@ func runChaosCell(t *testing.T, m chaosMode, b *brokertest.Broker, dir policy.Di
 	}
 
 	// Wait until everything is accounted for, or nothing has moved for
-	// chaosSettle.
+	// chaosSettle while the resource runs. A resource still waiting out its
+	// backoff (a failure on record) is not stuck: a broker that took long
+	// to restart leaves it a retry of up to --retry-max away, and what the
+	// broker holds arrives after that.
 	last, lastMove := -1, time.Now()
 	for time.Now().Before(deadline) {
 		got, _ := accounted()
 		if got >= n || (r.durable && arr.distinct() == n) {
 			break
 		}
-		if got != last {
+		if st, ok := lives.c.Status(name); got != last || ok && st.Failure != nil {
 			last, lastMove = got, time.Now()
 		} else if time.Since(lastMove) > chaosSettle {
 			break

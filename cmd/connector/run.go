@@ -48,7 +48,7 @@ func cmdRun(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.W
 	instance := fs.String("instance", "weida-connector", "loop marker value: messages this connector (or any sharing the value) published are not bridged back")
 	drain := fs.Duration("drain", 10*time.Second, "on SIGTERM, how long in-flight messages may take to settle before the process exits")
 	retryInitial := fs.Duration("retry-initial", 250*time.Millisecond, "the shortest wait before a failed resource is tried again")
-	retryMax := fs.Duration("retry-max", 30*time.Second, "the longest wait between two attempts of a failed resource (waits double up to it, with jitter)")
+	retryMax := fs.Duration("retry-max", 10*time.Second, "the longest wait between two attempts of a failed resource (waits double up to it, with jitter)")
 	stateDir := fs.String("state-dir", "", "where hosted endpoints without certFile/keyFile keep their generated identity, so that its fingerprint survives restarts "+
 		"(default: $STATE_DIRECTORY, else "+systemStateDir+" when writable, else $XDG_STATE_HOME/weida-connector or ~/.local/state/weida-connector)")
 	watch := fs.Bool("watch", false, "reload when the resource files change (an edit, or a Kubernetes ConfigMap update), as SIGHUP does")
