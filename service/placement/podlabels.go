@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -50,9 +51,11 @@ type podLabels struct {
 	log  *slog.Logger
 
 	// write serialises the writes to pods, so that the sweep of stale
-	// labels cannot remove one that an acquisition adds meanwhile. Taken
-	// before mu.
-	write sync.Mutex
+	// labels cannot remove one that an acquisition adds meanwhile: a
+	// one-slot semaphore rather than a mutex, so that a lease operation
+	// waiting behind a slow write gives up with its context. Taken before
+	// mu.
+	write chan struct{}
 
 	mu     sync.Mutex
 	want   map[string]bool // label key → whether this pod should carry it
@@ -65,10 +68,36 @@ func newPodLabels(pods corev1client.PodInterface, pod string, log *slog.Logger) 
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &podLabels{pods: pods, pod: pod, log: log, want: make(map[string]bool), dirty: make(map[string]bool)}
+	return &podLabels{pods: pods, pod: pod, log: log, write: make(chan struct{}, 1), want: make(map[string]bool), dirty: make(map[string]bool)}
 }
 
-// key returns the label of a lease name, or "" for leases that are not a
+// lock takes the write semaphore, or reports false once ctx has ended.
+func (p *podLabels) lock(ctx context.Context) bool {
+	select {
+	case p.write <- struct{}{}:
+		return true
+	case <-ctx.Done():
+		p.report(fmt.Errorf("waiting for another label write: %w", context.Cause(ctx)))
+		return false
+	}
+}
+
+func (p *podLabels) unlock() { <-p.write }
+
+// budget bounds a label write made inside a lease operation to half the
+// time its context has left, so that a slow API server delays the
+// operation by at most that much: an acquisition or a renewal that comes
+// back after the renew deadline counts for nothing, and a slow label must
+// not cost the lease.
+func budget(ctx context.Context) (context.Context, context.CancelFunc) {
+	d, ok := ctx.Deadline()
+	if !ok {
+		return context.WithCancel(ctx)
+	}
+	return context.WithDeadline(ctx, time.Now().Add(time.Until(d)/2))
+}
+
+// labelKey returns the label of a lease name, or "" for leases that are not a
 // resource's (the Placer's membership).
 func labelKey(lease string) (string, error) {
 	r, ok := strings.CutPrefix(lease, resourcePrefix)
@@ -92,6 +121,8 @@ func (p *podLabels) held(ctx context.Context, name string) {
 	p.mu.Lock()
 	p.want[key], p.dirty[key] = true, true
 	p.mu.Unlock()
+	ctx, cancel := budget(ctx)
+	defer cancel()
 	p.sync(ctx, key, true)
 }
 
@@ -103,6 +134,8 @@ func (p *podLabels) confirmed(ctx context.Context, name string) {
 	again := key != "" && p.want[key] && p.dirty[key]
 	p.mu.Unlock()
 	if again {
+		ctx, cancel := budget(ctx)
+		defer cancel()
 		p.sync(ctx, key, true)
 	}
 }
@@ -117,6 +150,8 @@ func (p *podLabels) dropped(ctx context.Context, name string) {
 	p.mu.Lock()
 	p.want[key], p.dirty[key] = false, true
 	p.mu.Unlock()
+	ctx, cancel := budget(ctx)
+	defer cancel()
 	p.sync(ctx, key, false)
 }
 
@@ -144,8 +179,10 @@ func (p *podLabels) retry(ctx context.Context) {
 // sweep removes every holds.weida.dev label of this pod that no lease held
 // now accounts for.
 func (p *podLabels) sweep(ctx context.Context) {
-	p.write.Lock()
-	defer p.write.Unlock()
+	if !p.lock(ctx) {
+		return
+	}
+	defer p.unlock()
 	pod, err := p.pods.Get(ctx, p.pod, metav1.GetOptions{})
 	if err != nil {
 		p.report(fmt.Errorf("reading pod %s: %w", p.pod, err))
@@ -174,8 +211,10 @@ func (p *podLabels) sweep(ctx context.Context) {
 // sync writes key as wanted: on, it labels this pod and takes the label off
 // every other pod; off, it removes it from this pod.
 func (p *podLabels) sync(ctx context.Context, key string, on bool) {
-	p.write.Lock()
-	defer p.write.Unlock()
+	if !p.lock(ctx) {
+		return
+	}
+	defer p.unlock()
 	p.mu.Lock()
 	current := p.want[key] == on && p.dirty[key]
 	p.mu.Unlock()
