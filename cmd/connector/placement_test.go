@@ -96,3 +96,18 @@ func TestResetKeyFlag(t *testing.T) {
 		}
 	}
 }
+
+// TestRunResetKeyFile: `connector run` refuses a placeholder reset key
+// before it loads anything, naming the flag, the file and how to make one.
+func TestRunResetKeyFile(t *testing.T) {
+	bad := filepath.Join(t.TempDir(), "reset-key")
+	if err := os.WriteFile(bad, []byte("REPLACE-ME with 64 hex digits"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, _, errOut := runCLI(t, "", "run", "-f", "missing.yaml", "--reset-key-file", bad)
+	for _, w := range []string{"refusing to start", "--reset-key-file", bad, "29 bytes", "openssl rand -hex 32"} {
+		if code != exitUsage || !strings.Contains(errOut, w) {
+			t.Errorf("exit %d, %q; want 2 and a refusal naming %q", code, errOut, w)
+		}
+	}
+}
