@@ -23,8 +23,16 @@ import (
 )
 
 // rssBytes is the process's resident set, from /proc/self/status.
-func rssBytes(t *testing.T) int64 {
-	b, err := os.ReadFile("/proc/self/status")
+func rssBytes(t *testing.T) int64 { return rssOf(t, 0) }
+
+// rssOf is process pid's resident set (0: this process), from
+// /proc/PID/status.
+func rssOf(t *testing.T, pid int) int64 {
+	path := "/proc/self/status"
+	if pid != 0 {
+		path = fmt.Sprintf("/proc/%d/status", pid)
+	}
+	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatalf("reading RSS: %v", err)
 	}
@@ -38,7 +46,7 @@ func rssBytes(t *testing.T) int64 {
 			return kb << 10
 		}
 	}
-	t.Fatal("no VmRSS in /proc/self/status")
+	t.Fatalf("no VmRSS in %s", path)
 	return 0
 }
 
