@@ -13,10 +13,12 @@ import (
 // The n-th wait doubles from Initial towards Max and is drawn at random
 // around its centre (±50 %), so that replicas failing together do not
 // retry together. Every wait lies within [Initial, Max]. The zero value
-// waits from 250 ms to 30 s.
+// waits from 250 ms to 10 s: the cap the MQTT and NATS clients' own
+// reconnections use, so that every protocol is back within 10 s of its
+// broker.
 type Backoff struct {
 	Initial time.Duration // the shortest wait; zero means 250 ms
-	Max     time.Duration // the longest wait; zero means 30 s
+	Max     time.Duration // the longest wait; zero means 10 s
 }
 
 // jitter is the randomization factor: a wait is drawn from
@@ -31,7 +33,7 @@ func (b Backoff) Wait(n int) time.Duration {
 		lo = 250 * time.Millisecond
 	}
 	if hi <= 0 {
-		hi = 30 * time.Second
+		hi = 10 * time.Second
 	}
 	if hi < lo {
 		hi = lo

@@ -74,7 +74,7 @@ type Deps struct {
 	// Backoff returns the wait after the n-th failure in a row (n ≥ 1):
 	// between attempts of a unit, between re-dials of a weida endpoint and
 	// between writes held while a broker is down. nil means
-	// [Backoff]{}.Wait (jittered, 250 ms to 30 s). Tests inject a
+	// [Backoff]{}.Wait (jittered, 250 ms to 10 s). Tests inject a
 	// deterministic one.
 	Backoff func(n int) time.Duration
 	// Drain bounds how long a stopping bridge keeps finishing the work it

@@ -24,6 +24,8 @@ import (
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -73,6 +75,10 @@ type manifests struct {
 	services        []*corev1.Service
 	secrets         map[string]*corev1.Secret
 	serviceMonitors []*monitoringv1.ServiceMonitor
+	pdbs            []*policyv1.PodDisruptionBudget
+	serviceAccounts []*corev1.ServiceAccount
+	roles           []*rbacv1.Role
+	roleBindings    []*rbacv1.RoleBinding
 }
 
 // strictDecoder decodes YAML or JSON into the registered API types and
@@ -81,7 +87,7 @@ type manifests struct {
 func strictDecoder(t *testing.T) runtime.Decoder {
 	t.Helper()
 	scheme := runtime.NewScheme()
-	for _, add := range []func(*runtime.Scheme) error{corev1.AddToScheme, appsv1.AddToScheme, monitoringv1.AddToScheme} {
+	for _, add := range []func(*runtime.Scheme) error{corev1.AddToScheme, appsv1.AddToScheme, monitoringv1.AddToScheme, policyv1.AddToScheme, rbacv1.AddToScheme} {
 		if err := add(scheme); err != nil {
 			t.Fatal(err)
 		}
@@ -200,6 +206,18 @@ func loadManifests(t *testing.T) *manifests {
 			case *monitoringv1.ServiceMonitor:
 				m.serviceMonitors = append(m.serviceMonitors, o)
 				m.kinds[file] = append(m.kinds[file], "ServiceMonitor")
+			case *policyv1.PodDisruptionBudget:
+				m.pdbs = append(m.pdbs, o)
+				m.kinds[file] = append(m.kinds[file], "PodDisruptionBudget")
+			case *corev1.ServiceAccount:
+				m.serviceAccounts = append(m.serviceAccounts, o)
+				m.kinds[file] = append(m.kinds[file], "ServiceAccount")
+			case *rbacv1.Role:
+				m.roles = append(m.roles, o)
+				m.kinds[file] = append(m.kinds[file], "Role")
+			case *rbacv1.RoleBinding:
+				m.roleBindings = append(m.roleBindings, o)
+				m.kinds[file] = append(m.kinds[file], "RoleBinding")
 			default:
 				t.Errorf("%s, document %d: %T has no check in this test; add one", file, i+1, obj)
 			}
@@ -652,6 +670,8 @@ func TestKubernetes(t *testing.T) {
 
 	t.Run("ResourceFiles", func(t *testing.T) { checkResourceFiles(t, m, c, pod, args, bin) })
 
+	t.Run("HighAvailability", func(t *testing.T) { checkHighAvailability(t, m, d, c, args, flags) })
+
 	t.Run("SecretRefs", func(t *testing.T) {
 		// Every Secret the pod reads is one secret.example.yaml shows,
 		// with the key it reads.
@@ -758,8 +778,9 @@ func checkResourceFiles(t *testing.T, m *manifests, c *corev1.Container, pod *co
 		t.Fatalf("resources.Load: %v", err)
 	}
 	udpPorts := make(map[int32]bool) // container port → a Service exposes it
+	holder := holderLabels(pod, set)
 	for _, s := range m.services {
-		if !labels.SelectorFromSet(s.Spec.Selector).Matches(labels.Set(pod.Labels)) || len(s.Spec.Selector) == 0 {
+		if !labels.SelectorFromSet(s.Spec.Selector).Matches(holder) || len(s.Spec.Selector) == 0 {
 			continue
 		}
 		for _, sp := range s.Spec.Ports {

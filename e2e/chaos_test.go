@@ -49,17 +49,25 @@ import (
 type chaosFault string
 
 const (
-	faultBrokerKill    chaosFault = "broker-kill"     // SIGKILL, then start again
-	faultBrokerPause   chaosFault = "broker-pause"    // SIGSTOP for 3 s, then SIGCONT
-	faultWeidaRestart  chaosFault = "weida-restart"   // the test's weida peer closed for 2 s
-	faultConnectorKill chaosFault = "connector-kill"  // SIGKILL, then start again on the same --state-dir
-	chaosPause                    = 3 * time.Second   // how long a paused broker hangs
-	chaosWeidaAway                = 2 * time.Second   // how long the weida peer is away
-	chaosSettle                   = 8 * time.Second   // no progress for this long ends a cell's wait
-	chaosCellLimit                = 4 * time.Minute   // a cell's whole bound
-	chaosRecoveryNA               = time.Duration(-1) // no message arrived after the fault
-	chaosDefaultN                 = 2000
-	chaosDefaultRate              = 200
+	faultBrokerKill    chaosFault = "broker-kill"    // SIGKILL, then start again
+	faultBrokerPause   chaosFault = "broker-pause"   // SIGSTOP for 3 s, then SIGCONT
+	faultWeidaRestart  chaosFault = "weida-restart"  // the test's weida peer closed for 2 s
+	faultConnectorKill chaosFault = "connector-kill" // SIGKILL, then start again on the same --state-dir
+	// faultConnectorKillLagging is connector-kill, outbound only, at
+	// chaosLagFactor times the rate and the messages: fast enough that the
+	// connector lags its weida publisher (the broker paces it), so that
+	// the kill takes copies it had read or left unread for longer than the
+	// publisher's unconfirmed window (issue 21). It runs only when
+	// WEIDA_CHAOS_FAULTS names it.
+	faultConnectorKillLagging chaosFault = "connector-kill-lagging"
+	chaosLagFactor                       = 5
+	chaosPause                           = 3 * time.Second   // how long a paused broker hangs
+	chaosWeidaAway                       = 2 * time.Second   // how long the weida peer is away
+	chaosSettle                          = 8 * time.Second   // no progress for this long ends a cell's wait
+	chaosCellLimit                       = 4 * time.Minute   // a cell's whole bound
+	chaosRecoveryNA                      = time.Duration(-1) // no message arrived after the fault
+	chaosDefaultN                        = 2000
+	chaosDefaultRate                     = 200
 )
 
 var chaosFaults = []chaosFault{faultBrokerKill, faultBrokerPause, faultWeidaRestart, faultConnectorKill}
@@ -297,6 +305,9 @@ func TestChaos(t *testing.T) {
 			cells = append(cells, cell{d, f})
 		}
 	}
+	if faults[string(faultConnectorKillLagging)] {
+		cells = append(cells, cell{policy.Outbound, faultConnectorKillLagging})
+	}
 	if !full {
 		// What fits CI: one cell each way on the broker that starts
 		// fastest, through the faults the issue found losses in.
@@ -322,6 +333,10 @@ func TestChaos(t *testing.T) {
 					continue
 				}
 				t.Run(fmt.Sprintf("%s/%s", c.dir, c.fault), func(t *testing.T) {
+					n, rate := n, rate
+					if c.fault == faultConnectorKillLagging {
+						n, rate = n*chaosLagFactor, rate*chaosLagFactor
+					}
 					r := runChaosCell(t, m, b, c.dir, c.fault, n, rate)
 					mu.Lock()
 					results = append(results, r)
@@ -616,7 +631,7 @@ func runChaosCell(t *testing.T, m chaosMode, b *brokertest.Broker, dir policy.Di
 		b.Resume()
 	case faultWeidaRestart:
 		bounce()
-	case faultConnectorKill:
+	case faultConnectorKill, faultConnectorKillLagging:
 		lives.kill()
 		// Reading the counters first takes a moment; what was sent
 		// meanwhile still met the old process.
@@ -690,14 +705,17 @@ func runChaosCell(t *testing.T, m chaosMode, b *brokertest.Broker, dir policy.Di
 	}
 
 	// Wait until everything is accounted for, or nothing has moved for
-	// chaosSettle.
+	// chaosSettle while the resource runs. A resource still waiting out its
+	// backoff (a failure on record) is not stuck: a broker that took long
+	// to restart leaves it a retry of up to --retry-max away, and what the
+	// broker holds arrives after that.
 	last, lastMove := -1, time.Now()
 	for time.Now().Before(deadline) {
 		got, _ := accounted()
 		if got >= n || (r.durable && arr.distinct() == n) {
 			break
 		}
-		if got != last {
+		if st, ok := lives.c.Status(name); got != last || ok && st.Failure != nil {
 			last, lastMove = got, time.Now()
 		} else if time.Since(lastMove) > chaosSettle {
 			break

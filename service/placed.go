@@ -44,7 +44,7 @@ type Placement struct {
 func (p Placement) Enabled() bool { return p.Backend != "" }
 
 // backend connects to the configured coordination service.
-func (p Placement) backend() (placement.Backend, func(), error) {
+func (p Placement) backend(log *slog.Logger) (placement.Backend, func(), error) {
 	switch p.Backend {
 	case "etcd":
 		prefix := p.EtcdPrefix
@@ -57,7 +57,7 @@ func (p Placement) backend() (placement.Backend, func(), error) {
 		if prefix == "" {
 			prefix = "weida-connector."
 		}
-		k, err := placement.InCluster(p.Namespace, prefix, p.Timing)
+		k, err := placement.InCluster(p.Namespace, prefix, p.Timing, log)
 		return k, func() {}, err
 	}
 	return nil, nil, fmt.Errorf("placement backend %q: use etcd or kubernetes", p.Backend)
@@ -105,7 +105,7 @@ type placed struct {
 
 // newPlaced connects to the backend; start starts placing units.
 func newPlaced(cfg Config, rt *connectors.Runtime, units []connectors.Unit, reg prometheus.Registerer) (*placed, error) {
-	b, closeBackend, err := cfg.Placement.backend()
+	b, closeBackend, err := cfg.Placement.backend(cfg.logger())
 	if err != nil {
 		return nil, err
 	}

@@ -37,6 +37,12 @@ type Env struct {
 	// subscribers pin. Empty: the reset key is random for each process and
 	// such resources generate a new identity at every start.
 	StateDir string
+	// ResetKeyFile, when set, holds the QUIC stateless reset key of every
+	// inbound resource's endpoint instead of StateDir (see
+	// [weida.ListenConfig].ResetKeyFile): replicas sharing the resources
+	// through leases read the same file, so that a subscriber whose
+	// endpoint moved learns at once that its old connection is gone.
+	ResetKeyFile string
 	// InsecureWeidaForTesting skips weida certificate checks when
 	// dialling. Only for endpoints the caller generated itself (the demo).
 	InsecureWeidaForTesting bool
@@ -164,7 +170,8 @@ func unit(c *resources.Connector, env Env) (connectors.Unit, error) {
 		// key: the certificate is the operator's to keep. Without it, a
 		// restarted process could not reset its predecessor's connections,
 		// and their subscribers would wait for their idle timeout.
-		StateDir: env.StateDir,
+		StateDir:     env.StateDir,
+		ResetKeyFile: env.ResetKeyFile,
 	}
 	u.NewSource = perAttempt(tlsErr, bc, again, d.Source)
 	return u, nil

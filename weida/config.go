@@ -250,6 +250,17 @@ type ListenConfig struct {
 	// StateDir the key is random for each process.
 	StateDir string
 
+	// ResetKeyFile, when set, names the file holding the QUIC stateless
+	// reset key, which then does not come from StateDir: exactly 32 bytes,
+	// or 64 hex digits with at most one trailing newline (anything else,
+	// or a key of zeros, fails Listen with a *[ResetKeyError]; see
+	// [CheckResetKeyFile]). Replicas that take over one another's endpoints
+	// (placement by lease) read the same file, so that a packet of a
+	// connection to the replica that held the endpoint before, arriving at
+	// the one that holds it now, is answered with a reset its subscriber
+	// accepts, and the subscriber dials again at once.
+	ResetKeyFile string
+
 	// ClientFingerprints, when non-empty, requires every client to present a
 	// certificate and admits only those whose "sha256:<hex>" fingerprint is
 	// listed (weida's peer authorization, decision 0015). Any other client,

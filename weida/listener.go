@@ -117,9 +117,12 @@ func Listen(ctx context.Context, addr string, cfg ListenConfig) (*Listener, erro
 		return nil, err
 	}
 	var resetKey *quic.StatelessResetKey
-	if cfg.StateDir != "" {
+	switch {
+	case cfg.ResetKeyFile != "":
+		resetKey, err = fileResetKey(cfg.ResetKeyFile)
+	case cfg.StateDir != "":
 		resetKey, err = stateResetKey(cfg.StateDir)
-	} else {
+	default:
 		resetKey, err = processResetKey()
 	}
 	if err != nil {
@@ -135,8 +138,9 @@ func Listen(ctx context.Context, addr string, cfg ListenConfig) (*Listener, erro
 	}
 	// The reset key makes the transport answer packets of connections it
 	// does not know (those of a previous process on this address, when the
-	// key is kept in StateDir) with a stateless reset, so that their
-	// subscribers do not wait for their idle timeout.
+	// key is kept in StateDir, or of another replica that held the endpoint,
+	// when every replica reads one ResetKeyFile) with a stateless reset, so
+	// that their subscribers do not wait for their idle timeout.
 	tr := &quic.Transport{Conn: udp, StatelessResetKey: resetKey}
 	ln, err := tr.Listen(tlsConf, limits.quicConfig())
 	if err != nil {

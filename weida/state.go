@@ -1,10 +1,12 @@
 package weida
 
 import (
+	"bytes"
 	"crypto"
 	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/hex"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -200,6 +202,62 @@ func stateResetKey(dir string) (*quic.StatelessResetKey, error) {
 			file, len(b), len(k))
 	}
 	copy(k[:], b)
+	return &k, nil
+}
+
+// ResetKeyError is a reset key file ([ListenConfig].ResetKeyFile) that
+// cannot be used. Listen and [CheckResetKeyFile] return it.
+type ResetKeyError struct {
+	File string
+	// Size is the number of bytes the file holds.
+	Size int
+	// Rule is what the file breaks.
+	Rule string
+}
+
+func (e *ResetKeyError) Error() string {
+	return fmt.Sprintf("weida: reset key file %s (%d bytes): %s; the file must hold 32 bytes, "+
+		"or 64 hex digits and at most one trailing newline: create it with `openssl rand -hex 32 > %s` "+
+		"(or `head -c 32 /dev/urandom`) and give every replica serving the same endpoints the same file",
+		e.File, e.Size, e.Rule, e.File)
+}
+
+// CheckResetKeyFile reads file as [ListenConfig].ResetKeyFile would and
+// returns why it cannot be used: a *ResetKeyError, or the read's error. A
+// caller checks it at start-up, so that a bad file is refused once rather
+// than failing every Listen.
+func CheckResetKeyFile(file string) error {
+	_, err := fileResetKey(file)
+	return err
+}
+
+// fileResetKey reads the stateless reset key an operator shares between
+// replicas: exactly 32 bytes (a Kubernetes Secret's data decodes to them),
+// or 64 hex digits with at most one trailing newline (what `openssl rand
+// -hex 32` prints, and what fits a Secret's stringData). Both are accepted
+// because both are what the usual tools produce; anything else is refused
+// rather than hashed into a key, so that two replicas given files that
+// differ only by accident cannot end up with keys that differ silently.
+func fileResetKey(file string) (*quic.StatelessResetKey, error) {
+	b, err := safefile.ReadFile(file, MaxPEMFileBytes)
+	if err != nil {
+		return nil, fmt.Errorf("weida: reset key file: %w (check the path, the file's owner and mode)", err)
+	}
+	var k quic.StatelessResetKey
+	digits := bytes.TrimSuffix(bytes.TrimSuffix(b, []byte("\n")), []byte("\r"))
+	switch {
+	case len(b) == len(k):
+		copy(k[:], b)
+	case len(digits) == 2*len(k):
+		if _, err := hex.Decode(k[:], digits); err != nil {
+			return nil, &ResetKeyError{File: file, Size: len(b), Rule: "it has 64 characters, but not all are hex digits"}
+		}
+	default:
+		return nil, &ResetKeyError{File: file, Size: len(b), Rule: "it holds neither 32 bytes nor 64 hex digits"}
+	}
+	if k == (quic.StatelessResetKey{}) {
+		return nil, &ResetKeyError{File: file, Size: len(b), Rule: "the key is all zeros, a placeholder rather than a secret"}
+	}
 	return &k, nil
 }
 

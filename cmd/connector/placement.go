@@ -9,6 +9,7 @@ import (
 
 	"weida.dev/connector/service"
 	"weida.dev/connector/service/placement"
+	"weida.dev/connector/weida"
 )
 
 // placementFlags are the flags of `connector run` that share the
@@ -24,6 +25,7 @@ type placementFlags struct {
 	lease         *time.Duration
 	renewDeadline *time.Duration
 	retry         *time.Duration
+	resetKeyFile  *string
 }
 
 func addPlacementFlags(fs *flag.FlagSet) *placementFlags {
@@ -38,7 +40,24 @@ func addPlacementFlags(fs *flag.FlagSet) *placementFlags {
 		lease:         fs.Duration("lease-duration", d.LeaseDuration, "how long the coordination service keeps a lease after its last renewal (whole seconds); the same on every replica"),
 		renewDeadline: fs.Duration("lease-renew-deadline", d.RenewDeadline, "a holder that has not renewed for this long stops the resource; shorter than --lease-duration"),
 		retry:         fs.Duration("lease-retry", d.RetryPeriod, "how often a holder renews and a standby tries to take a free lease; shorter than --lease-renew-deadline"),
+		// A process flag, not a resource field: the key belongs to the UDP
+		// transport of a listen address, which every resource on that
+		// address shares, and it is the replica's, like --state-dir, which
+		// it overrides for the key.
+		resetKeyFile: fs.String("reset-key-file", "", "the QUIC stateless reset key of every hosted endpoint: a file of 32 bytes or 64 hex digits (openssl rand -hex 32), the same on every replica, so that subscribers of an endpoint that moved learn at once that their connection is gone (default: kept in --state-dir)"),
 	}
+}
+
+// resetKey returns --reset-key-file, checked: a file that cannot serve
+// is refused before anything starts, rather than by every listener.
+func (f *placementFlags) resetKey() (string, error) {
+	if *f.resetKeyFile == "" {
+		return "", nil
+	}
+	if err := weida.CheckResetKeyFile(*f.resetKeyFile); err != nil {
+		return "", fmt.Errorf("--reset-key-file: %w", err)
+	}
+	return *f.resetKeyFile, nil
 }
 
 // placement checks the flags; hostname names the replica when

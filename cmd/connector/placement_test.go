@@ -4,6 +4,8 @@ import (
 	"errors"
 	"flag"
 	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -49,6 +51,63 @@ func TestPlacementFlags(t *testing.T) {
 			t.Errorf("%v: backend %q identity %q, want %q %q", c.args, p.Backend, p.Identity, c.backend, c.identity)
 		case c.backend == "etcd" && len(p.EtcdEndpoints) == 0:
 			t.Errorf("%v: no endpoints", c.args)
+		}
+	}
+}
+
+// TestResetKeyFlag: --reset-key-file is checked before anything starts,
+// and a refusal names the flag, the file and how to make one.
+func TestResetKeyFlag(t *testing.T) {
+	dir := t.TempDir()
+	good, bad := filepath.Join(dir, "good"), filepath.Join(dir, "bad")
+	if err := os.WriteFile(good, []byte(strings.Repeat("ab", 32)+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bad, []byte("REPLACE-ME\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+		err  []string
+	}{
+		{args: nil},
+		{args: []string{"--reset-key-file", good}, want: good},
+		{args: []string{"--reset-key-file", bad}, err: []string{"--reset-key-file", bad, "11 bytes", "openssl rand -hex 32"}},
+		{args: []string{"--reset-key-file", filepath.Join(dir, "none")}, err: []string{"--reset-key-file", "none"}},
+	} {
+		fs := flag.NewFlagSet("run", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		f := addPlacementFlags(fs)
+		if err := fs.Parse(c.args); err != nil {
+			t.Fatal(err)
+		}
+		got, err := f.resetKey()
+		if c.err == nil {
+			if err != nil || got != c.want {
+				t.Errorf("%v: %q, %v; want %q", c.args, got, err, c.want)
+			}
+			continue
+		}
+		for _, w := range c.err {
+			if err == nil || !strings.Contains(err.Error(), w) {
+				t.Errorf("%v: error %v, want one naming %q", c.args, err, w)
+			}
+		}
+	}
+}
+
+// TestRunResetKeyFile: `connector run` refuses a placeholder reset key
+// before it loads anything, naming the flag, the file and how to make one.
+func TestRunResetKeyFile(t *testing.T) {
+	bad := filepath.Join(t.TempDir(), "reset-key")
+	if err := os.WriteFile(bad, []byte("REPLACE-ME with 64 hex digits"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, _, errOut := runCLI(t, "", "run", "-f", "missing.yaml", "--reset-key-file", bad)
+	for _, w := range []string{"refusing to start", "--reset-key-file", bad, "29 bytes", "openssl rand -hex 32"} {
+		if code != exitUsage || !strings.Contains(errOut, w) {
+			t.Errorf("exit %d, %q; want 2 and a refusal naming %q", code, errOut, w)
 		}
 	}
 }

@@ -31,6 +31,9 @@ type runOptions struct {
 	watch     bool
 	pprof     bool
 	placement service.Placement
+	// resetKeyFile is --reset-key-file, checked; "" : the key is kept in
+	// the state directory.
+	resetKeyFile string
 }
 
 // cmdRun loads and checks every resource exactly as `check` does, then runs
@@ -48,7 +51,7 @@ func cmdRun(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.W
 	instance := fs.String("instance", "weida-connector", "loop marker value: messages this connector (or any sharing the value) published are not bridged back")
 	drain := fs.Duration("drain", 10*time.Second, "on SIGTERM, how long in-flight messages may take to settle before the process exits")
 	retryInitial := fs.Duration("retry-initial", 250*time.Millisecond, "the shortest wait before a failed resource is tried again")
-	retryMax := fs.Duration("retry-max", 30*time.Second, "the longest wait between two attempts of a failed resource (waits double up to it, with jitter)")
+	retryMax := fs.Duration("retry-max", 10*time.Second, "the longest wait between two attempts of a failed resource (waits double up to it, with jitter)")
 	stateDir := fs.String("state-dir", "", "where hosted endpoints without certFile/keyFile keep their generated identity, so that its fingerprint survives restarts "+
 		"(default: $STATE_DIRECTORY, else "+systemStateDir+" when writable, else $XDG_STATE_HOME/weida-connector or ~/.local/state/weida-connector)")
 	watch := fs.Bool("watch", false, "reload when the resource files change (an edit, or a Kubernetes ConfigMap update), as SIGHUP does")
@@ -62,8 +65,13 @@ func cmdRun(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.W
 		fmt.Fprintf(stderr, "connector run: %v\n", perr)
 		return exitUsage
 	}
+	resetKeyFile, rerr := placementFlags.resetKey()
+	if rerr != nil {
+		fmt.Fprintf(stderr, "connector run: refusing to start; nothing was started: %v\n", rerr)
+		return exitUsage
+	}
 	opts := runOptions{placement: pl, pprof: *pprof, paths: paths, admin: *admin, logFormat: *logFormat, instance: *instance, drain: *drain,
-		retry: connectors.Backoff{Initial: *retryInitial, Max: *retryMax}, stateDir: *stateDir, watch: *watch}
+		retry: connectors.Backoff{Initial: *retryInitial, Max: *retryMax}, stateDir: *stateDir, watch: *watch, resetKeyFile: resetKeyFile}
 	stateSource := "--state-dir"
 	if opts.stateDir == "" {
 		opts.stateDir, stateSource = defaultStateDir(os.Getenv, writableDir)
@@ -140,7 +148,7 @@ func runService(ctx context.Context, opts runOptions, stateSource string, stdout
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
 	err := service.Run(ctx, service.Config{
-		Env:       service.Env{Drivers: programDrivers(), LoopMarker: opts.instance, Logger: log, StateDir: opts.stateDir},
+		Env:       service.Env{Drivers: programDrivers(), LoopMarker: opts.instance, Logger: log, StateDir: opts.stateDir, ResetKeyFile: opts.resetKeyFile},
 		Paths:     opts.paths,
 		Admin:     opts.admin,
 		Drain:     opts.drain,

@@ -3,6 +3,7 @@ package placement
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"strings"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	coordinationclient "k8s.io/client-go/kubernetes/typed/coordination/v1"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
 )
 
@@ -50,16 +52,23 @@ const serviceAccountNamespace = "/var/run/secrets/kubernetes.io/serviceaccount/n
 // InCluster returns a Kubernetes backend on the Lease objects of namespace
 // through the pod's service account. An empty namespace is the pod's own
 // (POD_NAMESPACE, else the service account's mounted namespace file).
-func InCluster(namespace, prefix string, t Timing) (*Kubernetes, error) {
-	if namespace == "" {
-		namespace = os.Getenv("POD_NAMESPACE")
+//
+// When POD_NAME is set (the downward API's metadata.name), the backend
+// also labels that pod, in the pod's own namespace, with the resources it
+// holds ([Kubernetes.LabelPod]), logging on log; without it no pod is
+// labelled, and a Service cannot follow the leases.
+func InCluster(namespace, prefix string, t Timing, log *slog.Logger) (*Kubernetes, error) {
+	own := os.Getenv("POD_NAMESPACE")
+	if own == "" {
+		if b, err := os.ReadFile(serviceAccountNamespace); err == nil {
+			own = strings.TrimSpace(string(b))
+		}
 	}
 	if namespace == "" {
-		b, err := os.ReadFile(serviceAccountNamespace)
-		if err != nil {
-			return nil, fmt.Errorf("placement: kubernetes: no namespace given and none mounted (%v): set --lease-namespace or POD_NAMESPACE", err)
-		}
-		namespace = strings.TrimSpace(string(b))
+		namespace = own
+	}
+	if namespace == "" {
+		return nil, fmt.Errorf("placement: kubernetes: no namespace given and none mounted (%s): set --lease-namespace or POD_NAMESPACE", serviceAccountNamespace)
 	}
 	cfg, err := rest.InClusterConfig()
 	if err != nil {
@@ -69,5 +78,21 @@ func InCluster(namespace, prefix string, t Timing) (*Kubernetes, error) {
 	if err != nil {
 		return nil, fmt.Errorf("placement: kubernetes client: %w", err)
 	}
-	return NewKubernetes(client.Leases(namespace), prefix, t)
+	k, err := NewKubernetes(client.Leases(namespace), prefix, t)
+	if err != nil {
+		return nil, err
+	}
+	pod := os.Getenv("POD_NAME")
+	if pod == "" || own == "" {
+		if log != nil {
+			log.Warn("placement: kubernetes: POD_NAME or the pod's namespace is unknown, so this pod is not labelled with the resources it holds: a Service selecting holds.weida.dev/<resource> cannot reach it (set POD_NAME and POD_NAMESPACE from the downward API)")
+		}
+		return k, nil
+	}
+	core, err := corev1client.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("placement: kubernetes client: %w", err)
+	}
+	k.LabelPod(core.Pods(own), pod, log)
+	return k, nil
 }

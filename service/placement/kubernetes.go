@@ -3,6 +3,7 @@ package placement
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"time"
@@ -12,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 	coordinationclient "k8s.io/client-go/kubernetes/typed/coordination/v1"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 )
 
 // Kubernetes keeps leases as coordination.k8s.io/v1 Lease objects named
@@ -39,6 +41,8 @@ type Kubernetes struct {
 	prefix  string
 	seconds int32
 
+	labels *podLabels // nil: no pod is labelled (see LabelPod)
+
 	mu   sync.Mutex
 	seen map[string]sighting // by object name
 }
@@ -62,6 +66,22 @@ func NewKubernetes(leases coordinationclient.LeaseInterface, prefix string, t Ti
 	return &Kubernetes{leases: leases, prefix: prefix, seconds: int32(wholeSeconds(t.LeaseDuration)), seen: make(map[string]sighting)}, nil
 }
 
+// LabelPod makes the backend label the pod called pod (this replica's own,
+// reached through pods, the pods of its namespace) with
+// holds.weida.dev/<resource>=true ([HoldsLabel]) for every resource lease
+// it holds, and take the label off when the lease is released or lost, so
+// that a Service selecting the label reaches only the current holder. It
+// must be called before the backend is used. Write failures are logged on
+// log (nil discards them) and retried; they never fail a lease operation.
+//
+// The replica's service account then needs get, list and patch on pods:
+// list, because taking a lease also takes its label off any other pod
+// (that of a holder whose node died keeps its labels until the pod is
+// deleted).
+func (k *Kubernetes) LabelPod(pods corev1client.PodInterface, pod string, log *slog.Logger) {
+	k.labels = newPodLabels(pods, pod, log)
+}
+
 func (k *Kubernetes) object(name string) (string, error) {
 	obj := k.prefix + name
 	if errs := validation.IsDNS1123Subdomain(obj); len(errs) > 0 {
@@ -76,6 +96,19 @@ func (k *Kubernetes) TryAcquire(ctx context.Context, name, holder string) (Claim
 	if err != nil {
 		return nil, err
 	}
+	if k.labels != nil {
+		if _, err := labelKey(name); err != nil {
+			return nil, err
+		}
+	}
+	claim, err := k.tryAcquire(ctx, name, obj, holder)
+	if err == nil && k.labels != nil {
+		k.labels.held(ctx, name)
+	}
+	return claim, err
+}
+
+func (k *Kubernetes) tryAcquire(ctx context.Context, name, obj, holder string) (Claim, error) {
 	lease, err := k.leases.Get(ctx, obj, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return k.create(ctx, name, obj, holder)
@@ -196,6 +229,11 @@ func (k *Kubernetes) Holders(ctx context.Context, prefix string) (map[string]str
 			holders[prefix+name] = holderOf(l)
 		}
 	}
+	if k.labels != nil {
+		// Every Placer round lists the members: the time to retry the
+		// label removals that failed.
+		k.labels.retry(ctx)
+	}
 	return holders, nil
 }
 
@@ -223,6 +261,10 @@ func (c *kubernetesClaim) Renew(ctx context.Context) error {
 	next.Spec.RenewTime = &stamp
 	updated, err := c.k.leases.Update(ctx, next, metav1.UpdateOptions{})
 	if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
+		if c.k.labels != nil {
+			// The Holding does not release a lost lease: the label goes now.
+			c.k.labels.dropped(ctx, c.name)
+		}
 		return fmt.Errorf("placement: kubernetes: Lease %s was written by another: %w", next.Name, ErrLost)
 	}
 	if err != nil {
@@ -231,13 +273,23 @@ func (c *kubernetesClaim) Renew(ctx context.Context) error {
 	c.mu.Lock()
 	c.lease = updated
 	c.mu.Unlock()
+	if c.k.labels != nil {
+		c.k.labels.confirmed(ctx, c.name)
+	}
 	return nil
 }
 
 // Release clears the holder, over the version this claim wrote last, so
 // that another replica may take it without waiting; a conflict means it is
 // not this claim's to release any more.
+//
+// The pod's label goes first: between the two, no pod is routed to, which
+// is what is true once the resource has stopped; the other order could
+// route to two pods, the next holder's and this one, which serves nothing.
 func (c *kubernetesClaim) Release(ctx context.Context) error {
+	if c.k.labels != nil {
+		c.k.labels.dropped(ctx, c.name)
+	}
 	c.mu.Lock()
 	next := c.lease.DeepCopy()
 	c.mu.Unlock()

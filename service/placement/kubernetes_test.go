@@ -3,16 +3,20 @@ package placement
 import (
 	"context"
 	"errors"
+	"maps"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 )
@@ -201,5 +205,211 @@ func TestTiming(t *testing.T) {
 	}
 	if s := wholeSeconds(2100 * time.Millisecond); s != 3 {
 		t.Errorf("2.1 s rounds to %d whole seconds; want 3 (never shorter)", s)
+	}
+}
+
+// labelsOf returns the holds.weida.dev labels of a pod of the fake.
+func labelsOf(t *testing.T, cs *fake.Clientset, pod string) map[string]string {
+	t.Helper()
+	p, err := cs.CoreV1().Pods("weida").Get(context.Background(), pod, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := make(map[string]string)
+	for k, v := range p.Labels {
+		if strings.HasPrefix(k, HoldsLabelPrefix) {
+			held[k] = v
+		}
+	}
+	return held
+}
+
+func wantLabels(t *testing.T, cs *fake.Clientset, pod string, want ...string) {
+	t.Helper()
+	got := labelsOf(t, cs, pod)
+	wantSet := make(map[string]string)
+	for _, r := range want {
+		wantSet[HoldsLabel(r)] = "true"
+	}
+	if !maps.Equal(got, wantSet) {
+		t.Errorf("pod %s carries %v, want %v", pod, got, wantSet)
+	}
+}
+
+// TestKubernetesPodLabels: a backend with LabelPod labels its pod with
+// every resource lease it holds, only those, and takes the label off on
+// release and on loss; taking a lease takes the label off the pod of its
+// previous holder; a first call removes what an earlier run left; writes
+// that fail are retried; and label failures never fail a lease operation.
+func TestKubernetesPodLabels(t *testing.T) {
+	ctx := context.Background()
+	cs := casClientset()
+	var podsDown atomic.Bool
+	cs.PrependReactor("*", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if podsDown.Load() && a.GetVerb() != "get" {
+			return true, nil, apierrors.NewServiceUnavailable("the test refuses pod writes")
+		}
+		return false, nil, nil
+	})
+	pods := cs.CoreV1().Pods("weida")
+	for name, labels := range map[string]map[string]string{
+		// pod-a's container restarted: its pod kept the label of a lease
+		// the previous run held.
+		"pod-a": {"app.kubernetes.io/name": "weida-connector", HoldsLabel("old"): "true"},
+		"pod-b": {"app.kubernetes.io/name": "weida-connector"},
+	} {
+		if _, err := pods.Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "weida", Labels: labels}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a, b := newKubernetesBackend(t, cs), newKubernetesBackend(t, cs)
+	a.LabelPod(pods, "pod-a", nil)
+	b.LabelPod(pods, "pod-b", nil)
+
+	// The Placer's first round lists the members: the stale label goes,
+	// the pod's other labels stay.
+	if _, err := a.Holders(ctx, memberPrefix); err != nil {
+		t.Fatal(err)
+	}
+	wantLabels(t, cs, "pod-a")
+	if p, _ := pods.Get(ctx, "pod-a", metav1.GetOptions{}); p.Labels["app.kubernetes.io/name"] != "weida-connector" {
+		t.Errorf("the sweep removed pod-a's own labels: %v", p.Labels)
+	}
+
+	// Membership is no resource: no label.
+	member, err := a.TryAcquire(ctx, memberPrefix+"pod-a", "pod-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer member.Release(ctx)
+	wantLabels(t, cs, "pod-a")
+
+	// Acquire: labelled. Release: unlabelled.
+	r1, err := a.TryAcquire(ctx, resourcePrefix+"r1", "pod-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantLabels(t, cs, "pod-a", "r1")
+	if err := r1.Renew(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wantLabels(t, cs, "pod-a", "r1")
+	if err := r1.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wantLabels(t, cs, "pod-a")
+
+	// pod-b takes r1 while pod-a still carries its label (as the pod of a
+	// holder whose node died would): only pod-b carries it afterwards.
+	if _, err := pods.Patch(ctx, "pod-a", types.MergePatchType, []byte(`{"metadata":{"labels":{"`+HoldsLabel("r1")+`":"true"}}}`), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	r1b, err := b.TryAcquire(ctx, resourcePrefix+"r1", "pod-b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantLabels(t, cs, "pod-b", "r1")
+	wantLabels(t, cs, "pod-a")
+
+	// Lost: another replica wrote the Lease (as after this one was paused
+	// past its lease); the renewal that finds out removes the label.
+	r2, err := a.TryAcquire(ctx, resourcePrefix+"r2", "pod-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantLabels(t, cs, "pod-a", "r2")
+	leases := cs.CoordinationV1().Leases("weida")
+	l, err := leases.Get(ctx, "weida-connector."+resourcePrefix+"r2", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := "pod-c"
+	l.Spec.HolderIdentity = &other
+	if _, err := leases.Update(ctx, l, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := r2.Renew(ctx); !errors.Is(err, ErrLost) {
+		t.Fatalf("renewing a lease written by another: %v, want ErrLost", err)
+	}
+	wantLabels(t, cs, "pod-a")
+
+	// The API server refuses pod writes: the lease operations still
+	// succeed, and the labels catch up once it accepts them again, an
+	// addition at the next renewal, a removal at the next round.
+	podsDown.Store(true)
+	r3, err := a.TryAcquire(ctx, resourcePrefix+"r3", "pod-a")
+	if err != nil {
+		t.Fatalf("acquiring while pod writes fail: %v", err)
+	}
+	if err := r1b.Release(ctx); err != nil {
+		t.Fatalf("releasing while pod writes fail: %v", err)
+	}
+	wantLabels(t, cs, "pod-a")
+	wantLabels(t, cs, "pod-b", "r1") // not yet removed
+	podsDown.Store(false)
+	if err := r3.Renew(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wantLabels(t, cs, "pod-a", "r3")
+	if _, err := b.Holders(ctx, memberPrefix); err != nil {
+		t.Fatal(err)
+	}
+	wantLabels(t, cs, "pod-b")
+	if err := r3.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wantLabels(t, cs, "pod-a")
+}
+
+// TestKubernetesPodLabelsPlacement: three replicas of a Placer on one fake
+// API server, each labelling its pod. Once spread, each resource's label
+// is on exactly the pod of its holder; when a replica closes (SIGTERM),
+// its pod carries no label at once and the survivors' pods carry them all.
+func TestKubernetesPodLabelsPlacement(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cs := casClientset()
+		pods := cs.CoreV1().Pods("weida")
+		resources := resourceNames(6)
+		rec := newRecorder(t)
+		var rs []*replica
+		for _, id := range []string{"a", "b", "c"} {
+			if _, err := pods.Create(context.Background(), &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: id, Namespace: "weida"}}, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			k := newKubernetesBackend(t, cs)
+			k.LabelPod(pods, id, nil)
+			rs = append(rs, startReplica(t, k, id, resources, etcdTiming, rec))
+		}
+		waitSpread(t, 10*time.Second, 6, rs...)
+		checkLabelsFollow(t, cs, resources, rs...)
+
+		rs[2].close()
+		wantLabels(t, cs, rs[2].id)
+		waitSpread(t, etcdTiming.LeaseDuration+etcdTiming.RetryPeriod, 6, rs[:2]...)
+		checkLabelsFollow(t, cs, resources, rs[:2]...)
+	})
+}
+
+// checkLabelsFollow checks that every resource's label is on the pod of
+// the replica that holds it, and on no other.
+func checkLabelsFollow(t *testing.T, cs *fake.Clientset, resources []string, rs ...*replica) {
+	t.Helper()
+	for _, r := range rs {
+		wantLabels(t, cs, r.id, r.p.Held()...)
+	}
+	list, err := cs.CoreV1().Pods("weida").List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, res := range resources {
+		n := 0
+		for _, p := range list.Items {
+			if p.Labels[HoldsLabel(res)] == "true" {
+				n++
+			}
+		}
+		if n != 1 {
+			t.Errorf("%d pods carry %s, want 1", n, HoldsLabel(res))
+		}
 	}
 }

@@ -19,7 +19,9 @@
 // over the leases of one that left or died.
 //
 // Backends: [Etcd] (go.etcd.io/etcd/client/v3) and [Kubernetes]
-// (coordination.k8s.io/v1 through client-go). The service runs a Placer
+// (coordination.k8s.io/v1 through client-go), which can also label its own
+// pod with the resources it holds ([Kubernetes.LabelPod]) for Services
+// that must reach the holder only. The service runs a Placer
 // when `connector run` is given --placement (service/placed.go).
 package placement
 
