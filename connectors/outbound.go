@@ -236,7 +236,9 @@ func (b *outboundBridge) dialLoop(ctx, recvCtx context.Context, out outboundWrit
 		}
 		attempt = 0
 		b.stats.weidaSubscribed(b.deps.Now())
-		b.reportWeida(true, "Subscribed", fmt.Sprintf("%d filters on %s", len(b.weidaFilters), b.spec.Endpoint))
+		// The URL dialled, not the configured one: with failover
+		// addresses, /status says which replica answered.
+		b.reportWeida(true, "Subscribed", fmt.Sprintf("%d filters on %s", len(b.weidaFilters), sub.URL()))
 		left := leaveWhenDone(ctx, recvCtx, sub)
 		err = b.receiveLoop(recvCtx, sub, out, a)
 		left()

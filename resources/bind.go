@@ -208,6 +208,7 @@ func (b *binder) bindWeida(rw *rawWeida) {
 	case "inbound":
 		b.directionOnly(base+".dial", rw.Dial != "", "outbound", "an inbound resource hosts its endpoint: write listen: weida://host:port/path")
 		b.directionOnly(base+".caFile", rw.CAFile != "", "outbound", "an inbound endpoint admits clients by fingerprint: use allowedClients")
+		b.directionOnly(base+".failover", len(rw.Failover) > 0, "outbound", "an inbound resource hosts one address; its subscribers list the replicas' addresses")
 		if rw.Listen == "" {
 			if rw.Dial == "" {
 				b.fail(base+".listen", b.lookupPos(base+".listen", true), "", "required",
@@ -245,6 +246,7 @@ func (b *binder) bindWeida(rw *rawWeida) {
 		a, _ := address.Parse(rw.Dial)
 		w.Endpoint = a
 		w.CAFile = b.relTo(rw.CAFile)
+		b.bindFailover(rw, a)
 		switch {
 		case a.Fingerprint == "" && rw.CAFile == "":
 			b.fail(base+".dial", b.at(base+".dial"), rw.Dial, "weida-trust",
@@ -256,6 +258,46 @@ func (b *binder) bindWeida(rw *rawWeida) {
 				"remove caFile, or the sha256:...@ part of the URL")
 		}
 	}
+}
+
+// bindFailover binds spec.weida.failover, the further addresses of the
+// endpoint dial names. Each must be another replica of that endpoint:
+// the dialer keeps the path, filters and pin when it moves between them,
+// so a different path or pin would be a different endpoint, and would
+// bridge other topics or trust another certificate without a word.
+func (b *binder) bindFailover(rw *rawWeida, first address.Address) {
+	const field = "spec.weida.failover"
+	if len(rw.Failover) == 0 || !b.ok(field) {
+		return
+	}
+	addrs := []address.Address{first}
+	raws := []string{rw.Dial}
+	for _, raw := range rw.Failover {
+		a, _ := address.Parse(raw)
+		addrs = append(addrs, a)
+		raws = append(raws, raw)
+	}
+	hints := map[string]string{
+		"replica-path":      "write the path of dial, " + first.Path + ", or give this endpoint a resource of its own",
+		"replica-pin":       "pin what dial pins (" + orNone(first.Fingerprint) + "): every replica of an endpoint presents the same certificate",
+		"replica-duplicate": "remove the repeated address",
+	}
+	for _, e := range address.CheckReplicas(addrs, raws) {
+		path := fmt.Sprintf("%s[%d]", field, e.Index-1)
+		b.fail(path, b.at(path), e.Value, "weida-failover-"+strings.TrimPrefix(e.Rule, "replica-"), e.Msg, hints[e.Rule], e)
+	}
+	if !b.ok(field) {
+		return
+	}
+	b.c.Weida.Failover = addrs[1:]
+}
+
+// orNone returns fp, or "no fingerprint" when it is empty.
+func orNone(fp string) string {
+	if fp == "" {
+		return "no fingerprint"
+	}
+	return fp
 }
 
 func (b *binder) bindLimits(rl *rawLimits) {

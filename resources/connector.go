@@ -197,6 +197,12 @@ type Weida struct {
 	// path it publishes on; outbound, the publisher endpoint it dials
 	// (with Endpoint.Fingerprint the pinned certificate, if any).
 	Endpoint address.Address
+	// Failover (outbound only) are more addresses of the endpoint, its
+	// other replicas, to dial in turn after Endpoint: each names the same
+	// path and pins the same fingerprint (or none) as Endpoint, and no
+	// host:port repeats. Nil when the endpoint has one address. (The tag
+	// keeps Revision unchanged for resources without it.)
+	Failover []address.Address `json:",omitempty"`
 	// CertFile and KeyFile: inbound, the endpoint's certificate (both ""
 	// means generate one at start); outbound, an optional client
 	// certificate.
@@ -208,6 +214,16 @@ type Weida struct {
 	// the client certificates that may subscribe. Empty means anyone who
 	// can reach the address may subscribe and receive every bridged message.
 	AllowedClients []string
+}
+
+// DialURLs returns, outbound, every address of the endpoint in the order
+// to dial them: Endpoint, then Failover.
+func (w Weida) DialURLs() []string {
+	urls := []string{w.Endpoint.String()}
+	for _, a := range w.Failover {
+		urls = append(urls, a.String())
+	}
+	return urls
 }
 
 // Open reports whether an inbound endpoint admits any client.

@@ -208,6 +208,13 @@ func TestRules(t *testing.T) {
 		{"outbound with pin and caFile", mqttOut, []string{"7002/orders", "7002/orders\n    caFile: ca.pem"}, []diag{{"spec.weida.caFile", "weida-trust"}}},
 		{"outbound client certificate", mqttOut, []string{"7002/orders", "7002/orders\n    certFile: c.pem\n    keyFile: k.pem"}, nil},
 		{"dial bad fingerprint", mqttOut, []string{fp, "sha256:00"}, []diag{{"spec.weida.dial", "weida-url"}}},
+		{"failover", mqttOut, []string{"7002/orders", "7002/orders\n    failover:\n      - weida://" + fp + "@127.0.0.2:7002/orders\n      - weida://" + fp + "@[::1]:7002/orders"}, nil},
+		{"failover not a URL", mqttOut, []string{"7002/orders", "7002/orders\n    failover: [127.0.0.2:7002]"}, []diag{{"spec.weida.failover[0]", "weida-url"}}},
+		{"failover other path", mqttOut, []string{"7002/orders", "7002/orders\n    failover: [weida://" + fp + "@127.0.0.2:7002/order]"}, []diag{{"spec.weida.failover[0]", "weida-failover-path"}}},
+		{"failover without the pin", mqttOut, []string{"7002/orders", "7002/orders\n    failover: [weida://127.0.0.2:7002/orders]"}, []diag{{"spec.weida.failover[0]", "weida-failover-pin"}}},
+		{"failover repeats dial", mqttOut, []string{"7002/orders", "7002/orders\n    failover: [weida://" + fp + "@127.0.0.1:7002/orders]"}, []diag{{"spec.weida.failover[0]", "weida-failover-duplicate"}}},
+		{"failover twice", mqttOut, []string{"7002/orders", "7002/orders\n    failover: [weida://" + fp + "@h:1/orders, weida://" + fp + "@h:1/orders]"}, []diag{{"spec.weida.failover", "unique"}}},
+		{"failover inbound", mqttIn, []string{"7001/sensors", "7001/sensors\n    failover: [weida://127.0.0.2:7001/sensors]"}, []diag{{"spec.weida.failover", "direction-field"}}},
 
 		// Delivery.
 		{"hold mqtt persistent session", mqttIn, []string{"  routes:\n", "  delivery: {whenNoSubscriber: hold}\n  routes:\n"}, nil},

@@ -1,7 +1,6 @@
 package service
 
 import (
-	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -142,7 +141,6 @@ func unit(c *resources.Connector, env Env) (connectors.Unit, error) {
 		return at, nil
 	}
 	if c.Direction == policy.Outbound {
-		url := c.Weida.Endpoint.String()
 		cfg := weida.DialConfig{
 			CAFile:                       c.Weida.CAFile,
 			CertFile:                     c.Weida.CertFile,
@@ -150,7 +148,14 @@ func unit(c *resources.Connector, env Env) (connectors.Unit, error) {
 			InsecureSkipVerifyForTesting: env.InsecureWeidaForTesting,
 			Logger:                       log,
 		}
-		u.Dial = func(ctx context.Context) (*weida.Subscriber, error) { return weida.Dial(ctx, url, cfg) }
+		// One Failover per unit, so that its memory of the address that
+		// last answered outlives each attempt; with one address it is a
+		// plain Dial.
+		f, err := weida.NewFailover(c.Weida.DialURLs(), cfg, 0)
+		if err != nil {
+			return connectors.Unit{}, fmt.Errorf("resource %s: spec.weida: %w", c.Name, err) // the loader refused such addresses already
+		}
+		u.Dial = f.Dial
 		u.NewSink = perAttempt(tlsErr, bc, again, d.Sink)
 		return u, nil
 	}

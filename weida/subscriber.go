@@ -61,6 +61,7 @@ type Subscriber struct {
 	stopProbe  chan struct{} // closed by Shutdown
 
 	closing   atomic.Bool
+	lostFirst atomic.Bool // the connection had ended when Close began: it was lost, not closed
 	closeOnce sync.Once
 	wg        sync.WaitGroup
 
@@ -223,6 +224,19 @@ func (s *Subscriber) supervise() {
 
 // Path returns the dialled publisher path.
 func (s *Subscriber) Path() string { return s.addr.Path }
+
+// URL returns the weida URL dialled, as [address.Address.String] formats
+// it: with a [Failover], the address that answered.
+func (s *Subscriber) URL() string { return s.addr.String() }
+
+// lost reports whether the connection ended other than by Close or
+// Shutdown: the publisher closed it, or it was reset or timed out.
+func (s *Subscriber) lost() bool {
+	if s.closing.Load() {
+		return s.lostFirst.Load()
+	}
+	return s.c.ctx.Err() != nil
+}
 
 // Subscribe asks the publisher for the topics filter selects on the dialled
 // path. The filter is checked against the grammar first (an illegal filter
@@ -626,6 +640,7 @@ func (s *Subscriber) Stats() SubscriberStats {
 // first. Later calls return nil.
 func (s *Subscriber) Close() error {
 	s.closeOnce.Do(func() {
+		s.lostFirst.Store(s.c.ctx.Err() != nil)
 		s.closing.Store(true)
 		s.c.close(NoError, "")
 		s.wg.Wait()

@@ -226,7 +226,11 @@ func weidaSummary(c *resources.Connector) []string {
 	if wd.CertFile != "" {
 		trust += "; client certificate " + wd.CertFile
 	}
-	return []string{"dials " + wd.Endpoint.String(), trust}
+	lines := []string{"dials " + wd.Endpoint.String()}
+	if urls := wd.DialURLs()[1:]; len(urls) > 0 {
+		lines = append(lines, "fails over to "+strings.Join(urls, ", ")+", in turn")
+	}
+	return append(lines, trust)
 }
 
 // checkJSON is the --output json document.
@@ -270,6 +274,8 @@ type weidaJSON struct {
 	Certificate    string   `json:"certificate,omitempty"` // a file, or "generated"
 	AllowedClients []string `json:"allowedClients,omitempty"`
 	CAFile         string   `json:"caFile,omitempty"`
+	// Failover are the dialled endpoint's further addresses, in order.
+	Failover []string `json:"failover,omitempty"`
 }
 
 // mountJSON is spec.conversion.mount; absent when the resource has none.
@@ -327,5 +333,9 @@ func weidaOf(c *resources.Connector) *weidaJSON {
 		}
 		return &weidaJSON{Role: "listen", Endpoint: wd.Endpoint.String(), Open: wd.Open(), Certificate: cert, AllowedClients: wd.AllowedClients}
 	}
-	return &weidaJSON{Role: "dial", Endpoint: wd.Endpoint.String(), Certificate: wd.CertFile, CAFile: wd.CAFile}
+	j := &weidaJSON{Role: "dial", Endpoint: wd.Endpoint.String(), Certificate: wd.CertFile, CAFile: wd.CAFile}
+	if urls := wd.DialURLs()[1:]; len(urls) > 0 {
+		j.Failover = urls
+	}
+	return j
 }

@@ -237,3 +237,65 @@ func TestStatusPageRendersFailure(t *testing.T) {
 		t.Errorf("decoded failure = %+v", r.Failure)
 	}
 }
+
+// TestStatusPageRendersPlacement renders a resource held here, one held by
+// another replica, one no replica holds and one without placement: each
+// placed resource shows its role, holder, epoch and standbys, escaped; the
+// unplaced one shows no placement row at all. (The browser test runs a
+// single replica without a coordination backend, so the placement row is
+// proven here, on the rendered HTML.)
+func TestStatusPageRendersPlacement(t *testing.T) {
+	page := &statusPage{tmpl: mustStatusTemplate()}
+	d := pageData{Generated: time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC), Resources: []pageResource{
+		{Status: connectors.Status{Name: "held", Placement: &connectors.PlacementStatus{
+			Role: "holder", Holder: "replica-a", Epoch: 42, Standbys: []string{"replica-b", hostileName}}}},
+		{Status: connectors.Status{Name: "elsewhere", Placement: &connectors.PlacementStatus{
+			Role: "standby", Holder: "replica-b", Standbys: []string{"replica-a"}}}},
+		{Status: connectors.Status{Name: "orphan", Placement: &connectors.PlacementStatus{Role: "unheld"}}},
+		{Status: connectors.Status{Name: "unplaced"}},
+	}}
+	var buf bytes.Buffer
+	if err := page.tmpl.Execute(&buf, d); err != nil {
+		t.Fatal(err)
+	}
+	body := buf.String()
+	sections := map[string]string{}
+	for _, s := range strings.Split(body, `<section class="res" data-resource="`)[1:] {
+		name, rest, _ := strings.Cut(s, `"`)
+		sections[name] = rest
+	}
+	row := regexp.MustCompile(`(?s)<div class="placement" data-f="placement.row">.*?</div>`)
+	text := func(name string) string {
+		m := row.FindString(sections[name])
+		m = regexp.MustCompile(`<[^>]*>`).ReplaceAllString(m, " ")
+		return strings.Join(strings.Fields(m), " ")
+	}
+	for name, want := range map[string]string{
+		"held":      "Placement holder · holder replica-a · epoch 42 · standbys replica-b , &lt;script&gt;alert(&#34;name&#34;)&lt;/script&gt;",
+		"elsewhere": "Placement standby · holder replica-b · epoch — · standbys replica-a",
+		"orphan":    "Placement unheld · holder none · epoch — · standbys none",
+	} {
+		if got := text(name); got != want {
+			t.Errorf("%s: placement row reads %q, want %q", name, got, want)
+		}
+	}
+	if !strings.Contains(sections["held"], `class="role holder"`) {
+		t.Error("the holder's role is not marked as such")
+	}
+	if strings.Contains(sections["unplaced"], "placement") {
+		t.Error("a resource without placement shows a placement row")
+	}
+	if strings.Contains(body, hostileName) {
+		t.Error("a standby's name is not escaped")
+	}
+
+	// What /status encodes reaches the template: the page decodes the
+	// placement object of the JSON.
+	var r pageResource
+	if err := json.Unmarshal([]byte(`{"name":"n","placement":{"role":"holder","holder":"a","epoch":3,"standbys":["b"]}}`), &r); err != nil {
+		t.Fatal(err)
+	}
+	if p := r.Placement; p == nil || p.Role != "holder" || p.Holder != "a" || p.Epoch != 3 || len(p.Standbys) != 1 {
+		t.Errorf("decoded placement = %+v", r.Placement)
+	}
+}

@@ -124,3 +124,58 @@ func ValidateFingerprint(fp string) error {
 	}
 	return nil
 }
+
+// ReplicaError says why an address cannot stand beside the first of a list
+// of addresses of one endpoint (see [CheckReplicas]).
+type ReplicaError struct {
+	Index int    // the address's position in the list, from 0
+	Value string // the address as written
+	// Rule is "replica-path" (its path differs from the first's),
+	// "replica-pin" (it pins another fingerprint, or pins where the first
+	// does not, or the other way round) or "replica-duplicate" (it repeats
+	// an earlier address).
+	Rule string
+	Msg  string // what is wrong, in words
+}
+
+func (e *ReplicaError) Error() string {
+	return fmt.Sprintf("weida address: %q (address %d): %s", e.Value, e.Index+1, e.Msg)
+}
+
+// CheckReplicas checks that addrs, parsed from raws, can be the addresses
+// of one endpoint: the replicas of a publisher path present one identity on
+// one path, so every address names the same path and pins the same
+// fingerprint (or none) as the first, and no host:port repeats. A dialer
+// can then move between them and keep the same path, filters and pin. It
+// returns a [*ReplicaError] for each address that cannot, nil when all can.
+func CheckReplicas(addrs []Address, raws []string) []*ReplicaError {
+	var errs []*ReplicaError
+	if len(addrs) == 0 {
+		return nil
+	}
+	first := addrs[0]
+	seen := map[string]int{first.HostPort(): 0}
+	for i, a := range addrs[1:] {
+		i++
+		e := &ReplicaError{Index: i, Value: raws[i]}
+		switch {
+		case a.Path != first.Path:
+			e.Rule, e.Msg = "replica-path", fmt.Sprintf("names the path %q, but the first address names %q: replicas of one endpoint serve one path", a.Path, first.Path)
+		case a.Fingerprint != first.Fingerprint && first.Fingerprint == "":
+			e.Rule, e.Msg = "replica-pin", "pins a fingerprint, but the first address pins none: replicas of one endpoint present one identity"
+		case a.Fingerprint != first.Fingerprint && a.Fingerprint == "":
+			e.Rule, e.Msg = "replica-pin", fmt.Sprintf("pins no fingerprint, but the first address pins %s: replicas of one endpoint present one identity", first.Fingerprint)
+		case a.Fingerprint != first.Fingerprint:
+			e.Rule, e.Msg = "replica-pin", fmt.Sprintf("pins %s, but the first address pins %s: replicas of one endpoint present one identity", a.Fingerprint, first.Fingerprint)
+		default:
+			if j, dup := seen[a.HostPort()]; dup {
+				e.Rule, e.Msg = "replica-duplicate", fmt.Sprintf("repeats address %d, %s", j+1, a.HostPort())
+			} else {
+				seen[a.HostPort()] = i
+				continue
+			}
+		}
+		errs = append(errs, e)
+	}
+	return errs
+}

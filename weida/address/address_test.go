@@ -38,3 +38,49 @@ func TestParse(t *testing.T) {
 		}
 	}
 }
+
+func TestCheckReplicas(t *testing.T) {
+	fp := "sha256:" + strings.Repeat("ab", 32)
+	other := "sha256:" + strings.Repeat("cd", 32)
+	cases := []struct {
+		name  string
+		raws  []string
+		rules []string // the Rule of each error, in order
+		at    []int    // and its Index
+	}{
+		{"one", []string{"weida://" + fp + "@h:1/p"}, nil, nil},
+		{"same path and pin", []string{"weida://" + fp + "@a:1/p", "weida://" + fp + "@b:1/p", "weida://" + fp + "@a:2/p"}, nil, nil},
+		{"no pins", []string{"weida://a:1/p", "weida://[::1]:1/p"}, nil, nil},
+		{"other path", []string{"weida://a:1/p", "weida://b:1/q"}, []string{"replica-path"}, []int{1}},
+		{"other pin", []string{"weida://" + fp + "@a:1/p", "weida://" + other + "@b:1/p"}, []string{"replica-pin"}, []int{1}},
+		{"pin missing", []string{"weida://" + fp + "@a:1/p", "weida://b:1/p"}, []string{"replica-pin"}, []int{1}},
+		{"pin added", []string{"weida://a:1/p", "weida://" + fp + "@b:1/p"}, []string{"replica-pin"}, []int{1}},
+		{"duplicate", []string{"weida://a:1/p", "weida://b:1/p", "weida://a:1/p"}, []string{"replica-duplicate"}, []int{2}},
+		{"every fault", []string{"weida://a:1/p", "weida://b:1/q", "weida://" + fp + "@c:1/p", "weida://a:1/p"},
+			[]string{"replica-path", "replica-pin", "replica-duplicate"}, []int{1, 2, 3}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			addrs := make([]Address, len(c.raws))
+			for i, r := range c.raws {
+				a, err := Parse(r)
+				if err != nil {
+					t.Fatal(err)
+				}
+				addrs[i] = a
+			}
+			errs := CheckReplicas(addrs, c.raws)
+			if len(errs) != len(c.rules) {
+				t.Fatalf("CheckReplicas = %v, want rules %v", errs, c.rules)
+			}
+			for i, e := range errs {
+				if e.Rule != c.rules[i] || e.Index != c.at[i] || e.Value != c.raws[e.Index] {
+					t.Errorf("error %d = %+v, want rule %s at %d", i, e, c.rules[i], c.at[i])
+				}
+				if !strings.Contains(e.Error(), e.Value) {
+					t.Errorf("%q does not name the address", e.Error())
+				}
+			}
+		})
+	}
+}

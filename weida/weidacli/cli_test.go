@@ -190,7 +190,10 @@ func TestWeidaSubUsage(t *testing.T) {
 		want []string
 	}{
 		{"no URL", []string{"--filter", "a"}, []string{"missing the publisher's URL"}},
-		{"two URLs", []string{pinned, pinned, "--filter", "a"}, []string{"unexpected argument"}},
+		{"URL twice", []string{pinned, pinned, "--filter", "a"}, []string{"repeats address 1", "one endpoint"}},
+		{"URL and an argument", []string{pinned, "a", "--filter", "a"}, []string{`unexpected argument "a"`}},
+		{"URLs of two paths", []string{pinned, "weida://" + testFP + "@127.0.0.1:2/q", "--filter", "a"}, []string{`names the path "/q"`, "one endpoint"}},
+		{"URLs with two pins", []string{pinned, "weida://127.0.0.1:2/p", "--filter", "a"}, []string{"pins no fingerprint", "one endpoint"}},
 		{"bad scheme", []string{"http://h:1/p", "--filter", "a"}, []string{`"http://h:1/p"`, "weida://"}},
 		{"no port", []string{"weida://" + testFP + "@h/p", "--filter", "a"}, []string{"invalid URL"}},
 		{"bad pin", []string{"weida://sha256:abc@h:1/p", "--filter", "a"}, []string{"invalid URL"}},
@@ -665,5 +668,57 @@ func TestLostAfterQueue(t *testing.T) {
 		if got := lostAfterQueue(c.st); got != c.want {
 			t.Errorf("lostAfterQueue(%+v) = %d, want %d", c.st, got, c.want)
 		}
+	}
+}
+
+// TestWeidaSubFailover: sub is given the addresses of two publishers of one
+// path; the first ends, and sub dials the second, subscribes again and
+// prints what it publishes. The second starts only once sub has
+// subscribed at the first, as a standby that takes over would, so which
+// address answers first does not depend on the machine's load.
+func TestWeidaSubFailover(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	unpinned := func(url string) string { return regexp.MustCompile(`sha256:[0-9a-f]{64}@`).ReplaceAllString(url, "") }
+	first, urlA := startPub(t, "--path", "/p", "--wait-subscribers", "1", "--quiet")
+	urlA = unpinned(urlA)
+	udp, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	addrB := udp.LocalAddr().String()
+	_ = udp.Close() // free for the second publisher, which binds it below
+	urlB := "weida://" + addrB + "/p"
+	sub := startCLI(t, "sub", urlA, urlB, "--filter", "", "--insecure-skip-verify-for-testing")
+	first.write("a\tone\n") // read once sub has subscribed
+	sub.waitLine("^a\tone$")
+
+	second := startCLI(t, "pub", "--listen", addrB, "--path", "/p", "--wait-subscribers", "1", "--quiet")
+	second.waitLine(`^  connector weida sub '`)
+	_ = first.stdin.Close() // the first publisher drains and leaves
+	if code, _ := first.wait(); code != cli.ExitOK {
+		t.Fatalf("first pub: code %d, stderr %q", code, first.stderr)
+	}
+	second.write("a\ttwo\n") // read once sub has subscribed again
+	sub.waitLine("^a\ttwo$")
+	_ = second.stdin.Close()
+	if code, _ := second.wait(); code != cli.ExitOK {
+		t.Errorf("second pub: code %d, stderr %q", code, second.stderr)
+	}
+
+	sub.cancel()
+	code, _ := sub.wait()
+	errOut := sub.stderr.String()
+	for _, want := range []string{
+		`subscribed to "" on ` + urlA,
+		"connection to " + urlA + " lost after 1 message",
+		"messages published meanwhile are lost",
+		`subscribed to "" on ` + urlB,
+	} {
+		if !strings.Contains(errOut, want) {
+			t.Errorf("stderr %q lacks %q", errOut, want)
+		}
+	}
+	if code != cli.ExitOK {
+		t.Errorf("sub: code %d, stderr %q", code, errOut)
 	}
 }

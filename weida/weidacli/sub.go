@@ -9,7 +9,9 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -21,12 +23,20 @@ import (
 	"weida.dev/connector/weida/wire"
 )
 
-const subSynopsis = `connector weida sub URL --filter F [--filter G...] [--count N] [--output text|json]
+const subSynopsis = `connector weida sub URL [URL...] --filter F [--filter G...] [--count N] [--output text|json]
            [--ca FILE] [--cert FILE --key FILE] [--drain-timeout D] [--insecure-skip-verify-for-testing]
 
 Dials a weida publisher path, URL = weida://[sha256:<hex>@]host:port/path,
 subscribes to every --filter and prints each message it receives, one per
-line. The filters use weida's grammar: segments cut at '.', '*' matches one
+line.
+
+Several URLs are the addresses of one endpoint's replicas (the same path
+and the same pin, or none, on each): they are dialled in turn, from the
+first, until one answers (one that stays silent is joined by the next
+after 250 ms), and when the connection is lost the next ones are dialled
+again, for up to --dial-timeout, the filters subscribed again and printing
+goes on; what the endpoint published in between is lost, and stderr says
+so. With one URL a lost connection ends the command. The filters use weida's grammar: segments cut at '.', '*' matches one
 segment, a final '#' matches any number, and '' matches every topic. Each is
 checked before anything is dialled.
 
@@ -80,8 +90,9 @@ type subJSON struct {
 
 // subOptions are the flags and argument of connector weida sub.
 type subOptions struct {
-	url                   string
-	addr                  address.Address
+	url                   string          // the first URL
+	addr                  address.Address // the first URL's
+	urls                  []string        // every URL, the first included
 	filters               cli.StringList
 	count                 int
 	output                string
@@ -96,10 +107,42 @@ func cmdSub(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if done {
 		return code
 	}
-	sub, ok := dialSub(ctx, o, stderr)
+	f, err := weida.NewFailover(o.urls, weida.DialConfig{
+		CAFile: o.caFile, CertFile: o.certFile, KeyFile: o.keyFile,
+		InsecureSkipVerifyForTesting: o.insecure,
+		Logger:                       slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+	}, 0)
+	if err != nil { // check accepted the URLs, so this cannot happen
+		fmt.Fprintf(stderr, "connector weida sub: %v\n", err)
+		return cli.ExitFailure
+	}
+	sub, ok := dialSub(ctx, o, f, stderr)
 	if !ok {
 		return cli.ExitFailure
 	}
+	n := 0
+	for {
+		code, lost := serveSub(ctx, sub, o, &n, stdout, stderr)
+		if lost == nil {
+			return code
+		}
+		// Another address may answer: the replica that held the endpoint
+		// has gone, and another one takes over.
+		fmt.Fprintf(stderr, "connector weida sub: connection to %s lost after %s: %v; dialling the endpoint's addresses again (messages published meanwhile are lost)\n",
+			safeText(sub.URL()), countOf(n, "message", "messages"), lost)
+		if sub, ok = dialSub(ctx, o, f, stderr); !ok {
+			if ctx.Err() != nil && o.count == 0 {
+				return cli.ExitOK // interrupted, as --count 0 is meant to end
+			}
+			return cli.ExitFailure
+		}
+	}
+}
+
+// serveSub subscribes sub to every filter and prints what it receives,
+// counting in *n. It returns the exit status, or, when the connection was
+// lost and the command has other addresses to dial, the loss.
+func serveSub(ctx context.Context, sub *weida.Subscriber, o subOptions, n *int, stdout, stderr io.Writer) (int, error) {
 	// An interrupt ends ctx; the subscriber then leaves with Shutdown, which
 	// unsubscribes and lets the copies already sent arrive, while the loop
 	// below keeps receiving (Receive does not watch ctx) until Shutdown
@@ -119,13 +162,16 @@ func cmdSub(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}()
 	for _, f := range o.filters {
 		if err := sub.Subscribe(ctx, f); err != nil {
+			if len(o.urls) > 1 && sub.Err() != nil && ctx.Err() == nil {
+				return 0, err
+			}
 			fmt.Fprintf(stderr, "connector weida sub: subscribing to %s: %v\n", safeText(f), err)
-			return cli.ExitFailure
+			return cli.ExitFailure, nil
 		}
 	}
-	fmt.Fprintf(stderr, "connector weida sub: subscribed to %s on %s\n", quotedList(o.filters), o.addr)
+	fmt.Fprintf(stderr, "connector weida sub: subscribed to %s on %s\n", quotedList(o.filters), sub.URL())
 	reportExtensions(sub, stderr)
-	return receiveSub(ctx, sub, o, drainErr, stdout, stderr)
+	return receiveSub(ctx, sub, o, n, drainErr, stdout, stderr)
 }
 
 // reportExtensions says on stderr what the publisher's HELLO advertises:
@@ -173,11 +219,12 @@ func parseSub(args []string, stdout, stderr io.Writer) (o subOptions, code int, 
 // check validates the options and the positional arguments pos, and
 // returns what is wrong ("" when nothing is). It fills o.url and o.addr.
 func (o *subOptions) check(pos []string) string {
+	extra := slices.IndexFunc(pos, func(p string) bool { return !strings.HasPrefix(p, "weida://") })
 	switch {
 	case len(pos) == 0:
 		return "missing the publisher's URL (weida://[sha256:<hex>@]host:port/path)"
-	case len(pos) > 1:
-		return fmt.Sprintf("unexpected argument %q: give one URL, and each filter with --filter", pos[1])
+	case extra > 0:
+		return fmt.Sprintf("unexpected argument %q: give the URLs of one endpoint, and each filter with --filter", pos[extra])
 	case o.output != "text" && o.output != "json":
 		return fmt.Sprintf("--output must be text or json, not %q", o.output)
 	case o.count < 0:
@@ -191,11 +238,19 @@ func (o *subOptions) check(pos []string) string {
 	case len(o.filters) == 0:
 		return "no --filter given; use --filter '' to receive every topic"
 	}
-	addr, err := address.Parse(pos[0])
-	if err != nil {
-		return err.Error()
+	addrs := make([]address.Address, len(pos))
+	for i, p := range pos {
+		a, err := address.Parse(p)
+		if err != nil {
+			return err.Error()
+		}
+		addrs[i] = a
 	}
-	o.url, o.addr = pos[0], addr
+	if errs := address.CheckReplicas(addrs, pos); len(errs) > 0 {
+		return errs[0].Error() + ": give the addresses of one endpoint, each with the first URL's path and pin"
+	}
+	addr := addrs[0]
+	o.url, o.addr, o.urls = pos[0], addr, pos
 	for _, f := range o.filters {
 		if err := topic.ValidateFilter(f); err != nil {
 			return "--filter " + explainFilterError(err)
@@ -208,26 +263,34 @@ func (o *subOptions) check(pos []string) string {
 	return ""
 }
 
-// dialSub dials the publisher within --dial-timeout; when that fails it
-// says why on stderr and returns false.
-func dialSub(ctx context.Context, o subOptions, stderr io.Writer) (*weida.Subscriber, bool) {
-	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+// dialSub dials the publisher through f within --dial-timeout; when that
+// fails it says why on stderr and returns false. With several addresses,
+// a round in which none answers is followed by another, after a pause,
+// until the timeout: during a failover the replica taking over may not
+// listen yet.
+func dialSub(ctx context.Context, o subOptions, f *weida.Failover, stderr io.Writer) (*weida.Subscriber, bool) {
 	dctx, cancel := context.WithTimeout(ctx, o.dialTimeout)
 	defer cancel()
-	sub, err := weida.Dial(dctx, o.url, weida.DialConfig{
-		CAFile: o.caFile, CertFile: o.certFile, KeyFile: o.keyFile,
-		InsecureSkipVerifyForTesting: o.insecure,
-		Logger:                       logger,
-	})
+	sub, err := f.Dial(dctx)
+	for err != nil && len(o.urls) > 1 && dctx.Err() == nil {
+		select {
+		case <-dctx.Done():
+		case <-time.After(redialPause):
+			sub, err = f.Dial(dctx)
+		}
+	}
 	if err == nil {
 		return sub, true
+	}
+	if dctx.Err() != nil && ctx.Err() == nil {
+		err = fmt.Errorf("%w (%w)", err, context.DeadlineExceeded)
 	}
 	var nerr net.Error
 	switch {
 	case ctx.Err() != nil:
 		fmt.Fprintln(stderr, "connector weida sub: interrupted while connecting")
 	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &nerr) && nerr.Timeout():
-		fmt.Fprintf(stderr, "connector weida sub: no weida publisher answered at %s (UDP): %v\n", o.addr.HostPort(), err)
+		fmt.Fprintf(stderr, "connector weida sub: no weida publisher answered at %s (UDP): %v\n", hostPorts(o), err)
 	default:
 		fmt.Fprintf(stderr, "connector weida sub: %v\n", err)
 		var ce *weida.CloseError
@@ -240,28 +303,47 @@ func dialSub(ctx context.Context, o subOptions, stderr io.Writer) (*weida.Subscr
 
 // receiveSub prints messages until --count, an interrupt (after the drain
 // drainErr waits for) or the connection's end, and returns the exit status.
-func receiveSub(ctx context.Context, sub *weida.Subscriber, o subOptions, drainErr func() error, stdout, stderr io.Writer) int {
+func receiveSub(ctx context.Context, sub *weida.Subscriber, o subOptions, np *int, drainErr func() error, stdout, stderr io.Writer) (int, error) {
 	write := writeSubText
 	if o.output == "json" {
 		write = writeSubJSON
 	}
 	var buf []byte
-	for n := 0; o.count == 0 || n < o.count; n++ {
+	for ; o.count == 0 || *np < o.count; *np++ {
+		n := *np
 		m, err := sub.Receive(context.Background())
 		if err != nil && ctx.Err() != nil {
-			return interruptedSub(sub, o, n, drainErr(), stderr)
+			return interruptedSub(sub, o, n, drainErr(), stderr), nil
+		}
+		if err != nil && len(o.urls) > 1 {
+			return 0, err
 		}
 		if err != nil {
 			fmt.Fprintf(stderr, "connector weida sub: connection to %s ended after %s: %v\n", o.addr, countOf(n, "message", "messages"), err)
-			return cli.ExitFailure
+			return cli.ExitFailure, nil
 		}
 		buf = write(buf[:0], &m)
 		if _, err := stdout.Write(buf); err != nil {
 			fmt.Fprintf(stderr, "connector weida sub: writing output: %v\n", err)
-			return cli.ExitFailure
+			return cli.ExitFailure, nil
 		}
 	}
-	return cli.ExitOK
+	return cli.ExitOK, nil
+}
+
+// redialPause separates two rounds of dialling every address of the
+// endpoint, so that a command waiting for a replica to take over does not
+// spin.
+const redialPause = 200 * time.Millisecond
+
+// hostPorts lists the host:port of every URL of o.
+func hostPorts(o subOptions) string {
+	hp := make([]string, len(o.urls))
+	for i, u := range o.urls {
+		a, _ := address.Parse(u)
+		hp[i] = a.HostPort()
+	}
+	return strings.Join(hp, ", ")
 }
 
 // interruptedSub reports an interrupt after n messages, and what the

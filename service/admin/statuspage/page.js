@@ -190,6 +190,31 @@
     setText(field(root, name), String(value || ""));
   }
 
+  // renderPlacement refreshes who runs the resource. The row exists only
+  // when the page was rendered with a placement: replicas share resources
+  // through leases for the life of the process or not at all.
+  function renderPlacement(root, p) {
+    const row = field(root, "placement.row");
+    if (!row || !p) return;
+    const role = field(row, "placement.role");
+    if (role && role.textContent !== String(p.role || "")) {
+      role.className = "role " + String(p.role || "");
+      setText(role, String(p.role || ""));
+    }
+    setText(field(row, "placement.holder"), String(p.holder || "none"));
+    setText(field(row, "placement.epoch"), p.epoch ? String(p.epoch) : "—");
+    const list = field(row, "placement.standbys");
+    const standbys = p.standbys || [];
+    if (!list || list.dataset.v === standbys.join("\n")) return;
+    list.dataset.v = standbys.join("\n");
+    list.replaceChildren();
+    if (standbys.length === 0) list.textContent = "none";
+    standbys.forEach((s, i) => {
+      if (i) list.append(", ");
+      list.append(el("code", "", String(s)));
+    });
+  }
+
   // Routes are matched by position: the page and /status list them in the
   // resource's order, and a name from configuration never becomes a selector.
   function renderRoutes(root, routes) {
@@ -283,6 +308,7 @@
       renderFailure(root, r);
       renderCopyable(root, "fingerprint", r.fingerprint);
       renderCopyable(root, "subscriberURL", r.subscriberURL);
+      renderPlacement(root, r.placement);
       renderRoutes(root, r.routes);
 
       // The rates are the server's (see "rates" in /status), so that the

@@ -1,0 +1,58 @@
+package service
+
+import (
+	"io"
+	"net/http/httptest"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"weida.dev/connector/connectors"
+	"weida.dev/connector/policy"
+	"weida.dev/connector/service/admin"
+	"weida.dev/connector/service/placement"
+)
+
+// The status page of a replica with placement shows, per resource, the
+// placement its /status reports: here a resource another replica holds
+// and one nobody holds, as the placed runtime reports them.
+func TestPlacedStatusPage(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	rt := connectors.NewRuntime(connectors.Deps{Metrics: connectors.NewMetrics(reg)})
+	p := &placed{
+		rt:      rt,
+		cfg:     Config{Placement: Placement{Backend: "etcd", Identity: "r0"}},
+		metrics: newPlacementMetrics(reg),
+		held:    map[string]uint64{},
+		since:   map[string]time.Time{},
+		ended:   map[string]string{},
+		view:    placement.View{Holders: map[string]string{"a": "r1"}, Members: []string{"r0", "r1", "r2"}},
+	}
+	p.setUnits([]connectors.Unit{
+		{Spec: connectors.Spec{Name: "a", Protocol: policy.MQTT, Direction: policy.Inbound}},
+		{Spec: connectors.Spec{Name: "b", Protocol: policy.NATS, Direction: policy.Outbound}},
+	})
+	rec := httptest.NewRecorder()
+	admin.Handler(p, reg, admin.Options{}).ServeHTTP(rec, httptest.NewRequest("GET", "/", nil))
+	b, _ := io.ReadAll(rec.Result().Body)
+	if rec.Code != 200 {
+		t.Fatalf("GET / = %d\n%s", rec.Code, b)
+	}
+	body := string(b)
+	rows := regexp.MustCompile(`(?s)<div class="placement" data-f="placement.row">.*?</div>`).FindAllString(body, -1)
+	tags := regexp.MustCompile(`<[^>]*>`)
+	var got []string
+	for _, r := range rows {
+		got = append(got, strings.Join(strings.Fields(tags.ReplaceAllString(r, " ")), " "))
+	}
+	want := []string{
+		"Placement standby · holder r1 · epoch — · standbys r0 , r2",
+		"Placement unheld · holder none · epoch — · standbys r0 , r1 , r2",
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("placement rows:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
