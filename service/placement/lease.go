@@ -268,6 +268,18 @@ func (h *Holding) Valid() bool {
 	return h.ctx.Err() == nil && time.Now().Before(h.deadline)
 }
 
+// BeforeDeadline reports whether the renew deadline has not passed yet,
+// whether or not the holding has ended, reading the monotonic clock as
+// Valid does. A holding ended by Release (ErrReleased) gives the lease
+// back only once its end has been reported, so its holder may finish
+// what it had begun until then, but never past the deadline: the lease
+// may expire soon after it.
+func (h *Holding) BeforeDeadline() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return time.Now().Before(h.deadline)
+}
+
 // keep renews every RetryPeriod until the holding ends.
 func (h *Holding) keep() {
 	defer close(h.done)
