@@ -25,29 +25,30 @@ import (
 // outbound resource through leases on a real three-member etcd cluster,
 // under steady traffic both ways. The holder of one resource is SIGSTOPped
 // for longer than its lease; once another replica runs the resource, the
-// stopped one is resumed. From the moment it was stopped it must deliver
-// nothing to weida and publish nothing to NATS, although its sockets hold
-// what the brokers and the weida endpoint sent it meanwhile and its own
-// goroutines have not yet noticed that the lease is gone: only the fence
-// on the data path (connectors.Unit.Fence) stops them. Then it stands by.
-// Each resource in turn is the victim.
+// stopped one is resumed. Of what reached it after it was stopped it must
+// deliver nothing to weida and publish nothing to NATS, although its
+// sockets hold what the brokers and the weida endpoint sent it meanwhile
+// and its own goroutines have not yet noticed that the lease is gone: only
+// the fence on the data path (connectors.Unit.Fence) stops them. What it
+// had already handed to a client library before the stop may leave when
+// it resumes (no broker here takes a fencing token), at most the
+// in-flight bound; the test logs how much. Then it stands by. Each
+// resource in turn is the victim.
 //
 // Who delivered what is observed from outside each process: every replica
 // hosts the inbound endpoint on an address of its own (each its own copy
 // of the resource files, differing only there), with a weida subscriber
 // per address, and every replica marks what it publishes with its own
-// loop marker (--instance), which the NATS subscriber reads. What a
-// stopped process cannot have sent, the counts taken while it is stopped
-// and again once it stands by must agree on.
+// loop marker (--instance), which the NATS subscriber reads. Every
+// message is numbered, so that what was sent after the stop is known.
 //
-// Without the fence the outbound victim publishes the copies its weida
-// connection had buffered (about 80 in a run here). The inbound victim's
-// weida subscribers are gone by the time it resumes (a hosted listener's
-// QUIC idle timeout is 2 s, no longer than the lease), and its broker
-// session was taken over by the new holder's connection with the same
-// client ID, so what the fence adds there is for a subscriber that
-// reconnects in the moment after the resume; connectors' TestFenceInbound
-// proves it.
+// Without the fence (service/placed.go not setting Unit.Fence) it fails:
+// in two runs the resumed outbound holder published 126 and 100 messages
+// it had received while stopped, and in one the inbound holder delivered
+// 3 to a weida subscriber that had reconnected to it in the moment after
+// the resume (the others had timed out while it was stopped: a hosted
+// listener's QUIC idle timeout is 2 s, and its MQTT session had been
+// taken over by the new holder's connection with the same client ID).
 func TestHAFenceSIGSTOP(t *testing.T) {
 	requireTCP(t, "Mosquitto", mosquittoAddr)
 	requireTCP(t, "NATS", natsAddr)
@@ -126,14 +127,28 @@ func TestHAFenceSIGSTOP(t *testing.T) {
 	})
 	nc := natsConn(t, natsAddr)
 	published := collectNATS(t, nc, u+".out.*")
-	publishedBy := func(id string) int {
-		k := 0
+	// publishedBy counts what replica id published to NATS, and of it
+	// what the test's weida publisher sent after message after.
+	publishedBy := func(id string, after int64) (all, later int) {
 		for _, m := range published.Messages() {
 			if m.Header.Get("x-weida-connector") == "fence-"+id {
-				k++
+				all++
+				if s, _ := strconv.ParseInt(string(m.Data), 10, 64); s > after {
+					later++
+				}
 			}
 		}
-		return k
+		return all, later
+	}
+	// deliveredBy is the same for what replica id delivered to weida.
+	deliveredBy := func(id string, after int64) (all, later int) {
+		for _, m := range weidaSubs[id].Messages() {
+			all++
+			if s, _ := strconv.ParseInt(string(m.Payload), 10, 64); s > after {
+				later++
+			}
+		}
+		return all, later
 	}
 
 	for _, victim := range []string{inName, outName} {
@@ -145,12 +160,16 @@ func TestHAFenceSIGSTOP(t *testing.T) {
 			if victim == inName {
 				return weidaSubs[holder].Len() > 0
 			}
-			return publishedBy(holder) > 0
+			all, _ := publishedBy(holder, 0)
+			return all > 0
 		})
 
 		old.c.Signal(syscall.SIGSTOP)
 		Eventually(t, 5*time.Second, holder+" stopped", func() bool { return procState(old.c.cmd.Process.Pid) == 'T' })
 		stopped := time.Now()
+		// Whatever the brokers and the weida endpoint take from here on,
+		// the stopped holder cannot have read before it was stopped.
+		inAtStop, outAtStop := inSeq.Load(), outSeq.Load()
 		Eventually(t, 30*time.Second, victim+" running on another replica", func() bool {
 			for _, r := range h.replicas {
 				if r != old && r.placements()[victim].runsHere() {
@@ -172,10 +191,12 @@ func TestHAFenceSIGSTOP(t *testing.T) {
 			if victim == inName {
 				return weidaSubs[newHolder].Len() > 0
 			}
-			return publishedBy(newHolder) > 0
+			all, _ := publishedBy(newHolder, 0)
+			return all > 0
 		})
 		time.Sleep(200 * time.Millisecond) // what the old one sent before the stop has arrived
-		deliveredBefore, publishedBefore := weidaSubs[holder].Len(), publishedBy(holder)
+		deliveredBefore, _ := deliveredBy(holder, inAtStop)
+		publishedBefore, _ := publishedBy(holder, outAtStop)
 		inAtCont, outAtCont := inSeq.Load(), outSeq.Load()
 
 		old.c.Signal(syscall.SIGCONT)
@@ -189,17 +210,26 @@ func TestHAFenceSIGSTOP(t *testing.T) {
 		Eventually(t, 10*time.Second, "traffic to go on past the resume", func() bool {
 			return inSeq.Load() > inAtCont+50 && outSeq.Load() > outAtCont+50
 		})
-		if d := weidaSubs[holder].Len() - deliveredBefore; d != 0 {
-			t.Errorf("%s (stopped holder of %s) delivered %d messages to weida after it was stopped; want 0", holder, victim, d)
+		// Nothing that reached it while it was stopped goes out: that is
+		// the fence. What it had already handed to a client library
+		// before the stop (a publish in nats.go's buffer, a check passed
+		// just before the signal) may still leave on resuming, at most
+		// the in-flight bound (64); that residue is counted and logged.
+		deliveredAll, deliveredLater := deliveredBy(holder, inAtStop)
+		publishedAll, publishedLater := publishedBy(holder, outAtStop)
+		if deliveredLater != 0 || publishedLater != 0 {
+			t.Errorf("%s (stopped holder of %s), once resumed, delivered %d messages to weida and published %d to NATS that reached it after it was stopped; want 0",
+				holder, victim, deliveredLater, publishedLater)
 		}
-		if d := publishedBy(holder) - publishedBefore; d != 0 {
-			t.Errorf("%s (stopped holder of %s) published %d messages to NATS after it was stopped; want 0", holder, victim, d)
+		inHand := deliveredAll - deliveredBefore - deliveredLater + publishedAll - publishedBefore - publishedLater
+		if inHand > 64 {
+			t.Errorf("%s, once resumed, sent %d messages it held before the stop; want at most the in-flight bound", holder, inHand)
 		}
 		// The unit's series went with it; its log says whether the
 		// fence had anything to stop.
-		t.Logf("SIGSTOP of %s (holder of %s): %s ran it after %s; resumed, it stood by after %s (fence tripped: %v)",
+		t.Logf("SIGSTOP of %s (holder of %s): %s ran it after %s; resumed, it stood by after %s (fence tripped: %v; sent on resuming what it held before the stop: %d)",
 			holder, victim, newHolder, took.Round(10*time.Millisecond), standby.Round(10*time.Millisecond),
-			strings.Contains(old.c.Output(), "fenced: this replica no longer holds"))
+			strings.Contains(old.c.Output(), "fenced: this replica no longer holds"), inHand)
 		Eventually(t, 10*time.Second, holder+" to log losing its lease", func() bool {
 			return strings.Contains(old.c.Output(), "lease lost")
 		})
