@@ -109,3 +109,49 @@ func statusOf(p *placed, name string) connectors.Status {
 	}
 	return connectors.Status{}
 }
+
+// oneBackend grants every lease at once and renews it forever.
+type oneBackend struct{}
+
+type oneClaim struct{}
+
+func (oneBackend) TryAcquire(context.Context, string, string) (placement.Claim, error) {
+	return oneClaim{}, nil
+}
+func (oneBackend) Holder(context.Context, string) (string, uint64, error)     { return "", 0, nil }
+func (oneBackend) Holders(context.Context, string) (map[string]string, error) { return nil, nil }
+func (oneClaim) Epoch() uint64                                                { return 1 }
+func (oneClaim) Renew(context.Context) error                                  { return nil }
+func (oneClaim) Release(context.Context) error                                { return nil }
+
+// BenchmarkFence is what the data path pays per check of a real holding,
+// alone and from every writer at once.
+func BenchmarkFence(b *testing.B) {
+	l, err := placement.NewLease(oneBackend{}, "r", "me", placement.Timing{LeaseDuration: time.Minute, RenewDeadline: 30 * time.Second, RetryPeriod: 10 * time.Second})
+	if err != nil {
+		b.Fatal(err)
+	}
+	h, err := l.TryAcquire(context.Background())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer h.Release()
+	f := fence(placement.Assignment{Context: h.Context(), BeforeDeadline: h.BeforeDeadline})
+	b.Run("one", func(b *testing.B) {
+		for b.Loop() {
+			if !f() {
+				b.Fatal("fenced")
+			}
+		}
+	})
+	b.Run("parallel", func(b *testing.B) {
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				if !f() {
+					b.Error("fenced")
+					return
+				}
+			}
+		})
+	})
+}
