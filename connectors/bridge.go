@@ -217,6 +217,11 @@ type core struct {
 	// while the source is down).
 	onBroker func(up bool)
 
+	// fence is the unit's [Unit].Fence (nil: always may act); tripped
+	// is set the first time it says no.
+	fence   func() bool
+	tripped atomic.Bool
+
 	// gen numbers attempts; state reports of a Source or Sink from an
 	// attempt that ended are ignored, so a failed attempt's last words
 	// cannot overwrite the failure.
@@ -318,6 +323,21 @@ func (b *core) failed(f FailureStatus, side int) {
 	case condWeida:
 		b.stats.up("weida", false)
 	}
+}
+
+// fenced reports whether the unit may no longer act: its fence says so.
+// Without a fence it is a nil check. It is asked right before each step
+// another party sees (a weida copy, a broker acknowledgement, a broker
+// publish), so that a holder resumed after a pause past its lease does
+// none of them, whatever its other goroutines have not yet noticed.
+func (b *core) fenced() bool {
+	if b.fence == nil || b.fence() {
+		return false
+	}
+	if !b.tripped.Swap(true) {
+		b.log.Warn("fenced: this replica no longer holds the resource's lease; it stops acting at once (messages in hand are left with the broker or counted as fenced)")
+	}
+	return true
 }
 
 // attemptStarted clears the failure once an attempt is up.

@@ -215,6 +215,17 @@ type Retiring interface {
 	Retire(ctx context.Context) error
 }
 
+// Redelivering is implemented by a Source whose broker delivers again, to
+// the next consumer of the same subscription, a message the bridge settles
+// with an error or never settles: MQTT QoS 1 in a session that outlives
+// the connection, a JetStream durable consumer, a named AMQP queue. A
+// fenced inbound bridge (see [Unit].Fence) leaves such a message with the
+// broker, for the replica that now holds the resource; without the
+// interface, or when Redelivers is false, it counts it as dropped under
+// [ReasonFenced]. Redelivers is called once per attempt, after the
+// factory built the Source.
+type Redelivering interface{ Redelivers() bool }
+
 // DropReporter is implemented by a Source whose client library discards
 // messages before Read could return them (the NATS slow-consumer
 // condition). The runtime calls ReportDrops once, before Start, with a

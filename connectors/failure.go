@@ -24,7 +24,17 @@ const (
 	FailBrokerUnreachable   = "BrokerUnreachable"   // connection refused, no route, or a timeout
 	FailTLS                 = "TLSFailure"          // the TLS handshake with the broker failed
 	FailSecretUnavailable   = "SecretUnavailable"   // a secret file or variable could not be read at an attempt; retried
+	FailFenced              = "Fenced"              // the unit's fence said it may no longer act (its lease is gone): not retried, it waits to be stopped
 )
+
+// ErrFenced is the error of an attempt that ended because its unit's
+// fence ([Unit].Fence) said it may no longer act, and the error an
+// inbound bridge settles a message with when it leaves it with the broker
+// for that reason (an AckFunc never acknowledges it).
+var ErrFenced = errors.New("connectors: fenced: this replica no longer holds the resource's lease")
+
+// errFenced ends a fenced attempt.
+var errFenced = &Failure{Reason: FailFenced, Err: ErrFenced}
 
 // Failure says why a unit is down and whether another attempt can help.
 //

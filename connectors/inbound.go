@@ -30,6 +30,10 @@ type inboundBridge struct {
 	// replaced; given to each Source until one has started.
 	supersedes []string
 	retiring   atomic.Bool // the resource is being removed, not restarted
+
+	// redelivers is the current attempt's Source's [Redelivering]
+	// answer; only the attempt's goroutine uses it.
+	redelivers bool
 }
 
 // hosting is where an inbound unit of a runtime hosts its publisher path.
@@ -189,6 +193,8 @@ func (b *inboundBridge) run(ctx context.Context) error {
 		return failure(err, FailSourceInvalid)
 	}
 	b.offer(src)
+	rd, ok := src.(Redelivering)
+	b.redelivers = ok && rd.Redelivers()
 	defer func() {
 		retire()
 		b.closeSource(ctx, src)
@@ -258,6 +264,9 @@ func (b *inboundBridge) readLoop(ctx context.Context, src Source, pub Publisher)
 		}
 		failedReads = 0
 		b.handle(ctx, pub, m, ack)
+		if b.tripped.Load() {
+			return errFenced
+		}
 	}
 }
 
@@ -270,6 +279,13 @@ func (b *inboundBridge) handle(ctx context.Context, pub Publisher, m *Message, a
 	b.stats.received()
 	b.stats.taken()
 	settle := func(err error) {
+		if err == nil && b.fenced() {
+			// Delivered or dropped, an acknowledgement now would act
+			// on a lease that may be another replica's: the broker
+			// keeps the message (for a dropped one, the new holder
+			// decides again; a delivered one may arrive twice).
+			err = ErrFenced
+		}
 		ack(err)
 		b.stats.settled()
 		if err == nil {
@@ -340,6 +356,13 @@ func (b *inboundBridge) deliver(ctx context.Context, pub Publisher, route Route,
 			// Stopping: the message stays with the broker, which
 			// delivers it again.
 			return ctx.Err()
+		}
+		if b.fenced() {
+			if !b.redelivers {
+				b.dropMsg(m, route.Name, ReasonFenced, slog.LevelWarn, "fenced: this replica no longer holds the resource's lease; not delivered, and the broker does not deliver it again",
+					slog.String("topic", m.Topic))
+			}
+			return ErrFenced
 		}
 		res, err := b.publish(ctx, pub, m, wm)
 		if err != nil {

@@ -35,6 +35,13 @@ const (
 	// redeliveries lost, counted apart so that adding it to the other
 	// reasons does not count a message twice.
 	ReasonRedeliveryDropped = "redelivery-dropped"
+	// ReasonFenced: the unit's fence ([Unit].Fence) said it may no longer
+	// act (another replica may hold its lease) when the message was to
+	// be published: outbound to the broker, inbound to weida from a
+	// source whose broker would not deliver it again (core NATS, MQTT
+	// QoS 0, an exclusive AMQP queue). Inbound messages a broker does
+	// deliver again are left with it, for the new holder, uncounted.
+	ReasonFenced = "fenced"
 )
 
 // Metrics holds the Prometheus collectors shared by every bridge of a

@@ -68,6 +68,19 @@ func (a *outAttempt) fail(err error) {
 	a.cancel(failure(err, FailConnectionLost))
 }
 
+// fence ends the attempt because the unit is fenced. Writes under way
+// finish (each asks the fence again before any retry); nothing more is
+// published.
+func (a *outAttempt) fence() { a.cancel(errFenced) }
+
+// write publishes it, unless the unit is fenced.
+func (a *outAttempt) write(ctx context.Context, it outboundItem) error {
+	if a.b.fenced() {
+		return ErrFenced
+	}
+	return a.sink.Write(ctx, it.msg)
+}
+
 // lostReason is the drop reason of a message that could not be written
 // because the attempt ended.
 func (a *outAttempt) lostReason() string {
@@ -195,7 +208,11 @@ func (b *outboundBridge) newWriter(ctx context.Context, a *outAttempt) outboundW
 // ended is the failure of an attempt whose Sink failed (actx's cause).
 func (b *outboundBridge) ended(actx context.Context) error {
 	// The subscription went with the attempt; the next one dials again.
-	b.reportWeida(false, FailConnectionLost, "the broker side failed; the endpoint is dialled again by the next attempt")
+	if b.tripped.Load() {
+		b.reportWeida(false, FailFenced, "fenced: this replica no longer holds the resource's lease")
+	} else {
+		b.reportWeida(false, FailConnectionLost, "the broker side failed; the endpoint is dialled again by the next attempt")
+	}
 	if err := context.Cause(actx); err != nil {
 		var f *Failure
 		if errors.As(err, &f) {
@@ -361,6 +378,13 @@ func (b *outboundBridge) receiveLoop(ctx context.Context, sub *weida.Subscriber,
 			b.drop(route.Name, ReasonConnectionLost, slog.LevelWarn, "the broker connection failed; message not published", slog.String("topic", ft))
 			continue
 		}
+		if b.fenced() {
+			// Another replica may hold the lease, and subscribes to
+			// the endpoint itself: its copy is the one to publish.
+			b.drop(route.Name, ReasonFenced, slog.LevelWarn, "fenced: this replica no longer holds the resource's lease; message not published", slog.String("topic", ft))
+			a.fence()
+			continue
+		}
 		b.stats.taken()
 		if err := out.submit(ctx, outboundItem{route: route, msg: m}); err != nil {
 			b.stats.settled()
@@ -392,7 +416,7 @@ func newWriterPool(ctx context.Context, a *outAttempt, writers int) *writerPool 
 	for range writers {
 		p.wg.Go(func() {
 			for it := range p.work {
-				a.finishWrite(ctx, it, a.sink.Write(ctx, it.msg))
+				a.finishWrite(ctx, it, a.write(ctx, it))
 				a.b.stats.settled()
 			}
 		})
@@ -440,6 +464,11 @@ func (w *asyncWrites) submit(ctx context.Context, it outboundItem) error {
 		return w.ctx.Err()
 	}
 	w.pending.Add(1)
+	if w.a.b.fenced() {
+		w.a.finishWrite(w.ctx, it, ErrFenced)
+		w.release()
+		return nil
+	}
 	w.aw.WriteAsync(it.msg, func(err error) {
 		if err == nil {
 			w.a.written(it)
@@ -484,6 +513,10 @@ func (a *outAttempt) finishWrite(ctx context.Context, it outboundItem, err error
 		var u Unroutable
 		var rj Rejected
 		switch {
+		case errors.Is(err, ErrFenced):
+			a.fence()
+			b.drop(it.route.Name, ReasonFenced, slog.LevelWarn, "fenced: this replica no longer holds the resource's lease; message not published", slog.String("topic", it.msg.Topic))
+			return
 		case errors.As(err, &u) && u.Unroutable():
 			b.drop(it.route.Name, ReasonUnroutable, slog.LevelInfo, "the broker had nowhere to route the message", slog.String("topic", it.msg.Topic))
 			return
@@ -520,6 +553,6 @@ func (a *outAttempt) finishWrite(ctx context.Context, it outboundItem, err error
 				return
 			}
 		}
-		err = a.sink.Write(ctx, it.msg)
+		err = a.write(ctx, it)
 	}
 }

@@ -46,6 +46,17 @@ type Unit struct {
 	// backoff. A running attempt is left alone: what it reads again is
 	// the driver's business (see resources.BrokerConfig.ReadCredentials).
 	Files []string
+
+	// Fence, when set, reports whether the unit may still act on the
+	// outside world; nil means it always may. A replica among several
+	// runs a resource only while it holds the resource's lease, and its
+	// Fence reads the lease's deadline on the monotonic clock itself
+	// (placement.Holding.Valid): a process resumed after a pause longer
+	// than the lease sees false at once, before any goroutine of its own
+	// has run to tell it. The bridge asks right before each step another
+	// party sees (see [ReasonFenced]); once it has said false it must
+	// never say true again. It must be cheap and safe for concurrent use.
+	Fence func() bool
 }
 
 // filePoll is how often a unit waiting to retry looks at its Files.
@@ -183,6 +194,7 @@ type carried struct {
 // publisher path on the runtime's listeners.
 func (r *Runtime) newBridge(u Unit) *Bridge {
 	c := newCore(u.Spec, r.deps)
+	c.fence = u.Fence
 	if u.Spec.Direction == policy.Outbound {
 		return &Bridge{core: c, side: newOutboundBridge(c, u.Dial, u.NewSink)}
 	}
@@ -232,8 +244,15 @@ func (r *Runtime) supervise(ctx context.Context, ru *runningUnit, failures int, 
 			}
 		}
 		files = filestamp.All(ru.unit.Files)
-		ru.streak.Up()
-		err := ru.bridge.attempt(ctx)
+		var err error
+		if ru.bridge.fenced() {
+			// Not even a connection: an MQTT client ID would take
+			// the session back from the replica that now holds it.
+			err = errFenced
+		} else {
+			ru.streak.Up()
+			err = ru.bridge.attempt(ctx)
+		}
 		if ctx.Err() != nil {
 			return
 		}
@@ -283,18 +302,24 @@ func (r *Runtime) recordFailure(b *Bridge, fail *Failure, failures int) (wait ti
 		Permanent:     fail.Permanent,
 		LastErrorTime: now,
 	}
-	if !fail.Permanent {
+	// A fenced unit makes no more attempts: it waits to be stopped by
+	// whoever set its fence, which learns of the lost lease on its own.
+	fenced := fail.Reason == FailFenced
+	if !fail.Permanent && !fenced {
 		wait = r.deps.Backoff(failures)
 		st.NextRetryTime = now.Add(wait)
 	}
 	b.failed(st, failureSide(fail))
-	if fail.Permanent {
+	switch {
+	case fenced:
+		b.log.Warn("the resource's lease is no longer held here: it stopped acting and waits to be stopped", "reason", fail.Reason)
+	case fail.Permanent:
 		b.log.Error("resource failed for good; fix its configuration and reload", "reason", fail.Reason, "err", fail.Err)
-	} else {
+	default:
 		b.log.Warn("resource attempt failed; retrying", "reason", fail.Reason, "err", fail.Err,
 			"attempts", failures, "retry_in", wait.Round(time.Millisecond).String())
 	}
-	return wait, fail.Permanent
+	return wait, fail.Permanent || fenced
 }
 
 // failureSide is the condition a failure of b is blamed on.

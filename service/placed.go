@@ -92,6 +92,7 @@ type placed struct {
 	specs   map[string]connectors.Spec // every loaded resource, by name
 	names   []string                   // sorted keys of specs
 	held    map[string]uint64          // resource → epoch of this replica's holding
+	fences  map[string]func() bool     // resource → its holding's fence (connectors.Unit.Fence)
 	since   map[string]time.Time       // resource → when this replica's role changed
 	ended   map[string]string          // resource → why this replica last stopped it
 	view    placement.View
@@ -112,7 +113,7 @@ func newPlaced(cfg Config, rt *connectors.Runtime, units []connectors.Unit, reg 
 	p := &placed{
 		rt: rt, cfg: cfg, log: cfg.logger(), backend: b, close: closeBackend,
 		metrics: newPlacementMetrics(reg),
-		held:    make(map[string]uint64), since: make(map[string]time.Time), ended: make(map[string]string),
+		held:    make(map[string]uint64), fences: make(map[string]func() bool), since: make(map[string]time.Time), ended: make(map[string]string),
 	}
 	p.setUnits(units)
 	if p.timing, err = cfg.Placement.Timing.WithDefaults(); err != nil {
@@ -196,6 +197,7 @@ func (p *placed) onStart(a placement.Assignment) {
 	closing := p.closing
 	if !closing {
 		p.held[a.Resource] = a.Epoch
+		p.fences[a.Resource] = fence(a)
 		p.since[a.Resource] = time.Now()
 		delete(p.ended, a.Resource)
 	}
@@ -213,6 +215,7 @@ func (p *placed) onStop(resource string, epoch uint64, reason error) {
 	p.mu.Lock()
 	_, was := p.held[resource]
 	delete(p.held, resource)
+	delete(p.fences, resource)
 	p.since[resource] = time.Now()
 	p.ended[resource] = fmt.Sprintf("stopped here at epoch %d: %v", epoch, reason)
 	p.mu.Unlock()
@@ -240,6 +243,28 @@ func (p *placed) onStop(resource string, epoch uint64, reason error) {
 	}
 }
 
+// fence is the data-path check of a's holding ([connectors.Unit].Fence):
+// the unit may act while the renew deadline has not passed, read on the
+// monotonic clock at each call, and the holding has not been lost. It
+// does not wait for the holding's goroutines: after a pause past the
+// deadline (SIGSTOP, a stalled VM) the first message handled sees false,
+// before the end of the holding is even reported. A holding the Placer
+// gives up itself (a rebalance, a shutdown) keeps the lease until the
+// unit has stopped, so its drain goes on, still within the deadline.
+func fence(a placement.Assignment) func() bool {
+	done := a.Context.Done()
+	return func() bool {
+		select {
+		case <-done:
+			if !errors.Is(context.Cause(a.Context), placement.ErrReleased) {
+				return false
+			}
+		default:
+		}
+		return a.BeforeDeadline()
+	}
+}
+
 // applyHeld gives the runtime the units whose lease this replica holds.
 func (p *placed) applyHeld() {
 	p.apply.Lock()
@@ -249,6 +274,7 @@ func (p *placed) applyHeld() {
 	if !p.closing {
 		for r := range p.held {
 			if u, ok := p.units[r]; ok {
+				u.Fence = p.fences[r]
 				units = append(units, u)
 			}
 		}

@@ -376,6 +376,11 @@ func (s *Source) acker(sess *session, tag uint64) connectors.AckFunc {
 // connection, waiting up to ctx (and at most Config.ConnectTimeout) for the
 // close handshake and the Source's goroutines. Deliveries read and not
 // settled are requeued by the broker. Close may be called more than once.
+// Redelivers implements [connectors.Redelivering]: a queue that outlives
+// the connection requeues what was not acknowledged, for the next
+// consumer; an exclusive one goes with the connection.
+func (s *Source) Redelivers() bool { return hold(s.cfg.Queue).OK }
+
 func (s *Source) Close(ctx context.Context) error {
 	return s.close(ctx, s.cfg.connectTimeout(), func(*link) {
 		sess := s.sess

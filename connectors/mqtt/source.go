@@ -360,6 +360,13 @@ func (s *Source) Read(ctx context.Context) (*connectors.Message, connectors.AckF
 
 // Close disconnects (the session stays on the broker for SessionExpiry) and
 // waits for the connection manager to stop.
+// Redelivers implements [connectors.Redelivering]: the broker delivers a
+// message again, to the next connection of the session, exactly when it
+// can be held (QoS 1 in a session that outlives the connection).
+func (s *Source) Redelivers() bool {
+	return hold(Options{QoS: s.cfg.QoS, CleanStart: s.cfg.CleanStart, SessionExpiry: s.cfg.SessionExpiry}).OK
+}
+
 func (s *Source) Close(ctx context.Context) error {
 	var err error
 	s.once.Do(func() {

@@ -588,6 +588,10 @@ func (s *Source) acker(msg jetstream.Msg) connectors.AckFunc {
 // Close disconnects and waits for the Source's goroutines. Core messages
 // queued in nats.go and not yet read are lost (at-most-once); JetStream
 // messages not yet acknowledged are delivered again by the server.
+// Redelivers implements [connectors.Redelivering]: a JetStream durable
+// consumer delivers again what was not acknowledged; core NATS never does.
+func (s *Source) Redelivers() bool { return s.cfg.JetStream != nil }
+
 func (s *Source) Close(ctx context.Context) error {
 	var err error
 	s.once.Do(func() {

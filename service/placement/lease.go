@@ -30,6 +30,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -222,12 +223,20 @@ type Holding struct {
 	mu       sync.Mutex
 	deadline time.Time   // monotonic: act only before it
 	watchdog *time.Timer // ends ctx at deadline, independently of the renew loop
+
+	// base and until mirror deadline for BeforeDeadline, which the data
+	// path calls before every step: until is deadline - base, stored
+	// with deadline, read without the lock.
+	base  time.Time
+	until atomic.Int64
 }
 
 func newHolding(l *Lease, c Claim, sent time.Time, onEnd func(*Holding)) *Holding {
 	ctx, cancel := context.WithCancelCause(context.Background())
 	h := &Holding{lease: l, claim: c, ctx: ctx, cancel: cancel, ended: make(chan struct{}), done: make(chan struct{})}
 	h.deadline = sent.Add(l.timing.RenewDeadline)
+	h.base = sent
+	h.until.Store(int64(h.deadline.Sub(h.base)))
 	h.watchdog = time.AfterFunc(time.Until(h.deadline), func() { h.cancel(ErrRenewDeadline) })
 	// The end is reported from a goroutine apart from the renew loop, so
 	// that a renew loop that is stuck delays neither the report nor the
@@ -266,6 +275,18 @@ func (h *Holding) Valid() bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.ctx.Err() == nil && time.Now().Before(h.deadline)
+}
+
+// BeforeDeadline reports whether the renew deadline has not passed yet,
+// whether or not the holding has ended, reading the monotonic clock as
+// Valid does. A holding ended by Release (ErrReleased) gives the lease
+// back only once its end has been reported, so its holder may finish
+// what it had begun until then, but never past the deadline: the lease
+// may expire soon after it.
+func (h *Holding) BeforeDeadline() bool {
+	// time.Since of a time with a monotonic reading reads only the
+	// monotonic clock, and no lock is taken: this is on the data path.
+	return time.Since(h.base) < time.Duration(h.until.Load())
 }
 
 // keep renews every RetryPeriod until the holding ends.
@@ -310,6 +331,7 @@ func (h *Holding) renew() error {
 		return nil // the watchdog has fired, or is about to: the holding is over
 	}
 	h.deadline = sent.Add(h.lease.timing.RenewDeadline)
+	h.until.Store(int64(h.deadline.Sub(h.base)))
 	h.watchdog.Reset(time.Until(h.deadline))
 	return nil
 }

@@ -41,6 +41,11 @@ type Assignment struct {
 	// Valid reports whether the replica may still act, reading the clock
 	// itself (see [Holding.Valid]); check it before each irrevocable step.
 	Valid func() bool
+	// BeforeDeadline reports whether the renew deadline has not passed,
+	// even once Context has ended (see [Holding.BeforeDeadline]): a
+	// resource the Placer gives up itself may finish its work until
+	// OnStop returns, within it.
+	BeforeDeadline func() bool
 }
 
 // Config configures a Placer. Backend, Identity and Resources are
@@ -313,7 +318,7 @@ func (p *Placer) started(r string, h *Holding) {
 	p.mu.Unlock()
 	p.wg.Go(func() { <-h.Stopped() })
 	if p.cfg.OnStart != nil {
-		p.cfg.OnStart(Assignment{Resource: r, Epoch: h.Epoch(), Context: h.Context(), Valid: h.Valid})
+		p.cfg.OnStart(Assignment{Resource: r, Epoch: h.Epoch(), Context: h.Context(), Valid: h.Valid, BeforeDeadline: h.BeforeDeadline})
 	}
 }
 
