@@ -133,10 +133,6 @@ func (p *placed) start() error {
 	p.log.Info("placement by lease", "backend", cfg.Placement.Backend, "replica", cfg.Placement.Identity,
 		"lease", p.timing.LeaseDuration.String(), "renew_deadline", p.timing.RenewDeadline.String(),
 		"retry", p.timing.RetryPeriod.String(), "margin", p.timing.Margin().String())
-	if d := cfg.Drain; d > p.timing.Margin() {
-		p.log.Warn("the drain bound is longer than the lease margin: a resource whose lease is lost may still settle in-flight messages after another replica has taken it over (they are then delivered twice)",
-			"drain", d.String(), "margin", p.timing.Margin().String())
-	}
 	return nil
 }
 

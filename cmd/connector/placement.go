@@ -37,7 +37,7 @@ func addPlacementFlags(fs *flag.FlagSet) *placementFlags {
 		etcdPrefix:    fs.String("etcd-prefix", "/weida-connector/", "with --placement etcd: the key prefix of the leases"),
 		namespace:     fs.String("lease-namespace", "", "with --placement kubernetes: the namespace of the Lease objects (default: the pod's own)"),
 		leasePrefix:   fs.String("lease-prefix", "weida-connector.", "with --placement kubernetes: the name prefix of the Lease objects"),
-		lease:         fs.Duration("lease-duration", d.LeaseDuration, "how long the coordination service keeps a lease after its last renewal (whole seconds); the same on every replica"),
+		lease:         fs.Duration("lease-duration", d.LeaseDuration, "how long the coordination service keeps a lease after its last renewal (whole seconds); the same on every replica. A crashed holder's resources run elsewhere about this plus --lease-retry after the crash"),
 		renewDeadline: fs.Duration("lease-renew-deadline", d.RenewDeadline, "a holder that has not renewed for this long stops the resource; shorter than --lease-duration"),
 		retry:         fs.Duration("lease-retry", d.RetryPeriod, "how often a holder renews and a standby tries to take a free lease; shorter than --lease-renew-deadline"),
 		// A process flag, not a resource field: the key belongs to the UDP
@@ -98,4 +98,36 @@ func (f *placementFlags) placement(hostname func() (string, error)) (service.Pla
 		return p, fmt.Errorf("--lease-retry, --lease-renew-deadline and --lease-duration: %w", err)
 	}
 	return p, nil
+}
+
+// drainWarning returns the warning `connector run` logs at start, with its
+// attributes, when --drain is longer than the lease margin (lease duration
+// minus renew deadline); "" when placement is off or the drain fits.
+//
+// Why the margin. A holding can end while its lease is still held at the
+// coordination service but no longer renewed: its renew deadline passed
+// (the service does not answer, the process was paused) or the service
+// says it is gone, and also when the placer hands the resource to a
+// replica that joined, since a holding stops renewing as it ends. Each
+// time the resource is stopped first, draining its in-flight messages for
+// up to --drain, and the lease can expire at the earliest the margin after
+// the holding ended (the last renewal that succeeded was sent at most the
+// renew deadline before, and the service keeps the lease a lease duration
+// from receiving it). A drain longer than the margin may therefore still
+// acknowledge and publish after another replica has taken the resource
+// over. SIGTERM is not the risk: the resources are stopped while their
+// leases are still renewed, and released only after.
+func drainWarning(drain time.Duration, p service.Placement) (string, []any) {
+	if !p.Enabled() {
+		return "", nil
+	}
+	t, err := p.Timing.WithDefaults()
+	if err != nil || drain <= t.Margin() {
+		return "", nil
+	}
+	return "--drain is longer than the lease margin (--lease-duration minus --lease-renew-deadline): " +
+			"a resource whose lease is lost, or that is handed to a replica that joined, stops without renewing its lease " +
+			"and may still settle in-flight messages after another replica has taken it over (inbound messages then " +
+			"arrive twice, outbound ones out of order); set --drain at or under the margin, or lengthen the lease",
+		[]any{"drain", drain.String(), "margin", t.Margin().String()}
 }
