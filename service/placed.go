@@ -276,7 +276,12 @@ func (p *placed) applyHeld() {
 		}
 	}
 	p.mu.Unlock()
-	if err := p.rt.Apply(context.Background(), units); err != nil {
+	// A resource stopped here is still loaded and runs on the next
+	// holder: it must not withdraw its broker subscriptions on the way
+	// out (an MQTT session shared by every replica's client ID would
+	// then drop what is published until the next holder subscribes).
+	loaded := func(name string) bool { _, ok := p.units[name]; return ok }
+	if err := p.rt.ApplyKeeping(context.Background(), units, loaded); err != nil {
 		p.log.Error("some held resources could not start; they are retried", "err", err)
 	}
 }
