@@ -1,11 +1,14 @@
 package e2e
 
 import (
+	"bufio"
 	"context"
 	"crypto/rand"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -14,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"weida.dev/connector/internal/brokertest"
 	"weida.dev/connector/policy"
 	"weida.dev/connector/weida"
 )
@@ -387,4 +391,135 @@ func (f *haFlow) runs(a haAccount) string {
 	sentAt := slices.Clone(f.sentAt)
 	f.mu.Unlock()
 	return chaosRuns(a.unexplained, sentAt, f.begin)
+}
+
+// TestHAIdleCost measures what leases cost an idle deployment: the
+// requests/s the replicas send to etcd (every member's
+// grpc_server_started_total, summed: a client talks to one member, which
+// forwards internally, so each request counts once) and the CPU each idle
+// replica uses, against the same resources run without --placement. The
+// resources are core NATS inbound ones without traffic or subscribers.
+// It runs only with WEIDA_BENCH=1; WEIDA_BENCH_SAMPLE sets each window
+// (20 s). The binary is the suite's, built with -race, so its CPU is an
+// upper bound.
+func TestHAIdleCost(t *testing.T) {
+	if os.Getenv("WEIDA_BENCH") != "1" {
+		t.Skip("set WEIDA_BENCH=1 to measure the idle cost of leases")
+	}
+	requireTCP(t, "NATS", natsAddr)
+	window := envDuration(t, "WEIDA_BENCH_SAMPLE", 20*time.Second)
+	etcd := brokertest.StartEtcdCluster(t)
+	t.Logf("load average at the start: %s", loadAverage())
+	resources := func(n int) string {
+		dir := t.TempDir()
+		u := unique()
+		for i := range n {
+			r := natsResource{Name: fmt.Sprintf("idle-%02d", i), Direction: policy.Inbound,
+				Endpoint: fmt.Sprintf("weida://127.0.0.1:%d/idle-%02d", freePort(t, "udp"), i),
+				Routes:   []string{fmt.Sprintf("%s.%d", u, i)}}
+			writeFile(t, dir, r.Name+".yaml", r.YAML(t))
+		}
+		return dir
+	}
+	requests := func() (float64, map[string]float64) {
+		total, byMethod := 0.0, map[string]float64{}
+		for ep := range strings.SplitSeq(etcd.Endpoints(), ",") {
+			resp, err := http.Get(ep + "/metrics")
+			if err != nil {
+				t.Fatalf("etcd metrics: %v", err)
+			}
+			sc := bufio.NewScanner(resp.Body)
+			for sc.Scan() {
+				line := sc.Text()
+				if !strings.HasPrefix(line, "grpc_server_started_total{") {
+					continue
+				}
+				var v float64
+				fmt.Sscan(line[strings.LastIndexByte(line, ' ')+1:], &v)
+				method := ""
+				if m := grpcMethodLabel.FindStringSubmatch(line); m != nil {
+					method = m[1]
+				}
+				total += v
+				byMethod[method] += v
+			}
+			resp.Body.Close()
+		}
+		return total, byMethod
+	}
+	// measure returns etcd's requests/s over the window, by method, and
+	// each replica's CPU share (CPU seconds per second).
+	measure := func(cs []*Connector) (float64, map[string]float64, []float64) {
+		time.Sleep(5 * time.Second) // past the start's acquisitions
+		r0, m0 := requests()
+		c0 := make([]time.Duration, len(cs))
+		for i, c := range cs {
+			c0[i] = cpuTime(t, c.cmd.Process.Pid)
+		}
+		start := time.Now()
+		time.Sleep(window)
+		el := time.Since(start).Seconds()
+		r1, m1 := requests()
+		cpu := make([]float64, len(cs))
+		for i, c := range cs {
+			cpu[i] = (cpuTime(t, c.cmd.Process.Pid) - c0[i]).Seconds() / el
+		}
+		rate := map[string]float64{}
+		for k, v := range m1 {
+			if d := (v - m0[k]) / el; d > 0 {
+				rate[k] = d
+			}
+		}
+		return (r1 - r0) / el, rate, cpu
+	}
+	stopAll := func(cs []*Connector) {
+		for _, c := range cs {
+			c.Stop()
+		}
+	}
+
+	const n = 20
+	dir := resources(n)
+	alone := StartConnector(t, nil, "-f", dir)
+	alone.WaitReady(60 * time.Second)
+	_, _, cpu := measure([]*Connector{alone})
+	t.Logf("%d resources, no placement: CPU %.2f%%", n, 100*cpu[0])
+	stopAll([]*Connector{alone})
+
+	for i, c := range []struct{ replicas, resources int }{{1, 4}, {1, n}, {3, n}} {
+		dir := resources(c.resources)
+		var names []string
+		for j := range c.resources {
+			names = append(names, fmt.Sprintf("idle-%02d", j))
+		}
+		h := &haCluster{t: t, names: names, args: []string{"-f", dir, "--placement", "etcd",
+			"--etcd-endpoints", etcd.Endpoints(), "--etcd-prefix", fmt.Sprintf("/idle-%d-%s/", i, unique())}}
+		for range c.replicas {
+			h.start()
+		}
+		h.waitSpread(60 * time.Second)
+		var cs []*Connector
+		for _, r := range h.replicas {
+			cs = append(cs, r.c)
+		}
+		rate, byMethod, cpu := measure(cs)
+		var cpus []string
+		for _, v := range cpu {
+			cpus = append(cpus, fmt.Sprintf("%.2f%%", 100*v))
+		}
+		t.Logf("%d replica(s), %d resources: %.1f etcd requests/s (%v), CPU per replica %s",
+			c.replicas, c.resources, rate, roundRates(byMethod), strings.Join(cpus, ", "))
+		stopAll(cs)
+	}
+}
+
+var grpcMethodLabel = regexp.MustCompile(`grpc_method="([^"]*)"`)
+
+// roundRates rounds each rate to a tenth, for the log.
+func roundRates(m map[string]float64) map[string]float64 {
+	out := make(map[string]float64, len(m))
+	for k, v := range m {
+		out[k] = float64(int(v*10+0.5)) / 10
+	}
+	return out
 }
