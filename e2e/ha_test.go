@@ -296,7 +296,11 @@ func TestHAPlacementByLease(t *testing.T) {
 		// Receiving again: the first message to arrive once a survivor
 		// runs the resource (the dead holder can deliver nothing more).
 		var rd time.Duration
-		Eventually(t, 30*time.Second, victim+"'s "+map[bool]string{true: "weida subscriber", false: "broker reader"}[f.dir == policy.Inbound]+" receiving again", func() bool {
+		reader := "broker reader"
+		if f.dir == policy.Inbound {
+			reader = "weida subscriber"
+		}
+		Eventually(t, 30*time.Second, victim+"'s "+reader+" receiving again", func() bool {
 			rd = f.arr.firstAfter(running)
 			return rd >= 0
 		})
