@@ -4,8 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
@@ -14,7 +12,6 @@ import (
 
 	"weida.dev/connector/internal/brokertest"
 	"weida.dev/connector/policy"
-	"weida.dev/connector/weida"
 )
 
 // haPlacement is the placement part of a resource in /status.
@@ -72,21 +69,17 @@ type haCluster struct {
 	replicas []*haReplica
 	names    []string
 	next     int
-	// resetKey, when set, is copied into every replica's state directory
-	// (weida.ResetKeyFile), as a Secret mounted on every pod would be.
-	resetKey []byte
+	// resetKeyFile, when set, is every replica's --reset-key-file, as a
+	// Secret mounted on every pod would be.
+	resetKeyFile string
 }
 
 func (h *haCluster) start() *haReplica {
 	id := fmt.Sprintf("r%d", h.next)
 	h.next++
 	args := append(slices.Clone(h.args), "--replica-id", id)
-	if h.resetKey != nil {
-		state := h.t.TempDir()
-		if err := os.WriteFile(filepath.Join(state, weida.ResetKeyFile), h.resetKey, 0o600); err != nil {
-			h.t.Fatal(err)
-		}
-		args = append(args, "--state-dir", state)
+	if h.resetKeyFile != "" {
+		args = append(args, "--reset-key-file", h.resetKeyFile)
 	}
 	r := &haReplica{id: id, c: StartConnector(h.t, amqpEnv, args...)}
 	h.replicas = append(h.replicas, r)
@@ -222,7 +215,7 @@ func TestHAPlacementByLease(t *testing.T) {
 		byName[f.name] = f
 	}
 	slices.Sort(names)
-	h := &haCluster{t: t, names: names, resetKey: sharedResetKey(t), args: []string{"-f", dir, "--placement", "etcd",
+	h := &haCluster{t: t, names: names, resetKeyFile: sharedResetKey(t, files), args: []string{"-f", dir, "--placement", "etcd",
 		"--etcd-endpoints", etcd.Endpoints(), "--etcd-prefix", "/" + u + "/", "--instance", "ha-" + u}}
 	for range 3 {
 		h.start()

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"net/http"
 	"os"
@@ -362,17 +363,22 @@ func settleAll(flows []*haFlow, live func() []*haReplica) {
 	}
 }
 
-// sharedResetKey writes one stateless reset key for every replica's state
-// directory: with the certificate files, it is what makes the replicas
-// one identity to a subscriber. A new holder answers the packets of its
-// predecessor's connections with a reset the subscriber recognises, so
-// that the subscriber dials again at once rather than at its idle timeout.
-func sharedResetKey(t *testing.T) []byte {
+// sharedResetKey writes one stateless reset key, in hex, for every
+// replica's --reset-key-file: with the certificate files, it is what makes
+// the replicas one identity to a subscriber. A new holder answers the
+// packets of its predecessor's connections with a reset the subscriber
+// recognises, so that the subscriber dials again at once rather than at
+// its idle timeout.
+func sharedResetKey(t *testing.T, dir string) string {
 	key := make([]byte, 32)
 	if _, err := rand.Read(key); err != nil {
 		t.Fatal(err)
 	}
-	return key
+	file := filepath.Join(dir, "reset-key")
+	if err := os.WriteFile(file, []byte(hex.EncodeToString(key)+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return file
 }
 
 // medianDuration is bench_frame_test.go's median, of durations.
