@@ -238,9 +238,10 @@ func TestHAPlacementByLease(t *testing.T) {
 			t.Errorf("replica %s exports no weida_connector_lease_held", r.id)
 		}
 	}
-	// The default --drain (10 s) is longer than the default margin.
-	if out := h.replicas[0].c.Output(); !strings.Contains(out, "--drain is longer than the lease margin") {
-		t.Errorf("replica %s did not warn that --drain exceeds the lease margin:\n%s", h.replicas[0].id, out)
+	// The default --drain (10 s) is longer than a handed-over resource
+	// can drain (renew deadline 2.5 s minus retry 0.5 s).
+	if out := h.replicas[0].c.Output(); !strings.Contains(out, "--drain is longer than a resource handed to another replica can drain") {
+		t.Errorf("replica %s did not warn that --drain exceeds what a handed-over resource can drain:\n%s", h.replicas[0].id, out)
 	}
 
 	// Traffic: the subscribers first, then every sender; each flow's first

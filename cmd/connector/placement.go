@@ -101,33 +101,37 @@ func (f *placementFlags) placement(hostname func() (string, error)) (service.Pla
 }
 
 // drainWarning returns the warning `connector run` logs at start, with its
-// attributes, when --drain is longer than the lease margin (lease duration
-// minus renew deadline); "" when placement is off or the drain fits.
+// attributes, when --drain is longer than a resource given up by its
+// replica can be sure to drain; "" when placement is off or the drain fits.
 //
-// Why the margin. A holding can end while its lease is still held at the
-// coordination service but no longer renewed: its renew deadline passed
-// (the service does not answer, the process was paused) or the service
-// says it is gone, and also when the placer hands the resource to a
-// replica that joined, since a holding stops renewing as it ends. Each
-// time the resource is stopped first, draining its in-flight messages for
-// up to --drain, and the lease can expire at the earliest the margin after
-// the holding ended (the last renewal that succeeded was sent at most the
-// renew deadline before, and the service keeps the lease a lease duration
-// from receiving it). A drain longer than the margin may therefore still
-// acknowledge and publish after another replica has taken the resource
-// over. SIGTERM is not the risk: the resources are stopped while their
-// leases are still renewed, and released only after.
+// The comparison. On SIGTERM the resources drain while their leases are
+// still renewed, and are released only after: any --drain is safe there.
+// The risk is a holding that ends while its lease is no longer renewed.
+// Since the data path checks the holding before every act (service,
+// fence), such a holder never acknowledges or publishes after its renew
+// deadline, which falls the margin (lease duration minus renew deadline)
+// before the lease can expire: safety no longer depends on --drain. What
+// does is how much of the drain a holding can use. A lost lease (its
+// deadline passed) fences at once, whatever the drain. A holding the
+// replica gives up itself while healthy (a rebalance, when a replica
+// joins) stops renewing as it ends, and may act until its deadline, which
+// is then at least the renew deadline minus one retry period away (the
+// last renewal went out at most one retry period before). A longer drain
+// is cut there: what is still in flight is fenced (left to the broker for
+// the next holder, or counted as fenced where the broker would not deliver
+// it again) rather than settled.
 func drainWarning(drain time.Duration, p service.Placement) (string, []any) {
 	if !p.Enabled() {
 		return "", nil
 	}
 	t, err := p.Timing.WithDefaults()
-	if err != nil || drain <= t.Margin() {
+	usable := t.RenewDeadline - t.RetryPeriod
+	if err != nil || drain <= usable {
 		return "", nil
 	}
-	return "--drain is longer than the lease margin (--lease-duration minus --lease-renew-deadline): " +
-			"a resource whose lease is lost, or that is handed to a replica that joined, stops without renewing its lease " +
-			"and may still settle in-flight messages after another replica has taken it over (inbound messages then " +
-			"arrive twice, outbound ones out of order); set --drain at or under the margin, or lengthen the lease",
-		[]any{"drain", drain.String(), "margin", t.Margin().String()}
+	return "--drain is longer than a resource handed to another replica can drain (--lease-renew-deadline minus --lease-retry): " +
+			"when a replica joins and takes a resource over, the old holder stops renewing its lease and must stop acting by its renew deadline, " +
+			"so in-flight messages it has not settled by then are fenced (left to the broker for the new holder, or counted as fenced) " +
+			"instead of drained; SIGTERM is not affected. Set --drain at or under that, or lengthen the renew deadline",
+		[]any{"drain", drain.String(), "usable", usable.String()}
 }

@@ -69,8 +69,8 @@ type Timing struct {
 // (etcd_test.go); on a busy cluster raise the deadline and the lease
 // together. The margin is the time a holder has to stop its resource;
 // clocks need only run at the same rate, which they do to parts per
-// million. A --drain longer than the margin is warned about at start
-// (cmd/connector, drainWarning).
+// million. A --drain longer than the renew deadline minus a retry period
+// is warned about at start (cmd/connector, drainWarning).
 var DefaultTiming = Timing{LeaseDuration: 4 * time.Second, RenewDeadline: 2500 * time.Millisecond, RetryPeriod: 500 * time.Millisecond}
 
 // withDefaults fills zero fields from DefaultTiming and checks the order
