@@ -137,7 +137,7 @@ func (b *inboundBridge) release(keep map[string]weida.ListenConfig, forget bool)
 		h.pub.OnCopiesLost(nil)
 		h.pub.CountCopiesUnconfirmed(nil)
 	}
-	b.host.listeners.release(h, keep)
+	b.host.listeners.release(h, keep, b.deps.drain())
 }
 
 func (b *inboundBridge) addStatus(st *Status) {

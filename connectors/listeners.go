@@ -75,23 +75,33 @@ func (ls *listeners) acquire(ctx context.Context, listen, path string, cfg weida
 }
 
 // release closes h's publisher path and gives up its listener, which
-// closes with its last path unless keep holds the address with the same
-// identity (a reload restarting the resources on it).
-func (ls *listeners) release(h *hostedPath, keep map[string]weida.ListenConfig) {
+// shuts down with its last path, within drain, unless keep holds the
+// address with the same identity (a reload restarting the resources on
+// it). The copies still queued were acknowledged to the broker, and the
+// resource may go on elsewhere (another replica took its lease), so they
+// get the drain bound to be written, as at the process's own shutdown.
+func (ls *listeners) release(h *hostedPath, keep map[string]weida.ListenConfig, drain time.Duration) {
 	h.pub.Close()
 	ls.mu.Lock()
-	defer ls.mu.Unlock()
 	sl := ls.byAddr[h.listen]
 	if sl == nil {
+		ls.mu.Unlock()
 		return
 	}
 	sl.refs--
 	if cfg, ok := keep[h.listen]; ok && sameListenIdentity(sl.cfg, cfg) {
+		ls.mu.Unlock()
 		return
 	}
-	if sl.refs == 0 {
-		sl.l.Close()
+	last := sl.refs == 0
+	if last {
 		delete(ls.byAddr, h.listen)
+	}
+	ls.mu.Unlock()
+	if last {
+		ctx, cancel := context.WithTimeout(context.Background(), drain)
+		defer cancel()
+		_ = sl.l.Shutdown(ctx)
 	}
 }
 

@@ -111,6 +111,16 @@ func NewRuntime(deps Deps) *Runtime {
 // visible in Statuses and is retried in the background like any failed
 // attempt.
 func (r *Runtime) Apply(ctx context.Context, units []Unit) error {
+	return r.ApplyKeeping(ctx, units, nil)
+}
+
+// ApplyKeeping is Apply, except that a resource left out of units for
+// which elsewhere reports true is stopped as for a restart, not retired:
+// it still exists and runs elsewhere next, so what its broker keeps for it
+// (an MQTT session's subscriptions, see [Retiring]) must stay for the one
+// that takes over. A replica among several passes the resources whose
+// lease it no longer holds; elsewhere nil is Apply.
+func (r *Runtime) ApplyKeeping(ctx context.Context, units []Unit, elsewhere func(name string) bool) error {
 	r.apply.Lock()
 	defer r.apply.Unlock()
 	want := make(map[string]Unit, len(units))
@@ -142,7 +152,7 @@ func (r *Runtime) Apply(ctx context.Context, units []Unit) error {
 		}
 		stop = append(stop, ru)
 		delete(r.running, name)
-		if !ok {
+		if !ok && (elsewhere == nil || !elsewhere(name)) {
 			ru.bridge.side.retire()
 		}
 	}

@@ -128,6 +128,10 @@ var chaosPeerReasons = []string{reasonNoInterest, reasonBrokerRefused, reasonNoS
 // counted.
 var chaosPossibleReasons = []string{"redelivery-dropped", "connection-lost", "subscriber:unread"}
 
+// brokerAt is where a mode's resources and clients find the broker: a
+// broker of the cell's own, or a shared one on loopback (TestHAPlacementByLease).
+type brokerAt interface{ Addr() string }
+
 // chaosMode is one way of using a broker: how to start it, how the
 // connector's resource reads it, how the test publishes into it and reads
 // from it.
@@ -142,14 +146,14 @@ type chaosMode struct {
 	// reports it through lost, by payload and reason (one of
 	// chaosPeerReasons); settle, when not nil, returns once every such
 	// report for what send sent has been made.
-	inbound func(t *testing.T, b *brokertest.Broker, u, name, endpoint string, lost func(payload, reason string)) (yaml string, send func(payload string) bool, settle func())
+	inbound func(t *testing.T, b brokerAt, u, name, endpoint string, lost func(payload, reason string)) (yaml string, send func(payload string) bool, settle func())
 	// outbound renders the outbound resource and starts a reader of what
 	// the connector publishes; it returns the weida topic to publish on.
 	// A broker that can tell which messages it took from the connector
 	// and may not have delivered to the reader (core NATS: a stream that
 	// witnesses the subject) returns witness, which calls visit with each
 	// such payload stored since its last call.
-	outbound func(t *testing.T, b *brokertest.Broker, u, name, dial string, arr *arrivals) (yaml, topic string, witness func(visit func(payload string)))
+	outbound func(t *testing.T, b brokerAt, u, name, dial string, arr *arrivals) (yaml, topic string, witness func(visit func(payload string)))
 }
 
 // arrivals records which numbered messages arrived, how often and when.
@@ -1075,7 +1079,7 @@ func (s *mqttSession) close() {
 	}
 }
 
-func mqttChaosIn(t *testing.T, b *brokertest.Broker, u, name, endpoint string, _ func(string, string)) (string, func(string) bool, func()) {
+func mqttChaosIn(t *testing.T, b brokerAt, u, name, endpoint string, _ func(string, string)) (string, func(string) bool, func()) {
 	res := mqttResource{Name: name, Direction: policy.Inbound, Broker: b.Addr(), QoS: 1, SessionExpiry: "300s", Hold: true,
 		Endpoint: endpoint, Routes: []mqttRoute{{"r", u + "/#"}}}
 	pub := &mqttSession{t: t, addr: b.Addr(), id: "pub-" + u}
@@ -1100,7 +1104,7 @@ func mqttChaosIn(t *testing.T, b *brokertest.Broker, u, name, endpoint string, _
 	}, nil
 }
 
-func mqttChaosOut(t *testing.T, b *brokertest.Broker, u, name, dial string, arr *arrivals) (string, string, func(func(string))) {
+func mqttChaosOut(t *testing.T, b brokerAt, u, name, dial string, arr *arrivals) (string, string, func(func(string))) {
 	res := mqttResource{Name: name, Direction: policy.Outbound, Broker: b.Addr(), QoS: 1, Endpoint: dial,
 		Routes: []mqttRoute{{"r", u + "/#"}}}
 	// The reader keeps a session of its own, so that what the broker took
@@ -1152,13 +1156,13 @@ func keepConnected(t *testing.T, hold func() error, stop func()) {
 	})
 }
 
-func jsSetup(t *testing.T, b *brokertest.Broker, u string) (*natsgo.Conn, jetstream.JetStream, string) {
+func jsSetup(t *testing.T, b brokerAt, u string) (*natsgo.Conn, jetstream.JetStream, string) {
 	nc := natsConn(t, b.Addr(), natsgo.MaxReconnects(-1), natsgo.ReconnectWait(50*time.Millisecond))
 	stream := "CHAOS_" + u
 	return nc, createStream(t, nc, stream, u+".>"), stream
 }
 
-func jsChaosIn(t *testing.T, b *brokertest.Broker, u, name, endpoint string, _ func(string, string)) (string, func(string) bool, func()) {
+func jsChaosIn(t *testing.T, b brokerAt, u, name, endpoint string, _ func(string, string)) (string, func(string) bool, func()) {
 	_, js, stream := jsSetup(t, b, u)
 	durable := "bridge-" + u
 	cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -1182,7 +1186,7 @@ func jsChaosIn(t *testing.T, b *brokertest.Broker, u, name, endpoint string, _ f
 	}, nil
 }
 
-func jsChaosOut(t *testing.T, b *brokertest.Broker, u, name, dial string, arr *arrivals) (string, string, func(func(string))) {
+func jsChaosOut(t *testing.T, b brokerAt, u, name, dial string, arr *arrivals) (string, string, func(func(string))) {
 	_, js, stream := jsSetup(t, b, u)
 	res := natsResource{Name: name, Direction: policy.Outbound, Broker: b.Addr(), Endpoint: dial,
 		Stream: stream, Routes: []string{u + ".m"}}
@@ -1217,7 +1221,7 @@ func jsChaosOut(t *testing.T, b *brokertest.Broker, u, name, dial string, arr *a
 	return res.YAML(t), weidaTopic(t, policy.NATSTokensV1(), u+".m"), nil
 }
 
-func coreChaosIn(t *testing.T, b *brokertest.Broker, u, name, endpoint string, lost func(payload, reason string)) (string, func(string) bool, func()) {
+func coreChaosIn(t *testing.T, b brokerAt, u, name, endpoint string, lost func(payload, reason string)) (string, func(string) bool, func()) {
 	nc := natsConn(t, b.Addr(), natsgo.MaxReconnects(-1), natsgo.ReconnectWait(50*time.Millisecond))
 	// Core NATS discards a message no subscription matches, but it tells
 	// a publisher that asks: a message published with a reply subject by
@@ -1283,7 +1287,7 @@ func coreChaosIn(t *testing.T, b *brokertest.Broker, u, name, endpoint string, l
 	return res.YAML(t), send, settle
 }
 
-func coreChaosOut(t *testing.T, b *brokertest.Broker, u, name, dial string, arr *arrivals) (string, string, func(func(string))) {
+func coreChaosOut(t *testing.T, b brokerAt, u, name, dial string, arr *arrivals) (string, string, func(func(string))) {
 	nc := natsConn(t, b.Addr(), natsgo.MaxReconnects(-1), natsgo.ReconnectWait(50*time.Millisecond))
 	if _, err := nc.Subscribe(u+".m", func(m *natsgo.Msg) { arr.add(string(m.Data), time.Now()) }); err != nil {
 		t.Fatal(err)
@@ -1379,7 +1383,7 @@ func (s *amqpSession) close() {
 	}
 }
 
-func amqpChaosIn(t *testing.T, b *brokertest.Broker, u, name, endpoint string, _ func(string, string)) (string, func(string) bool, func()) {
+func amqpChaosIn(t *testing.T, b brokerAt, u, name, endpoint string, _ func(string, string)) (string, func(string) bool, func()) {
 	queue := "chaos-" + u
 	exclusive := false
 	res := amqpResource{Name: name, Direction: policy.Inbound, Broker: b.Addr(), Endpoint: endpoint, QueueName: queue, Durable: true,
@@ -1391,7 +1395,7 @@ func amqpChaosIn(t *testing.T, b *brokertest.Broker, u, name, endpoint string, _
 	}, nil
 }
 
-func amqpChaosOut(t *testing.T, b *brokertest.Broker, u, name, dial string, arr *arrivals) (string, string, func(func(string))) {
+func amqpChaosOut(t *testing.T, b brokerAt, u, name, dial string, arr *arrivals) (string, string, func(func(string))) {
 	queue := "rd-" + u
 	// The reader's queue is durable and bound before the connector
 	// starts, so that it keeps what the connector publishes across the

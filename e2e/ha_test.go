@@ -69,12 +69,19 @@ type haCluster struct {
 	replicas []*haReplica
 	names    []string
 	next     int
+	// resetKeyFile, when set, is every replica's --reset-key-file, as a
+	// Secret mounted on every pod would be.
+	resetKeyFile string
 }
 
 func (h *haCluster) start() *haReplica {
 	id := fmt.Sprintf("r%d", h.next)
 	h.next++
-	r := &haReplica{id: id, c: StartConnector(h.t, amqpEnv, append(slices.Clone(h.args), "--replica-id", id)...)}
+	args := append(slices.Clone(h.args), "--replica-id", id)
+	if h.resetKeyFile != "" {
+		args = append(args, "--reset-key-file", h.resetKeyFile)
+	}
+	r := &haReplica{id: id, c: StartConnector(h.t, amqpEnv, args...)}
 	h.replicas = append(h.replicas, r)
 	// The binary is built with -race: a replica that saw a data race says
 	// so in its output, even one that was killed later.
@@ -146,22 +153,42 @@ func (h *haCluster) remove(r *haReplica) {
 	h.replicas = slices.DeleteFunc(h.replicas, func(x *haReplica) bool { return x == r })
 }
 
-// haFailoverBound is the documented bound with the default timing (lease
-// 5 s, retry 1 s): the lease expires at most 5 s after the holder's last
-// renewal, a standby takes it within a retry period and starts the
-// resource; the margin covers a loaded test machine.
-const haFailoverBound = 10 * time.Second
+// haFailoverGoal is the failover time after a crash the default timing
+// aims at (lease 4 s, retry 0.5 s; docs/PERFORMANCE.md, Failover): the
+// lease expires at most 4 s after the holder's last renewal, etcd notices
+// within 0.5 s, a standby tries again within a retry period and starts the
+// resource. Each kill's measured time is logged against it.
+const haFailoverGoal = 5 * time.Second
+
+// haFailoverBound is what the test asserts: the goal with a margin for a
+// loaded test machine (the binaries run with -race beside other jobs).
+const haFailoverBound = haFailoverGoal + 3*time.Second
+
+// haKills is how many holders TestHAPlacementByLease SIGKILLs under
+// traffic, cycling through the resources.
+const haKills = 10
 
 // TestHAPlacementByLease: three replicas of the connector (three processes)
-// share six inbound resources (MQTT QoS 1 sessions, NATS, AMQP durable
-// queues) through leases on a real three-member etcd cluster. Every
-// resource runs on exactly one replica, two per replica, at every sampled
-// instant. Then the holder of a resource of each protocol is SIGKILLed in
-// turn: a survivor runs it within the bound. Last, SIGTERM hands a
-// resource over within about a retry period, without waiting for the lease
-// to expire. Killing one etcd member moves nothing; stopping the whole
-// cluster stops every holder within the renew deadline, and they resume
-// when it returns.
+// share six resources through leases on a real three-member etcd cluster:
+// MQTT QoS 1 persistent-session inbound, JetStream durable inbound, AMQP
+// durable-queue inbound, and MQTT, NATS and AMQP outbound. Every resource
+// runs on exactly one replica, two per replica, at every sampled instant.
+//
+// Then, under steady traffic (haFlowRate messages/s per resource: into the
+// broker for inbound ones, with a weida subscriber that dials the
+// resource's one address, pinned to the identity every replica presents;
+// from a weida publisher the holder dials for outbound ones, with a reader
+// on the broker), the holder of a resource is SIGKILLed haKills times,
+// cycling through the resources, and a replica started after each kill: a
+// survivor runs the resource, and its subscriber or reader receives again,
+// within the bound. Afterwards the durable inbound sources have lost
+// nothing (duplicates allowed) and every other message was delivered or
+// counted (the fault suite's accounting).
+//
+// Last, SIGTERM hands a resource over within about a retry period, without
+// waiting for the lease to expire. Killing one etcd member moves nothing;
+// stopping the whole cluster stops every holder within the renew
+// deadline, and they resume when it returns.
 func TestHAPlacementByLease(t *testing.T) {
 	requireTCP(t, "Mosquitto", mosquittoAddr)
 	requireTCP(t, "NATS", natsAddr)
@@ -169,27 +196,27 @@ func TestHAPlacementByLease(t *testing.T) {
 	etcd := brokertest.StartEtcdCluster(t)
 	u := unique()
 	dir := t.TempDir()
-	endpoint := func(path string) string {
-		return fmt.Sprintf("weida://127.0.0.1:%d/%s", freePort(t, "udp"), path)
+	files := t.TempDir()
+	var flows []*haFlow
+	add := func(f *haFlow, yaml string) {
+		writeFile(t, dir, f.name+".yaml", yaml)
+		flows = append(flows, f)
 	}
+	add(haInbound(t, haMode(t, "mqtt-qos1"), "ha-mqtt-in", files))
+	add(haInbound(t, haMode(t, "nats-jetstream"), "ha-js-in", files))
+	add(haInbound(t, haMode(t, "amqp-durable"), "ha-amqp-in", files))
+	add(haOutbound(t, haMode(t, "mqtt-qos1"), "ha-mqtt-out", files))
+	add(haOutbound(t, haMode(t, "nats-core"), "ha-nats-out", files))
+	add(haOutbound(t, haMode(t, "amqp-durable"), "ha-amqp-out", files))
 	var names []string
-	for _, s := range []string{"a", "b"} {
-		m := mqttResource{Name: "ha-mqtt-" + s, Direction: policy.Inbound, QoS: 1, Endpoint: endpoint("mqtt-" + s),
-			Routes: []mqttRoute{{"r", u + "/" + s + "/#"}}}
-		n := natsResource{Name: "ha-nats-" + s, Direction: policy.Inbound, Endpoint: endpoint("nats-" + s),
-			Routes: []string{u + "." + s + ".*"}}
-		queue := "ha-" + u + "-" + s
-		deleteQueueAtEnd(t, rabbitAddr, queue)
-		a := amqpResource{Name: "ha-amqp-" + s, Direction: policy.Inbound, QueueName: queue, Durable: true,
-			Endpoint: endpoint("amqp-" + s), Routes: []amqpRoute{{"r", u + "." + s + ".#"}}}
-		writeFile(t, dir, m.Name+".yaml", m.YAML(t))
-		writeFile(t, dir, n.Name+".yaml", n.YAML(t))
-		writeFile(t, dir, a.Name+".yaml", a.YAML(t))
-		names = append(names, m.Name, n.Name, a.Name)
+	byName := map[string]*haFlow{}
+	for _, f := range flows {
+		names = append(names, f.name)
+		byName[f.name] = f
 	}
 	slices.Sort(names)
-	h := &haCluster{t: t, names: names, args: []string{"-f", dir, "--placement", "etcd",
-		"--etcd-endpoints", etcd.Endpoints(), "--etcd-prefix", "/" + u + "/"}}
+	h := &haCluster{t: t, names: names, resetKeyFile: sharedResetKey(t, files), args: []string{"-f", dir, "--placement", "etcd",
+		"--etcd-endpoints", etcd.Endpoints(), "--etcd-prefix", "/" + u + "/", "--instance", "ha-" + u}}
 	for range 3 {
 		h.start()
 	}
@@ -211,38 +238,112 @@ func TestHAPlacementByLease(t *testing.T) {
 			t.Errorf("replica %s exports no weida_connector_lease_held", r.id)
 		}
 	}
+	// The default --drain (10 s) is longer than a handed-over resource
+	// can drain (renew deadline 2.5 s minus retry 0.5 s).
+	if out := h.replicas[0].c.Output(); !strings.Contains(out, "--drain is longer than a resource handed to another replica can drain") {
+		t.Errorf("replica %s did not warn that --drain exceeds what a handed-over resource can drain:\n%s", h.replicas[0].id, out)
+	}
 
-	var took []time.Duration
-	for _, victim := range []string{"ha-mqtt-a", "ha-nats-a", "ha-amqp-a"} {
-		holder := h.holders()[victim][0]
-		r := h.replica(holder)
+	// Traffic: the subscribers first, then every sender; each flow's first
+	// message across the bridge shows that it works end to end.
+	for _, f := range flows {
+		if f.dir == policy.Inbound {
+			f.startSink()
+		}
+	}
+	for _, f := range flows {
+		f.start()
+	}
+	for _, f := range flows {
+		Eventually(t, 60*time.Second, f.name+" carrying messages", func() bool { return f.arr.distinct() > 0 })
+	}
+
+	var took, again []time.Duration
+	for k := range haKills {
+		victim := names[k%len(names)]
+		f := byName[victim]
+		holder := h.holders()[victim]
+		if len(holder) != 1 {
+			t.Fatalf("kill %d: %s runs on %v", k+1, victim, holder)
+		}
+		r := h.replica(holder[0])
+		for _, g := range flows {
+			g.keep(r.c)
+		}
 		r.c.Signal(syscall.SIGKILL)
 		killed := time.Now()
 		if _, ok := r.c.Wait(10 * time.Second); !ok {
-			t.Fatalf("replica %s did not die of SIGKILL", holder)
+			t.Fatalf("replica %s did not die of SIGKILL", r.id)
 		}
 		h.remove(r)
+		var running time.Time
 		Eventually(t, 30*time.Second, victim+" running on a survivor", func() bool {
 			for _, s := range h.replicas {
 				if s.placements()[victim].runsHere() {
+					running = time.Now()
 					return true
 				}
 			}
 			return false
 		})
-		d := time.Since(killed)
-		took = append(took, d)
-		t.Logf("SIGKILL of %s (holder of %s): running on a survivor after %s", holder, victim, d.Round(10*time.Millisecond))
+		d := running.Sub(killed)
+		// Receiving again: the first message to arrive once a survivor
+		// runs the resource (the dead holder can deliver nothing more).
+		var rd time.Duration
+		reader := "broker reader"
+		if f.dir == policy.Inbound {
+			reader = "weida subscriber"
+		}
+		Eventually(t, 30*time.Second, victim+"'s "+reader+" receiving again", func() bool {
+			rd = f.arr.firstAfter(running)
+			return rd >= 0
+		})
+		rd += d
+		took, again = append(took, d), append(again, rd)
+		t.Logf("kill %d at %s: SIGKILL of %s (holder of %s): running on a survivor after %s, received again after %s (goal %s)",
+			k+1, killed.Format("15:04:05.000"), r.id, victim, d.Round(10*time.Millisecond), rd.Round(10*time.Millisecond), haFailoverGoal)
 		if d > haFailoverBound {
 			t.Errorf("%s took %s to fail over; the bound is %s", victim, d, haFailoverBound)
+		}
+		if rd > haFailoverBound {
+			t.Errorf("%s: nothing received for %s after the kill; the bound is %s", victim, rd, haFailoverBound)
 		}
 		h.start()
 		h.waitSpread(60 * time.Second)
 	}
+	var over int
+	for _, d := range took {
+		if d > haFailoverGoal {
+			over++
+		}
+	}
+	t.Logf("failover after SIGKILL, %d kills: min %s, median %s, max %s (%d over the %s goal): %v",
+		len(took), slices.Min(took).Round(10*time.Millisecond), medianDuration(took).Round(10*time.Millisecond),
+		slices.Max(took).Round(10*time.Millisecond), over, haFailoverGoal, roundAll(took))
+	t.Logf("received again after SIGKILL: min %s, median %s, max %s: %v",
+		slices.Min(again).Round(10*time.Millisecond), medianDuration(again).Round(10*time.Millisecond),
+		slices.Max(again).Round(10*time.Millisecond), roundAll(again))
+
+	// What became of every message.
+	settleAll(flows, func() []*haReplica { return h.replicas })
+	for _, f := range flows {
+		a := f.account(h.replicas)
+		t.Logf("%s (%s): %s", f.name, f.dir, a)
+		if a.unaccounted > 0 {
+			t.Errorf("%s: %d messages lost and counted nowhere: %s", f.name, a.unaccounted, a)
+		}
+		if a.unaccounted > 0 || (f.durable && a.missing > 0) {
+			t.Logf("%s: the missing messages no peer counted, sent after the traffic started at %s:\n%s",
+				f.name, f.begin.Format("15:04:05.000"), f.runs(a))
+		}
+		if f.durable && a.missing > 0 {
+			t.Errorf("%s: %d messages missing from a durable source: %s", f.name, a.missing, a)
+		}
+	}
 
 	// SIGTERM: the holder stops the resource and releases its lease at
 	// once, so a survivor takes it within a retry period or two.
-	victim := "ha-nats-b"
+	victim := "ha-nats-out"
 	holder := h.holders()[victim][0]
 	r := h.replica(holder)
 	r.c.Signal(syscall.SIGTERM)
@@ -266,7 +367,6 @@ func TestHAPlacementByLease(t *testing.T) {
 	if d > 4*time.Second {
 		t.Errorf("a SIGTERM handover took %s: leases must be released at once, not left to expire", d)
 	}
-	t.Logf("failover after SIGKILL: %v", took)
 	h.remove(r)
 	h.start()
 	h.waitSpread(60 * time.Second)
@@ -283,7 +383,7 @@ func TestHAPlacementByLease(t *testing.T) {
 	etcd.WaitHealthy()
 
 	// The whole cluster down: every holder stops within the renew
-	// deadline (3 s, with room for a loaded machine), /status says why,
+	// deadline (2.5 s, with room for a loaded machine), /status says why,
 	// and everything runs again once the cluster is back.
 	for i := range 3 {
 		etcd.Kill(i)
@@ -303,6 +403,15 @@ func TestHAPlacementByLease(t *testing.T) {
 	back := time.Now()
 	h.waitSpread(60 * time.Second)
 	t.Logf("etcd back: every resource running again after %s", time.Since(back).Round(10*time.Millisecond))
+}
+
+// roundAll rounds each duration to 10 ms, for the log.
+func roundAll(ds []time.Duration) []time.Duration {
+	out := make([]time.Duration, len(ds))
+	for i, d := range ds {
+		out[i] = d.Round(10 * time.Millisecond)
+	}
+	return out
 }
 
 // epochs returns each resource's holder and epoch as its holder reports it.

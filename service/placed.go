@@ -133,10 +133,6 @@ func (p *placed) start() error {
 	p.log.Info("placement by lease", "backend", cfg.Placement.Backend, "replica", cfg.Placement.Identity,
 		"lease", p.timing.LeaseDuration.String(), "renew_deadline", p.timing.RenewDeadline.String(),
 		"retry", p.timing.RetryPeriod.String(), "margin", p.timing.Margin().String())
-	if d := cfg.Drain; d > p.timing.Margin() {
-		p.log.Warn("the drain bound is longer than the lease margin: a resource whose lease is lost may still settle in-flight messages after another replica has taken it over (they are then delivered twice)",
-			"drain", d.String(), "margin", p.timing.Margin().String())
-	}
 	return nil
 }
 
@@ -280,7 +276,12 @@ func (p *placed) applyHeld() {
 		}
 	}
 	p.mu.Unlock()
-	if err := p.rt.Apply(context.Background(), units); err != nil {
+	// A resource stopped here is still loaded and runs on the next
+	// holder: it must not withdraw its broker subscriptions on the way
+	// out (an MQTT session shared by every replica's client ID would
+	// then drop what is published until the next holder subscribes).
+	loaded := func(name string) bool { _, ok := p.units[name]; return ok }
+	if err := p.rt.ApplyKeeping(context.Background(), units, loaded); err != nil {
 		p.log.Error("some held resources could not start; they are retried", "err", err)
 	}
 }

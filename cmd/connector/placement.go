@@ -37,7 +37,7 @@ func addPlacementFlags(fs *flag.FlagSet) *placementFlags {
 		etcdPrefix:    fs.String("etcd-prefix", "/weida-connector/", "with --placement etcd: the key prefix of the leases"),
 		namespace:     fs.String("lease-namespace", "", "with --placement kubernetes: the namespace of the Lease objects (default: the pod's own)"),
 		leasePrefix:   fs.String("lease-prefix", "weida-connector.", "with --placement kubernetes: the name prefix of the Lease objects"),
-		lease:         fs.Duration("lease-duration", d.LeaseDuration, "how long the coordination service keeps a lease after its last renewal (whole seconds); the same on every replica"),
+		lease:         fs.Duration("lease-duration", d.LeaseDuration, "how long the coordination service keeps a lease after its last renewal (whole seconds); the same on every replica. A crashed holder's resources run elsewhere about this plus --lease-retry after the crash"),
 		renewDeadline: fs.Duration("lease-renew-deadline", d.RenewDeadline, "a holder that has not renewed for this long stops the resource; shorter than --lease-duration"),
 		retry:         fs.Duration("lease-retry", d.RetryPeriod, "how often a holder renews and a standby tries to take a free lease; shorter than --lease-renew-deadline"),
 		// A process flag, not a resource field: the key belongs to the UDP
@@ -98,4 +98,40 @@ func (f *placementFlags) placement(hostname func() (string, error)) (service.Pla
 		return p, fmt.Errorf("--lease-retry, --lease-renew-deadline and --lease-duration: %w", err)
 	}
 	return p, nil
+}
+
+// drainWarning returns the warning `connector run` logs at start, with its
+// attributes, when --drain is longer than a resource given up by its
+// replica can be sure to drain; "" when placement is off or the drain fits.
+//
+// The comparison. On SIGTERM the resources drain while their leases are
+// still renewed, and are released only after: any --drain is safe there.
+// The risk is a holding that ends while its lease is no longer renewed.
+// Since the data path checks the holding before every act (service,
+// fence), such a holder never acknowledges or publishes after its renew
+// deadline, which falls the margin (lease duration minus renew deadline)
+// before the lease can expire: safety no longer depends on --drain. What
+// does is how much of the drain a holding can use. A lost lease (its
+// deadline passed) fences at once, whatever the drain. A holding the
+// replica gives up itself while healthy (a rebalance, when a replica
+// joins) stops renewing as it ends, and may act until its deadline, which
+// is then at least the renew deadline minus one retry period away (the
+// last renewal went out at most one retry period before). A longer drain
+// is cut there: what is still in flight is fenced (left to the broker for
+// the next holder, or counted as fenced where the broker would not deliver
+// it again) rather than settled.
+func drainWarning(drain time.Duration, p service.Placement) (string, []any) {
+	if !p.Enabled() {
+		return "", nil
+	}
+	t, err := p.Timing.WithDefaults()
+	usable := t.RenewDeadline - t.RetryPeriod
+	if err != nil || drain <= usable {
+		return "", nil
+	}
+	return "--drain is longer than a resource handed to another replica can drain (--lease-renew-deadline minus --lease-retry): " +
+			"when a replica joins and takes a resource over, the old holder stops renewing its lease and must stop acting by its renew deadline, " +
+			"so in-flight messages it has not settled by then are fenced (left to the broker for the new holder, or counted as fenced) " +
+			"instead of drained; SIGTERM is not affected. Set --drain at or under that, or lengthen the renew deadline",
+		[]any{"drain", drain.String(), "usable", usable.String()}
 }

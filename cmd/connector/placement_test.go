@@ -8,6 +8,10 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"weida.dev/connector/service"
+	"weida.dev/connector/service/placement"
 )
 
 // The placement flags: none means no placement, whatever else is set; a
@@ -108,6 +112,37 @@ func TestRunResetKeyFile(t *testing.T) {
 	for _, w := range []string{"refusing to start", "--reset-key-file", bad, "29 bytes", "openssl rand -hex 32"} {
 		if code != exitUsage || !strings.Contains(errOut, w) {
 			t.Errorf("exit %d, %q; want 2 and a refusal naming %q", code, errOut, w)
+		}
+	}
+}
+
+// The drain warning compares --drain with what a resource given up by its
+// replica can drain, the renew deadline minus a retry period of the timing
+// in force (defaults filled in), and only with placement on.
+func TestDrainWarning(t *testing.T) {
+	d := placement.DefaultTiming
+	usable := d.RenewDeadline - d.RetryPeriod
+	etcd := service.Placement{Backend: "etcd"}
+	long := service.Placement{Backend: "etcd", Timing: placement.Timing{LeaseDuration: 15 * time.Second, RenewDeadline: 12 * time.Second, RetryPeriod: time.Second}}
+	for _, c := range []struct {
+		drain time.Duration
+		p     service.Placement
+		warn  bool
+	}{
+		{10 * time.Second, service.Placement{}, false}, // no placement: nothing moves
+		{10 * time.Second, etcd, true},                 // the default drain against the default timing
+		{usable, etcd, false},
+		{usable + time.Millisecond, etcd, true},
+		{d.Margin(), etcd, false},       // the manifest's 1.5 s
+		{10 * time.Second, long, false}, // 11 s usable
+		{12 * time.Second, long, true},
+	} {
+		msg, attrs := drainWarning(c.drain, c.p)
+		if (msg != "") != c.warn {
+			t.Errorf("drain %v, timing %+v: warning %q, want one: %v", c.drain, c.p.Timing, msg, c.warn)
+		}
+		if c.warn && (len(attrs) != 4 || attrs[1] != c.drain.String() || !strings.Contains(msg, "renew deadline")) {
+			t.Errorf("drain %v: attributes %v, message %q", c.drain, attrs, msg)
 		}
 	}
 }

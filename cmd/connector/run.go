@@ -141,6 +141,9 @@ func runService(ctx context.Context, opts runOptions, stateSource string, stdout
 	} else {
 		log.Info("state directory", "dir", opts.stateDir, "from", stateSource)
 	}
+	if msg, attrs := drainWarning(opts.drain, opts.placement); msg != "" {
+		log.Warn(msg, attrs...)
+	}
 
 	// SIGHUP is registered before loading so that a reload sent while
 	// starting is not lost (nor kills the process, SIGHUP's default).

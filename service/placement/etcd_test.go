@@ -11,8 +11,8 @@ import (
 	"time"
 )
 
-// etcdTiming renews twice as often as DefaultTiming, so that the cluster
-// test stays well under a minute, and keeps the renew deadline (3.5 s) well
+// etcdTiming renews as often as DefaultTiming, so that the cluster test
+// stays well under a minute, and keeps the renew deadline (3.5 s) well
 // above an election with the cluster's raft timers (0.5 to 1 s when the
 // machine is idle). With a 2 s deadline, killing the leader made every
 // holder stop in two runs of three on a two-core machine loaded twentyfold.

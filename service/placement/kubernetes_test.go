@@ -191,8 +191,8 @@ func TestKubernetesOutage(t *testing.T) {
 
 func TestTiming(t *testing.T) {
 	d, err := Timing{}.withDefaults()
-	if err != nil || d != DefaultTiming || d.Margin() != 2*time.Second {
-		t.Fatalf("zero Timing = %+v, %v, margin %v; want DefaultTiming with a 2 s margin", d, err, d.Margin())
+	if err != nil || d != DefaultTiming || d.Margin() != 1500*time.Millisecond {
+		t.Fatalf("zero Timing = %+v, %v, margin %v; want DefaultTiming with a 1.5 s margin", d, err, d.Margin())
 	}
 	for _, bad := range []Timing{
 		{LeaseDuration: 3 * time.Second, RenewDeadline: 3 * time.Second, RetryPeriod: time.Second},

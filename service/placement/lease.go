@@ -39,24 +39,39 @@ type Timing struct {
 	// LeaseDuration is how long the coordination service keeps a lease
 	// after the last renewal it received. Backends round it up to whole
 	// seconds (etcd TTLs and Kubernetes' leaseDurationSeconds are whole
-	// seconds). Zero means 5 s.
+	// seconds). Zero means 4 s.
 	LeaseDuration time.Duration
 	// RenewDeadline is how long after sending the last renewal that
 	// succeeded a holder may go on acting; past it, the Holding's context
 	// ends. It must be shorter than LeaseDuration: the difference is the
 	// margin in which the holder stops its resource and in which clocks may
-	// run at different rates. Zero means 3 s.
+	// run at different rates. Zero means 2.5 s.
 	RenewDeadline time.Duration
 	// RetryPeriod is how often a holder renews and a standby tries to
 	// acquire. It must be shorter than RenewDeadline so that a renewal can
-	// fail and be retried before the deadline. Zero means 1 s.
+	// fail and be retried before the deadline. Zero means 0.5 s.
 	RetryPeriod time.Duration
 }
 
-// DefaultTiming is a 5 s lease renewed every second, with a 3 s renew
-// deadline: a holder cut off from the coordination service stops within
-// 3 s, at least 2 s before its lease can move.
-var DefaultTiming = Timing{LeaseDuration: 5 * time.Second, RenewDeadline: 3 * time.Second, RetryPeriod: time.Second}
+// DefaultTiming is a 4 s lease renewed every half second, with a 2.5 s
+// renew deadline: a holder cut off from the coordination service stops
+// within 2.5 s, at least 1.5 s (the margin) before its lease can move.
+//
+// Why these numbers. A crashed holder's resource runs elsewhere once its
+// lease has expired (LeaseDuration after its last renewal, which was up to
+// a RetryPeriod before the crash; etcd checks expiry every 0.5 s), a
+// standby has tried again (up to a RetryPeriod) and the resource has
+// started: about LeaseDuration + RetryPeriod, for a goal of 5 s after a
+// crash (measured in docs/PERFORMANCE.md, Failover). The renew deadline
+// is not in that sum, so it is kept long: two and a half election timeouts
+// of an etcd cluster with its default timers (1 s), since a 2 s deadline
+// fenced every holder when the leader was killed on a loaded machine
+// (etcd_test.go); on a busy cluster raise the deadline and the lease
+// together. The margin is the time a holder has to stop its resource;
+// clocks need only run at the same rate, which they do to parts per
+// million. A --drain longer than the renew deadline minus a retry period
+// is warned about at start (cmd/connector, drainWarning).
+var DefaultTiming = Timing{LeaseDuration: 4 * time.Second, RenewDeadline: 2500 * time.Millisecond, RetryPeriod: 500 * time.Millisecond}
 
 // withDefaults fills zero fields from DefaultTiming and checks the order
 // RetryPeriod < RenewDeadline < LeaseDuration.
