@@ -111,32 +111,86 @@ func (h *haCluster) holders() map[string][]string {
 // none holds more than its share.
 func (h *haCluster) waitSpread(d time.Duration) {
 	h.t.Helper()
+	Eventually(h.t, d, "every resource running on one replica, spread evenly", h.spread)
+}
+
+// spread reports whether every resource runs on exactly one replica and
+// none holds more than its share, sampling each replica once.
+func (h *haCluster) spread() bool {
 	share := (len(h.names) + len(h.replicas) - 1) / len(h.replicas)
-	Eventually(h.t, d, "every resource running on one replica, spread evenly", func() bool {
-		per := make(map[string]int)
-		for _, r := range h.replicas {
-			ps := r.placements()
-			for _, name := range h.names {
-				if ps[name].runsHere() {
-					per[r.id]++
-				}
-			}
-		}
-		total := 0
-		for _, r := range h.replicas {
-			if per[r.id] > share {
-				return false
-			}
-			total += per[r.id]
-		}
-		hs := h.holders()
+	per := make(map[string]int)
+	holders := make(map[string]int)
+	for _, r := range h.replicas {
+		ps := r.placements()
 		for _, name := range h.names {
-			if len(hs[name]) != 1 {
-				return false
+			if p := ps[name]; p.Placement != nil && p.Placement.Role == "holder" {
+				holders[name]++
+			}
+			if ps[name].runsHere() {
+				per[r.id]++
 			}
 		}
-		return total == len(h.names)
-	})
+	}
+	total := 0
+	for _, r := range h.replicas {
+		if per[r.id] > share {
+			return false
+		}
+		total += per[r.id]
+	}
+	for _, name := range h.names {
+		if holders[name] != 1 {
+			return false
+		}
+	}
+	return total == len(h.names)
+}
+
+// gaps follows, sample by sample, how long each resource runs nowhere.
+type gaps struct {
+	since   map[string]time.Time     // when a resource was last seen running nowhere first
+	longest map[string]time.Duration // its longest stretch so far
+}
+
+func newGaps() *gaps {
+	return &gaps{since: map[string]time.Time{}, longest: map[string]time.Duration{}}
+}
+
+// sample reads every replica once and notes which resources run nowhere.
+func (g *gaps) sample(h *haCluster) {
+	now := time.Now()
+	running := map[string]bool{}
+	for _, r := range h.replicas {
+		for name, p := range r.placements() {
+			if p.runsHere() {
+				running[name] = true
+			}
+		}
+	}
+	for _, name := range h.names {
+		start, down := g.since[name]
+		switch {
+		case !running[name] && !down:
+			g.since[name] = now
+		case running[name] && down:
+			g.longest[name] = max(g.longest[name], now.Sub(start))
+			delete(g.since, name)
+		}
+	}
+}
+
+// until samples every 100 ms until done holds, failing the test after d.
+func (g *gaps) until(h *haCluster, d time.Duration, what string, done func() bool) {
+	h.t.Helper()
+	for end := time.Now().Add(d); ; time.Sleep(100 * time.Millisecond) {
+		g.sample(h)
+		if done() {
+			return
+		}
+		if time.Now().After(end) {
+			h.t.Fatalf("after %s: %s", d, what)
+		}
+	}
 }
 
 func (h *haCluster) replica(id string) *haReplica {
@@ -185,8 +239,10 @@ const haKills = 10
 // nothing (duplicates allowed) and every other message was delivered or
 // counted (the fault suite's accounting).
 //
-// Last, SIGTERM hands a resource over within about a retry period, without
-// waiting for the lease to expire. Killing one etcd member moves nothing;
+// Then a rolling restart: each replica in turn gets SIGTERM, which hands
+// its resources over within about a retry period, without waiting for the
+// leases to expire, and a replacement joins; sampled every 100 ms, no
+// resource runs nowhere for longer than the bound. Killing one etcd member moves nothing;
 // stopping the whole cluster stops every holder within the renew
 // deadline, and they resume when it returns.
 func TestHAPlacementByLease(t *testing.T) {
@@ -341,35 +397,58 @@ func TestHAPlacementByLease(t *testing.T) {
 		}
 	}
 
-	// SIGTERM: the holder stops the resource and releases its lease at
-	// once, so a survivor takes it within a retry period or two.
-	victim := "ha-nats-out"
-	holder := h.holders()[victim][0]
-	r := h.replica(holder)
-	r.c.Signal(syscall.SIGTERM)
-	termed := time.Now()
-	Eventually(t, 30*time.Second, victim+" running on a survivor after SIGTERM", func() bool {
-		for _, s := range h.replicas {
-			if s != r && s.placements()[victim].runsHere() {
-				return true
+	// A rolling restart: every replica in turn gets SIGTERM, which stops
+	// its resources and releases their leases at once, so a survivor runs
+	// each within a retry period or two, and a replacement joins and takes
+	// its share. No resource runs nowhere for longer than the failover
+	// bound, the joins' rebalancing included.
+	g := newGaps()
+	for _, r := range slices.Clone(h.replicas) {
+		var held []string
+		for name, p := range r.placements() {
+			if p.runsHere() {
+				held = append(held, name)
 			}
 		}
-		return false
-	})
-	d := time.Since(termed)
-	t.Logf("SIGTERM of %s (holder of %s): running on a survivor after %s", holder, victim, d.Round(10*time.Millisecond))
-	if code, ok := r.c.Wait(20 * time.Second); !ok || code != 0 {
-		t.Errorf("replica %s exited with %d (exited: %v) after SIGTERM", holder, code, ok)
+		slices.Sort(held)
+		r.c.Signal(syscall.SIGTERM)
+		termed := time.Now()
+		moved := map[string]time.Duration{}
+		g.until(h, 30*time.Second, fmt.Sprintf("%v, held by %s, running on survivors after SIGTERM", held, r.id), func() bool {
+			for _, s := range h.replicas {
+				if s == r {
+					continue
+				}
+				for name, p := range s.placements() {
+					if _, seen := moved[name]; !seen && slices.Contains(held, name) && p.runsHere() {
+						moved[name] = time.Since(termed)
+					}
+				}
+			}
+			return len(moved) == len(held)
+		})
+		for _, name := range held {
+			t.Logf("SIGTERM of %s: %s running on a survivor after %s", r.id, name, moved[name].Round(10*time.Millisecond))
+			if moved[name] > 4*time.Second {
+				t.Errorf("a SIGTERM handover of %s took %s: leases must be released at once, not left to expire", name, moved[name])
+			}
+		}
+		if code, ok := r.c.Wait(20 * time.Second); !ok || code != 0 {
+			t.Errorf("replica %s exited with %d (exited: %v) after SIGTERM", r.id, code, ok)
+		}
+		if len(held) > 0 && !strings.Contains(r.c.Output(), "lease released") {
+			t.Errorf("replica %s did not log releasing its leases:\n%s", r.id, r.c.Output())
+		}
+		h.remove(r)
+		h.start()
+		g.until(h, 60*time.Second, "every resource running on one replica, spread evenly, after a replica joined", h.spread)
 	}
-	if !strings.Contains(r.c.Output(), "lease released") {
-		t.Errorf("replica %s did not log releasing its leases:\n%s", holder, r.c.Output())
+	for _, name := range names {
+		t.Logf("rolling restart: %s ran nowhere for at most %s", name, g.longest[name].Round(10*time.Millisecond))
+		if g.longest[name] > haFailoverBound {
+			t.Errorf("rolling restart: %s ran nowhere for %s; the bound is %s", name, g.longest[name], haFailoverBound)
+		}
 	}
-	if d > 4*time.Second {
-		t.Errorf("a SIGTERM handover took %s: leases must be released at once, not left to expire", d)
-	}
-	h.remove(r)
-	h.start()
-	h.waitSpread(60 * time.Second)
 
 	// One etcd member killed: for longer than a lease, nothing moves.
 	before := h.epochs()

@@ -246,6 +246,11 @@ func fileResetKey(file string) (*quic.StatelessResetKey, error) {
 	var k quic.StatelessResetKey
 	digits := bytes.TrimSuffix(bytes.TrimSuffix(b, []byte("\n")), []byte("\r"))
 	switch {
+	case len(b) == len(k) && printable(b):
+		// 32 random bytes are all printable ASCII about once in 10^14
+		// keys; a file of 32 printable bytes is text: a placeholder, a
+		// phrase, or 16 bytes written as hex without the newline.
+		return nil, &ResetKeyError{File: file, Size: len(b), Rule: "its 32 bytes are all printable text, a placeholder or a phrase rather than random bytes"}
 	case len(b) == len(k):
 		copy(k[:], b)
 	case len(digits) == 2*len(k):
@@ -259,6 +264,17 @@ func fileResetKey(file string) (*quic.StatelessResetKey, error) {
 		return nil, &ResetKeyError{File: file, Size: len(b), Rule: "the key is all zeros, a placeholder rather than a secret"}
 	}
 	return &k, nil
+}
+
+// printable reports whether every byte of b is printable ASCII or a
+// newline.
+func printable(b []byte) bool {
+	for _, c := range b {
+		if (c < ' ' || c > '~') && c != '\n' && c != '\r' && c != '\t' {
+			return false
+		}
+	}
+	return true
 }
 
 func randomResetKey() (*quic.StatelessResetKey, error) {
