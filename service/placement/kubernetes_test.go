@@ -553,6 +553,50 @@ func TestKubernetesPodLabelsOrder(t *testing.T) {
 	})
 }
 
+// TestKubernetesPodLabelsUnconfirmed: a replica whose lease has not been
+// confirmed for half a lease (one paused past its lease, whose label the
+// next holder moved to its own pod) neither labels its pod again nor takes
+// the label off the other pod; a renewal that confirms the lease again
+// lets it do both.
+func TestKubernetesPodLabelsUnconfirmed(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx := context.Background()
+		cs := casClientset()
+		pods := cs.CoreV1().Pods("weida")
+		createPods(t, cs, map[string]map[string]string{"pod-a": nil, "pod-b": nil})
+		k := newKubernetesBackend(t, cs)
+		k.LabelPod(pods, "pod-a", nil)
+		defer k.Close()
+		c, err := k.TryAcquire(ctx, resourcePrefix+"r1", "pod-a")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Release(ctx)
+		synctest.Wait()
+		wantLabels(t, cs, "pod-a", "r1")
+
+		time.Sleep(etcdTiming.LeaseDuration / 2) // no renewal meanwhile
+		// What the next holder's reconciler does.
+		for pod, labels := range map[string]string{"pod-a": `null`, "pod-b": `"true"`} {
+			if _, err := pods.Patch(ctx, pod, types.MergePatchType, []byte(`{"metadata":{"labels":{"`+HoldsLabel("r1")+`":`+labels+`}}}`), metav1.PatchOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		time.Sleep(othersPeriod + labelPeriod)
+		synctest.Wait()
+		wantLabels(t, cs, "pod-a")
+		wantLabels(t, cs, "pod-b", "r1")
+
+		// The renewal wakes the reconciler: the label is missing.
+		if err := c.Renew(ctx); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		wantLabels(t, cs, "pod-a", "r1")
+		wantLabels(t, cs, "pod-b")
+	})
+}
+
 // TestKubernetesPodLabelsPlacement: three replicas of a Placer on one fake
 // API server, each labelling its pod. Once spread, each resource's label
 // is on exactly the pod of its holder; when a replica closes (SIGTERM),

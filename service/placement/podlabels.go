@@ -81,10 +81,6 @@ type podLabels struct {
 	// the time the last confirmation was sent: a key is absent once its
 	// lease is released or lost.
 	want map[string]time.Time
-	// cleared holds the wanted keys whose label the reconciler has taken
-	// off every other pod since they became wanted: the condition for
-	// labelling this pod.
-	cleared map[string]bool
 	// carries holds the keys this pod may carry: those the last read of
 	// the pod showed, and those whose addition was sent, whether or not
 	// it succeeded (a write that timed out may still be applied).
@@ -126,7 +122,7 @@ func newPodLabels(pods corev1client.PodInterface, pod string, leaseDuration time
 	p := &podLabels{
 		pods: pods, pod: pod, log: log, fresh: leaseDuration / 2,
 		kick: make(chan struct{}, 1), ctx: ctx, cancel: cancel, done: make(chan struct{}),
-		want: make(map[string]time.Time), cleared: make(map[string]bool), carries: make(map[string]bool), changed: make(chan struct{}),
+		want: make(map[string]time.Time), carries: make(map[string]bool), changed: make(chan struct{}),
 	}
 	go p.run()
 	return p
@@ -161,9 +157,6 @@ func (p *podLabels) held(name string, sent time.Time) {
 		return
 	}
 	p.mu.Lock()
-	if _, ok := p.want[key]; !ok {
-		delete(p.cleared, key) // a new acquisition: check the other pods again
-	}
 	p.want[key] = sent
 	p.mu.Unlock()
 	p.wake()
@@ -223,8 +216,9 @@ func (p *podLabels) released(ctx context.Context, name string) {
 		case <-ctx.Done():
 		case <-p.done:
 		}
-		// Not an API error: the reconciler goes on trying.
-		p.log.Debug("placement: kubernetes: releasing a lease before its label is off this pod: the pods API is slow or failing", "pod", p.pod, "label", key)
+		// Not an API error (the reconciler reports those): a slow pods
+		// API may route to this pod a little after the release.
+		p.log.Info("placement: kubernetes: releasing a lease before its label is off this pod: the pods API is slow or failing", "pod", p.pod, "label", key)
 		return
 	}
 }
@@ -232,7 +226,6 @@ func (p *podLabels) released(ctx context.Context, name string) {
 func (p *podLabels) drop(key string) {
 	p.mu.Lock()
 	delete(p.want, key)
-	delete(p.cleared, key)
 	p.mu.Unlock()
 	p.wake()
 }
@@ -268,7 +261,7 @@ func (p *podLabels) run() {
 
 // pass makes this pod's labels equal to what is wanted: it removes the
 // unwanted ones from this pod first (a release waits for that), then, for
-// every key newly wanted (every key held, when all is set), takes the
+// every key this pod lacks (every key held, when all is set), takes the
 // label off the other pods, and only then labels this pod.
 func (p *podLabels) pass(all bool) error {
 	pod, err := call(p.ctx, func(ctx context.Context) (*corev1.Pod, error) { return p.pods.Get(ctx, p.pod, metav1.GetOptions{}) })
@@ -296,9 +289,13 @@ func (p *podLabels) pass(all bool) error {
 		}
 	}
 	p.notify()
+	// Other pods are touched only for a lease confirmed recently: a
+	// replica that was paused past its lease must not take the label off
+	// the pod of the holder that took it over meanwhile.
 	var check []string
-	for k := range p.want {
-		if all || !p.cleared[k] {
+	now := time.Now()
+	for k, sent := range p.want {
+		if (all || !carries[k]) && now.Sub(sent) < p.fresh {
 			check = append(check, k)
 		}
 	}
@@ -319,27 +316,24 @@ func (p *podLabels) pass(all bool) error {
 			p.log.Info("placement: kubernetes: removed holder labels of leases this replica does not hold", "pod", p.pod, "labels", len(stale))
 		}
 	}
+	cleared := make(map[string]bool)
 	for _, k := range check {
 		if err := p.clearOthers(k); err != nil {
 			errs = append(errs, err)
 			continue
 		}
-		p.mu.Lock()
-		if _, ok := p.want[k]; ok {
-			p.cleared[k] = true
-		}
-		p.mu.Unlock()
+		cleared[k] = true
 	}
-	// Label this pod with the wanted keys it lacks whose other pods are
-	// clear, if the lease was confirmed recently enough: what is wanted
+	// Label this pod with the wanted keys it lacks whose other pods this
+	// pass cleared, if the lease was confirmed recently enough: what is wanted
 	// is read again here, so that a lease dropped meanwhile is not
 	// labelled. An addition sent just before the drop may land after it;
 	// the next pass, which the drop has already asked for, removes it.
 	p.mu.Lock()
 	add := make(map[string]any)
-	now := time.Now()
+	now = time.Now()
 	for k, sent := range p.want {
-		if !carries[k] && p.cleared[k] && now.Sub(sent) < p.fresh {
+		if !carries[k] && cleared[k] && now.Sub(sent) < p.fresh {
 			add[k] = "true"
 			p.carries[k] = true
 		}
