@@ -3,9 +3,11 @@ package placement
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"maps"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -596,6 +598,82 @@ func TestKubernetesPodLabelsUnconfirmed(t *testing.T) {
 		wantLabels(t, cs, "pod-b")
 	})
 }
+
+// TestKubernetesPodLabelsLog: a run of failed passes is warned about
+// once, with the API server's reason, and with the RBAC hint only when the
+// API server says forbidden; the end of the run is logged; a release that
+// does not wait for its label has a message of its own.
+func TestKubernetesPodLabelsLog(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx := context.Background()
+		cs := casClientset()
+		var refusal atomic.Pointer[error]
+		refuse := func(err error) { refusal.Store(&err) }
+		cs.PrependReactor("patch", "pods", func(k8stesting.Action) (bool, runtime.Object, error) {
+			if err := refusal.Load(); err != nil && *err != nil {
+				return true, nil, *err
+			}
+			return false, nil, nil
+		})
+		createPods(t, cs, map[string]map[string]string{"pod-a": nil})
+		var logs logLines
+		k := newKubernetesBackend(t, cs)
+		k.LabelPod(cs.CoreV1().Pods("weida"), "pod-a", slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo})))
+		defer k.Close()
+
+		refuse(apierrors.NewForbidden(corev1.Resource("pods"), "pod-a", errors.New("the test forbids it")))
+		c, err := k.TryAcquire(ctx, resourcePrefix+"r1", "pod-a")
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(3 * labelPeriod)
+		synctest.Wait()
+		if warns := logs.count("level=WARN"); warns != 1 || logs.count("the test forbids it") != 1 || logs.count("the Role must allow") != 1 {
+			t.Errorf("three failed passes, forbidden: want one warning with the reason and the RBAC hint; logs:\n%s", logs.String())
+		}
+
+		refuse(nil)
+		if err := c.Renew(ctx); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		if logs.count("written again") != 1 {
+			t.Errorf("want the end of the failures logged; logs:\n%s", logs.String())
+		}
+
+		refuse(apierrors.NewServiceUnavailable("the test refuses pod writes"))
+		if err := c.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		if logs.count("level=WARN") != 2 || logs.count("the Role must allow") != 1 || logs.count("the test refuses pod writes") != 1 {
+			t.Errorf("a failure that is not forbidden: want a warning without the RBAC hint; logs:\n%s", logs.String())
+		}
+		if logs.count("releasing a lease before its label is off") != 1 {
+			t.Errorf("a release that did not wait for its label: want its own message; logs:\n%s", logs.String())
+		}
+	})
+}
+
+// logLines collects a handler's output.
+type logLines struct {
+	mu  sync.Mutex
+	buf strings.Builder
+}
+
+func (l *logLines) Write(b []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Write(b)
+}
+
+func (l *logLines) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
+}
+
+func (l *logLines) count(s string) int { return strings.Count(l.String(), s) }
 
 // TestKubernetesPodLabelsPlacement: three replicas of a Placer on one fake
 // API server, each labelling its pod. Once spread, each resource's label

@@ -270,15 +270,19 @@ func (p *podLabels) pass(all bool) error {
 	}
 	p.mu.Lock()
 	stale := make(map[string]any)
+	unknown := 0 // stale labels this reconciler did not add: an earlier run's, or set by hand, or applied late
 	carries := make(map[string]bool)
 	for k, v := range pod.Labels {
 		if !strings.HasPrefix(k, HoldsLabelPrefix) {
 			continue
 		}
-		p.carries[k] = true
 		if _, ok := p.want[k]; !ok {
 			stale[k] = nil
+			if !p.carries[k] {
+				unknown++
+			}
 		}
+		p.carries[k] = true
 		if v == "true" {
 			carries[k] = true
 		}
@@ -303,6 +307,13 @@ func (p *podLabels) pass(all bool) error {
 	slices.Sort(check)
 
 	var errs []error
+	p.mu.Lock()
+	for k := range stale {
+		if _, ok := p.want[k]; ok {
+			delete(stale, k) // acquired since the read
+		}
+	}
+	p.mu.Unlock()
 	if len(stale) > 0 {
 		if err := p.patch(p.pod, stale); err != nil {
 			errs = append(errs, err)
@@ -313,7 +324,9 @@ func (p *podLabels) pass(all bool) error {
 			}
 			p.notify()
 			p.mu.Unlock()
-			p.log.Info("placement: kubernetes: removed holder labels of leases this replica does not hold", "pod", p.pod, "labels", len(stale))
+			if unknown > 0 {
+				p.log.Info("placement: kubernetes: removed holder labels of leases this replica does not hold (left by an earlier run of this pod, set by hand, or applied late)", "pod", p.pod, "labels", unknown)
+			}
 		}
 	}
 	cleared := make(map[string]bool)
