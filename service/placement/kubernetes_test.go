@@ -518,41 +518,46 @@ func TestKubernetesPodLabelsReconcile(t *testing.T) {
 
 // TestKubernetesPodLabelsOrder: taking a lease takes its label off the
 // other pod before it labels its own, so that no moment routes to both.
+// It runs in real time, waiting for the reconciler with flush as a test
+// on a real API server would.
 func TestKubernetesPodLabelsOrder(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		ctx := context.Background()
-		cs, podsCS := casClientset(), fake.NewClientset()
-		createPods(t, podsCS, map[string]map[string]string{"pod-a": nil, "pod-b": {HoldsLabel("r1"): "true"}})
-		k := newKubernetesBackend(t, cs)
-		k.LabelPod(podsCS.CoreV1().Pods("weida"), "pod-a", nil)
-		defer k.Close()
-		synctest.Wait()
-		podsCS.ClearActions()
-		c, err := k.TryAcquire(ctx, resourcePrefix+"r1", "pod-a")
-		if err != nil {
-			t.Fatal(err)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cs, podsCS := casClientset(), fake.NewClientset()
+	createPods(t, podsCS, map[string]map[string]string{"pod-a": nil, "pod-b": {HoldsLabel("r1"): "true"}})
+	k := newKubernetesBackend(t, cs)
+	k.LabelPod(podsCS.CoreV1().Pods("weida"), "pod-a", nil)
+	defer k.Close()
+	if err := k.labels.flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	podsCS.ClearActions()
+	c, err := k.TryAcquire(ctx, resourcePrefix+"r1", "pod-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Release(ctx)
+	if err := k.labels.flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wantLabels(t, podsCS, "pod-a", "r1")
+	wantLabels(t, podsCS, "pod-b")
+	removed, added := -1, -1
+	for i, a := range podsCS.Actions() {
+		p, ok := a.(k8stesting.PatchAction)
+		if !ok {
+			continue
 		}
-		defer c.Release(ctx)
-		synctest.Wait()
-		wantLabels(t, podsCS, "pod-a", "r1")
-		wantLabels(t, podsCS, "pod-b")
-		removed, added := -1, -1
-		for i, a := range podsCS.Actions() {
-			p, ok := a.(k8stesting.PatchAction)
-			if !ok {
-				continue
-			}
-			switch patch := string(p.GetPatch()); {
-			case p.GetName() == "pod-b" && strings.Contains(patch, `"`+HoldsLabel("r1")+`":null`):
-				removed = i
-			case p.GetName() == "pod-a" && strings.Contains(patch, `"`+HoldsLabel("r1")+`":"true"`):
-				added = i
-			}
+		switch patch := string(p.GetPatch()); {
+		case p.GetName() == "pod-b" && strings.Contains(patch, `"`+HoldsLabel("r1")+`":null`):
+			removed = i
+		case p.GetName() == "pod-a" && strings.Contains(patch, `"`+HoldsLabel("r1")+`":"true"`):
+			added = i
 		}
-		if removed < 0 || added < 0 || removed > added {
-			t.Errorf("pod-b's label removed at action %d, pod-a's added at %d: want the removal first (%v)", removed, added, podsCS.Actions())
-		}
-	})
+	}
+	if removed < 0 || added < 0 || removed > added {
+		t.Errorf("pod-b's label removed at action %d, pod-a's added at %d: want the removal first (%v)", removed, added, podsCS.Actions())
+	}
 }
 
 // TestKubernetesPodLabelsUnconfirmed: a replica whose lease has not been

@@ -85,8 +85,12 @@ type podLabels struct {
 	// the pod showed, and those whose addition was sent, whether or not
 	// it succeeded (a write that timed out may still be applied).
 	carries map[string]bool
-	changed chan struct{} // closed and replaced whenever carries shrinks
+	changed chan struct{} // closed and replaced whenever carries shrinks or a pass ends
 	failed  bool          // the last pass failed (warned once per run of failures)
+	// begun and ended count the passes, and last is the error of the
+	// last one to end, for flush.
+	begun, ended uint64
+	last         error
 }
 
 const (
@@ -223,6 +227,31 @@ func (p *podLabels) released(ctx context.Context, name string) {
 	}
 }
 
+// flush waits for a pass that begins after it is called and returns the
+// error of the last pass to end: for tests on a real API server, which
+// cannot wait for the reconciler as synctest.Wait does.
+func (p *podLabels) flush(ctx context.Context) error {
+	p.mu.Lock()
+	target := p.begun + 1
+	p.mu.Unlock()
+	p.wake()
+	for {
+		p.mu.Lock()
+		ended, err, changed := p.ended >= target, p.last, p.changed
+		p.mu.Unlock()
+		if ended {
+			return err
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		case <-p.done:
+			return errors.New("placement: kubernetes: the pod's labels are no longer written (closed)")
+		}
+	}
+}
+
 func (p *podLabels) drop(key string) {
 	p.mu.Lock()
 	delete(p.want, key)
@@ -245,10 +274,17 @@ func (p *podLabels) run() {
 	var others time.Time // the last pass that checked the other pods for every key
 	for {
 		all := others.IsZero() || time.Since(others) >= othersPeriod
+		p.mu.Lock()
+		p.begun++
+		p.mu.Unlock()
 		err := p.pass(all)
 		if all && err == nil {
 			others = time.Now()
 		}
+		p.mu.Lock()
+		p.ended, p.last = p.begun, err
+		p.notify()
+		p.mu.Unlock()
 		p.report(err)
 		select {
 		case <-p.ctx.Done():
