@@ -58,7 +58,10 @@ func (p Placement) backend(log *slog.Logger) (placement.Backend, func(), error) 
 			prefix = "weida-connector."
 		}
 		k, err := placement.InCluster(p.Namespace, prefix, p.Timing, log)
-		return k, func() {}, err
+		if err != nil {
+			return nil, nil, err
+		}
+		return k, k.Close, nil
 	}
 	return nil, nil, fmt.Errorf("placement backend %q: use etcd or kubernetes", p.Backend)
 }

@@ -71,15 +71,25 @@ func NewKubernetes(leases coordinationclient.LeaseInterface, prefix string, t Ti
 // holds.weida.dev/<resource>=true ([HoldsLabel]) for every resource lease
 // it holds, and take the label off when the lease is released or lost, so
 // that a Service selecting the label reaches only the current holder. It
-// must be called before the backend is used. Write failures are logged on
-// log (nil discards them) and retried; they never fail a lease operation.
+// must be called once, before the backend is used, and starts a goroutine
+// that writes the labels apart from the lease operations, which Close
+// stops. Write failures are logged on log (nil discards them) and retried;
+// they never delay or fail a lease operation.
 //
 // The replica's service account then needs get, list and patch on pods:
 // list, because taking a lease also takes its label off any other pod
 // (that of a holder whose node died keeps its labels until the pod is
 // deleted).
 func (k *Kubernetes) LabelPod(pods corev1client.PodInterface, pod string, log *slog.Logger) {
-	k.labels = newPodLabels(pods, pod, log)
+	k.labels = newPodLabels(pods, pod, time.Duration(k.seconds)*time.Second, log)
+}
+
+// Close stops the labelling of the pod that LabelPod started, if any. The
+// leases are the Placer's to release, before.
+func (k *Kubernetes) Close() {
+	if k.labels != nil {
+		k.labels.Close()
+	}
 }
 
 func (k *Kubernetes) object(name string) (string, error) {
@@ -101,9 +111,10 @@ func (k *Kubernetes) TryAcquire(ctx context.Context, name, holder string) (Claim
 			return nil, err
 		}
 	}
+	sent := time.Now()
 	claim, err := k.tryAcquire(ctx, name, obj, holder)
 	if err == nil && k.labels != nil {
-		k.labels.held(ctx, name)
+		k.labels.held(name, sent)
 	}
 	return claim, err
 }
@@ -229,11 +240,6 @@ func (k *Kubernetes) Holders(ctx context.Context, prefix string) (map[string]str
 			holders[prefix+name] = holderOf(l)
 		}
 	}
-	if k.labels != nil {
-		// Every Placer round lists the members: the time to retry the
-		// label removals that failed.
-		k.labels.retry(ctx)
-	}
 	return holders, nil
 }
 
@@ -274,7 +280,7 @@ func (c *kubernetesClaim) Renew(ctx context.Context) error {
 	c.lease = updated
 	c.mu.Unlock()
 	if c.k.labels != nil {
-		c.k.labels.confirmed(ctx, c.name)
+		c.k.labels.confirmed(c.name, stamp.Time)
 	}
 	return nil
 }
@@ -283,12 +289,13 @@ func (c *kubernetesClaim) Renew(ctx context.Context) error {
 // that another replica may take it without waiting; a conflict means it is
 // not this claim's to release any more.
 //
-// The pod's label goes first: between the two, no pod is routed to, which
-// is what is true once the resource has stopped; the other order could
-// route to two pods, the next holder's and this one, which serves nothing.
+// The pod's label goes first (Release waits a second at most for it):
+// between the two, no pod is routed to, which is what is true once the
+// resource has stopped; the other order could route to two pods, the next
+// holder's and this one, which serves nothing.
 func (c *kubernetesClaim) Release(ctx context.Context) error {
 	if c.k.labels != nil {
-		c.k.labels.dropped(ctx, c.name)
+		c.k.labels.released(ctx, c.name)
 	}
 	c.mu.Lock()
 	next := c.lease.DeepCopy()

@@ -3,9 +3,11 @@ package placement
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"maps"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -238,10 +240,17 @@ func wantLabels(t *testing.T, cs *fake.Clientset, pod string, want ...string) {
 
 // TestKubernetesPodLabels: a backend with LabelPod labels its pod with
 // every resource lease it holds, only those, and takes the label off on
-// release and on loss; taking a lease takes the label off the pod of its
-// previous holder; a first call removes what an earlier run left; writes
-// that fail are retried; and label failures never fail a lease operation.
+// release (before the release returns) and on loss; taking a lease takes
+// the label off the pod of its previous holder; the first pass removes
+// what an earlier run left; writes that fail are retried, an addition only
+// once a renewal has confirmed the lease again; and label failures never
+// fail a lease operation. It runs in a synctest bubble: synctest.Wait
+// lets the reconciler finish its pass.
 func TestKubernetesPodLabels(t *testing.T) {
+	synctest.Test(t, testKubernetesPodLabels)
+}
+
+func testKubernetesPodLabels(t *testing.T) {
 	ctx := context.Background()
 	cs := casClientset()
 	var podsDown atomic.Bool
@@ -252,25 +261,20 @@ func TestKubernetesPodLabels(t *testing.T) {
 		return false, nil, nil
 	})
 	pods := cs.CoreV1().Pods("weida")
-	for name, labels := range map[string]map[string]string{
+	createPods(t, cs, map[string]map[string]string{
 		// pod-a's container restarted: its pod kept the label of a lease
 		// the previous run held.
 		"pod-a": {"app.kubernetes.io/name": "weida-connector", HoldsLabel("old"): "true"},
 		"pod-b": {"app.kubernetes.io/name": "weida-connector"},
-	} {
-		if _, err := pods.Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "weida", Labels: labels}}, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	})
 	a, b := newKubernetesBackend(t, cs), newKubernetesBackend(t, cs)
 	a.LabelPod(pods, "pod-a", nil)
+	defer a.Close()
 	b.LabelPod(pods, "pod-b", nil)
+	defer b.Close()
 
-	// The Placer's first round lists the members: the stale label goes,
-	// the pod's other labels stay.
-	if _, err := a.Holders(ctx, memberPrefix); err != nil {
-		t.Fatal(err)
-	}
+	// The first pass: the stale label goes, the pod's other labels stay.
+	synctest.Wait()
 	wantLabels(t, cs, "pod-a")
 	if p, _ := pods.Get(ctx, "pod-a", metav1.GetOptions{}); p.Labels["app.kubernetes.io/name"] != "weida-connector" {
 		t.Errorf("the sweep removed pod-a's own labels: %v", p.Labels)
@@ -282,17 +286,20 @@ func TestKubernetesPodLabels(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer member.Release(ctx)
+	synctest.Wait()
 	wantLabels(t, cs, "pod-a")
 
-	// Acquire: labelled. Release: unlabelled.
+	// Acquire: labelled. Release: unlabelled when it returns.
 	r1, err := a.TryAcquire(ctx, resourcePrefix+"r1", "pod-a")
 	if err != nil {
 		t.Fatal(err)
 	}
+	synctest.Wait()
 	wantLabels(t, cs, "pod-a", "r1")
 	if err := r1.Renew(ctx); err != nil {
 		t.Fatal(err)
 	}
+	synctest.Wait()
 	wantLabels(t, cs, "pod-a", "r1")
 	if err := r1.Release(ctx); err != nil {
 		t.Fatal(err)
@@ -308,6 +315,7 @@ func TestKubernetesPodLabels(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	synctest.Wait()
 	wantLabels(t, cs, "pod-b", "r1")
 	wantLabels(t, cs, "pod-a")
 
@@ -317,6 +325,7 @@ func TestKubernetesPodLabels(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	synctest.Wait()
 	wantLabels(t, cs, "pod-a", "r2")
 	leases := cs.CoordinationV1().Leases("weida")
 	l, err := leases.Get(ctx, "weida-connector."+resourcePrefix+"r2", metav1.GetOptions{})
@@ -331,11 +340,14 @@ func TestKubernetesPodLabels(t *testing.T) {
 	if err := r2.Renew(ctx); !errors.Is(err, ErrLost) {
 		t.Fatalf("renewing a lease written by another: %v, want ErrLost", err)
 	}
+	synctest.Wait()
 	wantLabels(t, cs, "pod-a")
 
 	// The API server refuses pod writes: the lease operations still
-	// succeed, and the labels catch up once it accepts them again, an
-	// addition at the next renewal, a removal at the next round.
+	// succeed, and the labels catch up once it accepts them again, at the
+	// next pass; the addition only once a renewal has confirmed the lease
+	// again, as the acquisition is older than half a lease by then (the
+	// test does not renew meanwhile, as a paused holder would not).
 	podsDown.Store(true)
 	r3, err := a.TryAcquire(ctx, resourcePrefix+"r3", "pod-a")
 	if err != nil {
@@ -344,22 +356,329 @@ func TestKubernetesPodLabels(t *testing.T) {
 	if err := r1b.Release(ctx); err != nil {
 		t.Fatalf("releasing while pod writes fail: %v", err)
 	}
+	synctest.Wait()
 	wantLabels(t, cs, "pod-a")
 	wantLabels(t, cs, "pod-b", "r1") // not yet removed
+	time.Sleep(etcdTiming.LeaseDuration / 2)
 	podsDown.Store(false)
+	time.Sleep(labelPeriod)
+	synctest.Wait()
+	wantLabels(t, cs, "pod-b")
+	wantLabels(t, cs, "pod-a") // not confirmed recently enough
 	if err := r3.Renew(ctx); err != nil {
 		t.Fatal(err)
 	}
+	synctest.Wait()
 	wantLabels(t, cs, "pod-a", "r3")
-	if _, err := b.Holders(ctx, memberPrefix); err != nil {
-		t.Fatal(err)
-	}
-	wantLabels(t, cs, "pod-b")
 	if err := r3.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
 	wantLabels(t, cs, "pod-a")
 }
+
+func createPods(t *testing.T, cs *fake.Clientset, pods map[string]map[string]string) {
+	t.Helper()
+	for name, labels := range pods {
+		if _, err := cs.CoreV1().Pods("weida").Create(context.Background(), &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "weida", Labels: labels}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestKubernetesPodLabelsSlowPods: a pods API that does not answer (an
+// admission webhook on pod PATCH that hangs) neither delays nor fails an
+// acquisition, the renewals (the holding stays valid through many of
+// them), the members' listing or a release; the label follows once the
+// pods API answers. The pods live on a clientset of their own: the fake
+// holds one lock while a reactor runs.
+func TestKubernetesPodLabelsSlowPods(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cs, podsCS := casClientset(), fake.NewClientset()
+		createPods(t, podsCS, map[string]map[string]string{"pod-a": nil})
+		hang := make(chan struct{})
+		var hung atomic.Int32
+		podsCS.PrependReactor("*", "pods", func(k8stesting.Action) (bool, runtime.Object, error) {
+			select {
+			case <-hang:
+			default:
+				hung.Add(1)
+				<-hang
+			}
+			return false, nil, nil
+		})
+		k := newKubernetesBackend(t, cs)
+		k.LabelPod(podsCS.CoreV1().Pods("weida"), "pod-a", nil)
+		defer k.Close()
+
+		lease, err := NewLease(k, resourcePrefix+"r1", "pod-a", etcdTiming)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h, err := lease.TryAcquire(context.Background())
+		if err != nil {
+			t.Fatalf("acquiring while the pods API hangs: %v", err)
+		}
+		time.Sleep(3 * etcdTiming.LeaseDuration) // thirty renewals
+		if !h.Valid() {
+			t.Fatalf("the holding ended while the pods API hung: %v", h.Err())
+		}
+		renewals := 0
+		for _, a := range cs.Actions() {
+			if a.GetVerb() == "update" && a.GetResource().Resource == "leases" {
+				renewals++
+			}
+		}
+		if renewals < 10 {
+			t.Errorf("%d renewals in three lease durations, want one every retry period", renewals)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), etcdTiming.RetryPeriod)
+		defer cancel()
+		if _, err := k.Holders(ctx, memberPrefix); err != nil {
+			t.Errorf("listing the members while the pods API hangs: %v", err)
+		}
+		if _, err := k.Holders(ctx, resourcePrefix); err != nil {
+			t.Errorf("listing the resources while the pods API hangs: %v", err)
+		}
+		if hung.Load() == 0 {
+			t.Fatal("the reconciler never called the pods API")
+		}
+
+		close(hang)
+		time.Sleep(labelPeriod)
+		synctest.Wait()
+		wantLabels(t, podsCS, "pod-a", "r1")
+
+		// A release while the pods API hangs again returns, and gives
+		// the lease up.
+		again := make(chan struct{})
+		podsCS.PrependReactor("patch", "pods", func(k8stesting.Action) (bool, runtime.Object, error) {
+			<-again
+			return false, nil, nil
+		})
+		h.Release()
+		if holder, _, err := k.Holder(context.Background(), resourcePrefix+"r1"); err != nil || holder != "" {
+			t.Errorf("after the release the lease is held by %q (%v), want nobody", holder, err)
+		}
+		close(again)
+		synctest.Wait()
+		wantLabels(t, podsCS, "pod-a")
+	})
+}
+
+// TestKubernetesPodLabelsReconcile: a label set by hand (or applied late,
+// after its write timed out) is corrected by the reconciler's periodic
+// passes, on this pod and on others: a label on this pod for a lease it
+// does not hold, a held lease's label missing from this pod, and a held
+// lease's label on another pod.
+func TestKubernetesPodLabelsReconcile(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx := context.Background()
+		cs := casClientset()
+		pods := cs.CoreV1().Pods("weida")
+		createPods(t, cs, map[string]map[string]string{"pod-a": nil, "pod-b": nil})
+		k := newKubernetesBackend(t, cs)
+		k.LabelPod(pods, "pod-a", nil)
+		defer k.Close()
+		lease, err := NewLease(k, resourcePrefix+"r1", "pod-a", etcdTiming)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h, err := lease.TryAcquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer h.Release()
+		synctest.Wait()
+		wantLabels(t, cs, "pod-a", "r1")
+
+		set := func(pod, labels string) {
+			t.Helper()
+			if _, err := pods.Patch(ctx, pod, types.MergePatchType, []byte(`{"metadata":{"labels":`+labels+`}}`), metav1.PatchOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		set("pod-a", `{"`+HoldsLabel("r9")+`":"true"}`)
+		set("pod-b", `{"`+HoldsLabel("r1")+`":"true"}`)
+		time.Sleep(labelPeriod)
+		synctest.Wait()
+		wantLabels(t, cs, "pod-a", "r1")
+		time.Sleep(othersPeriod)
+		synctest.Wait()
+		wantLabels(t, cs, "pod-b")
+
+		set("pod-a", `{"`+HoldsLabel("r1")+`":null}`)
+		time.Sleep(labelPeriod)
+		synctest.Wait()
+		wantLabels(t, cs, "pod-a", "r1")
+		if !h.Valid() {
+			t.Fatalf("the holding ended: %v", h.Err())
+		}
+	})
+}
+
+// TestKubernetesPodLabelsOrder: taking a lease takes its label off the
+// other pod before it labels its own, so that no moment routes to both.
+// It runs in real time, waiting for the reconciler with flush as a test
+// on a real API server would.
+func TestKubernetesPodLabelsOrder(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cs, podsCS := casClientset(), fake.NewClientset()
+	createPods(t, podsCS, map[string]map[string]string{"pod-a": nil, "pod-b": {HoldsLabel("r1"): "true"}})
+	k := newKubernetesBackend(t, cs)
+	k.LabelPod(podsCS.CoreV1().Pods("weida"), "pod-a", nil)
+	defer k.Close()
+	if err := k.labels.flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	podsCS.ClearActions()
+	c, err := k.TryAcquire(ctx, resourcePrefix+"r1", "pod-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Release(ctx)
+	if err := k.labels.flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wantLabels(t, podsCS, "pod-a", "r1")
+	wantLabels(t, podsCS, "pod-b")
+	removed, added := -1, -1
+	for i, a := range podsCS.Actions() {
+		p, ok := a.(k8stesting.PatchAction)
+		if !ok {
+			continue
+		}
+		switch patch := string(p.GetPatch()); {
+		case p.GetName() == "pod-b" && strings.Contains(patch, `"`+HoldsLabel("r1")+`":null`):
+			removed = i
+		case p.GetName() == "pod-a" && strings.Contains(patch, `"`+HoldsLabel("r1")+`":"true"`):
+			added = i
+		}
+	}
+	if removed < 0 || added < 0 || removed > added {
+		t.Errorf("pod-b's label removed at action %d, pod-a's added at %d: want the removal first (%v)", removed, added, podsCS.Actions())
+	}
+}
+
+// TestKubernetesPodLabelsUnconfirmed: a replica whose lease has not been
+// confirmed for half a lease (one paused past its lease, whose label the
+// next holder moved to its own pod) neither labels its pod again nor takes
+// the label off the other pod; a renewal that confirms the lease again
+// lets it do both.
+func TestKubernetesPodLabelsUnconfirmed(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx := context.Background()
+		cs := casClientset()
+		pods := cs.CoreV1().Pods("weida")
+		createPods(t, cs, map[string]map[string]string{"pod-a": nil, "pod-b": nil})
+		k := newKubernetesBackend(t, cs)
+		k.LabelPod(pods, "pod-a", nil)
+		defer k.Close()
+		c, err := k.TryAcquire(ctx, resourcePrefix+"r1", "pod-a")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Release(ctx)
+		synctest.Wait()
+		wantLabels(t, cs, "pod-a", "r1")
+
+		time.Sleep(etcdTiming.LeaseDuration / 2) // no renewal meanwhile
+		// What the next holder's reconciler does.
+		for pod, labels := range map[string]string{"pod-a": `null`, "pod-b": `"true"`} {
+			if _, err := pods.Patch(ctx, pod, types.MergePatchType, []byte(`{"metadata":{"labels":{"`+HoldsLabel("r1")+`":`+labels+`}}}`), metav1.PatchOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		time.Sleep(othersPeriod + labelPeriod)
+		synctest.Wait()
+		wantLabels(t, cs, "pod-a")
+		wantLabels(t, cs, "pod-b", "r1")
+
+		// The renewal wakes the reconciler: the label is missing.
+		if err := c.Renew(ctx); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		wantLabels(t, cs, "pod-a", "r1")
+		wantLabels(t, cs, "pod-b")
+	})
+}
+
+// TestKubernetesPodLabelsLog: a run of failed passes is warned about
+// once, with the API server's reason, and with the RBAC hint only when the
+// API server says forbidden; the end of the run is logged; a release that
+// does not wait for its label has a message of its own.
+func TestKubernetesPodLabelsLog(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx := context.Background()
+		cs := casClientset()
+		var refusal atomic.Pointer[error]
+		refuse := func(err error) { refusal.Store(&err) }
+		cs.PrependReactor("patch", "pods", func(k8stesting.Action) (bool, runtime.Object, error) {
+			if err := refusal.Load(); err != nil && *err != nil {
+				return true, nil, *err
+			}
+			return false, nil, nil
+		})
+		createPods(t, cs, map[string]map[string]string{"pod-a": nil})
+		var logs logLines
+		k := newKubernetesBackend(t, cs)
+		k.LabelPod(cs.CoreV1().Pods("weida"), "pod-a", slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo})))
+		defer k.Close()
+
+		refuse(apierrors.NewForbidden(corev1.Resource("pods"), "pod-a", errors.New("the test forbids it")))
+		c, err := k.TryAcquire(ctx, resourcePrefix+"r1", "pod-a")
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(3 * labelPeriod)
+		synctest.Wait()
+		if warns := logs.count("level=WARN"); warns != 1 || logs.count("the test forbids it") != 1 || logs.count("the Role must allow") != 1 {
+			t.Errorf("three failed passes, forbidden: want one warning with the reason and the RBAC hint; logs:\n%s", logs.String())
+		}
+
+		refuse(nil)
+		if err := c.Renew(ctx); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		if logs.count("written again") != 1 {
+			t.Errorf("want the end of the failures logged; logs:\n%s", logs.String())
+		}
+
+		refuse(apierrors.NewServiceUnavailable("the test refuses pod writes"))
+		if err := c.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		if logs.count("level=WARN") != 2 || logs.count("the Role must allow") != 1 || logs.count("the test refuses pod writes") != 1 {
+			t.Errorf("a failure that is not forbidden: want a warning without the RBAC hint; logs:\n%s", logs.String())
+		}
+		if logs.count("releasing a lease before its label is off") != 1 {
+			t.Errorf("a release that did not wait for its label: want its own message; logs:\n%s", logs.String())
+		}
+	})
+}
+
+// logLines collects a handler's output.
+type logLines struct {
+	mu  sync.Mutex
+	buf strings.Builder
+}
+
+func (l *logLines) Write(b []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Write(b)
+}
+
+func (l *logLines) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
+}
+
+func (l *logLines) count(s string) int { return strings.Count(l.String(), s) }
 
 // TestKubernetesPodLabelsPlacement: three replicas of a Placer on one fake
 // API server, each labelling its pod. Once spread, each resource's label
@@ -378,14 +697,17 @@ func TestKubernetesPodLabelsPlacement(t *testing.T) {
 			}
 			k := newKubernetesBackend(t, cs)
 			k.LabelPod(pods, id, nil)
+			t.Cleanup(k.Close) // after the replica's (cleanups run last first)
 			rs = append(rs, startReplica(t, k, id, resources, etcdTiming, rec))
 		}
 		waitSpread(t, 10*time.Second, 6, rs...)
+		synctest.Wait()
 		checkLabelsFollow(t, cs, resources, rs...)
 
 		rs[2].close()
 		wantLabels(t, cs, rs[2].id)
 		waitSpread(t, etcdTiming.LeaseDuration+etcdTiming.RetryPeriod, 6, rs[:2]...)
+		synctest.Wait()
 		checkLabelsFollow(t, cs, resources, rs[:2]...)
 	})
 }
