@@ -40,9 +40,12 @@ type Failover struct {
 	stagger time.Duration
 
 	mu   sync.Mutex
-	pref int         // the address tried first
-	last *Subscriber // the latest connection Dial returned
-	at   int         // last's address
+	pref int // the address tried first
+	// last is how the latest connection Dial returned ended, or nil: not
+	// the Subscriber itself, which the caller may have closed and dropped
+	// with its unread copies long before the next Dial.
+	last *subEnd
+	at   int // last's address
 }
 
 // NewFailover returns a Failover over urls, in the order to try them; cfg
@@ -93,7 +96,7 @@ func (f *Failover) Dial(ctx context.Context) (*Subscriber, error) {
 		return nil, err
 	}
 	f.mu.Lock()
-	f.pref, f.last, f.at = i, s, i
+	f.pref, f.last, f.at = i, s.end, i
 	f.mu.Unlock()
 	return s, nil
 }
@@ -139,7 +142,9 @@ func (f *Failover) race(ctx context.Context, first int) (int, *Subscriber, error
 				_ = r.s.Close() // a later answer than the winner's
 			case winner.s == nil:
 				errs[r.i] = r.err
-				if launched < n {
+				// Once ctx has ended every dial fails with its error: the
+				// untried addresses stay untried (nil in FailoverError).
+				if launched < n && ctx.Err() == nil {
 					loggerOrDiscard(f.cfg.Logger).Info("weida: an address of the endpoint did not answer; dialling the next",
 						"url", f.urls[r.i], "next", f.urls[(first+launched)%n], "err", r.err)
 					launch()
@@ -147,7 +152,7 @@ func (f *Failover) race(ctx context.Context, first int) (int, *Subscriber, error
 				}
 			}
 		case <-stagger.C:
-			if winner.s == nil && launched < n {
+			if winner.s == nil && launched < n && ctx.Err() == nil {
 				launch()
 				stagger.Reset(f.stagger)
 			}
