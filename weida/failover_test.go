@@ -232,3 +232,35 @@ func TestFailoverForgetsClosedSubscriber(t *testing.T) {
 	}
 	t.Fatal("the closed Subscriber is still reachable after 20 collections")
 }
+
+// A listener that publishes another path on an address of the endpoint
+// completes HELLO like a replica, but would record the SUBSCRIBE and send
+// nothing: Dial passes it, and fails with ErrPathNotServed when no address
+// publishes the path.
+func TestFailoverPassesAddressWithoutThePath(t *testing.T) {
+	ls, ps, urls := replicas(t, 2, "/orders")
+	_ = ps[0].Close()
+	publisher(t, ls[0], "/prices") // the first address now serves another endpoint
+	// A stagger longer than any handshake: without the path check, the
+	// first address would win.
+	f, err := NewFailover(urls, DialConfig{}, testTimeout)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := f.Dial(testCtx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.URL() != urls[1] {
+		t.Fatalf("Dial reached %s, which does not publish /orders; want %s", s.URL(), urls[1])
+	}
+	roundTrip(t, ls[1], ps[1], s, "x")
+	_ = s.Close()
+
+	_ = ps[1].Close()
+	_, err = f.Dial(testCtx(t))
+	var fe *FailoverError
+	if !errors.As(err, &fe) || !errors.Is(err, ErrPathNotServed) || !errors.Is(fe.Errs[0], ErrPathNotServed) || !errors.Is(fe.Errs[1], ErrPathNotServed) {
+		t.Fatalf("Dial with no address publishing the path = %v, want ErrPathNotServed for both", err)
+	}
+}
