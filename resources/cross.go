@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"weida.dev/connector/policy"
+	"weida.dev/connector/weida/address"
 )
 
 // crossCheck applies the rules that span resources. Each resource in a
@@ -91,6 +92,64 @@ func groupBy(docs []*Document, key func(*Document) string) [][]*Document {
 	return slices.DeleteFunc(groups, func(g []*Document) bool { return len(g) < 2 })
 }
 
+// groupByAny returns the groups of two or more documents linked by a
+// shared key, directly or through others (the connected components of
+// the relation "has a key in common"), in the order their first member
+// appears, each member in document order.
+func groupByAny(docs []*Document, keys func(*Document) []string) [][]*Document {
+	parent := make([]int, len(docs))
+	for i := range parent {
+		parent[i] = i
+	}
+	root := func(i int) int {
+		for parent[i] != i {
+			parent[i] = parent[parent[i]]
+			i = parent[i]
+		}
+		return i
+	}
+	owner := map[string]int{}
+	for i, d := range docs {
+		for _, k := range keys(d) {
+			if j, ok := owner[k]; ok {
+				if a, b := root(i), root(j); a != b {
+					parent[max(a, b)] = min(a, b) // the earlier document roots the group
+				}
+			} else {
+				owner[k] = i
+			}
+		}
+	}
+	idx := map[int]int{}
+	var groups [][]*Document
+	for i, d := range docs {
+		r := root(i)
+		gi, ok := idx[r]
+		if !ok {
+			gi = len(groups)
+			idx[r] = gi
+			groups = append(groups, nil)
+		}
+		groups[gi] = append(groups[gi], d)
+	}
+	return slices.DeleteFunc(groups, func(g []*Document) bool { return len(g) < 2 })
+}
+
+// endpointKeys returns, for an outbound resource, the canonical host:port
+// and path of each address it may dial (dial, then failover); nil for any
+// other resource.
+func endpointKeys(d *Document) []string {
+	c := d.partial
+	if c.Direction != policy.Outbound || c.Weida.Endpoint.Port == 0 {
+		return nil
+	}
+	keys := []string{c.Weida.Endpoint.CanonicalHostPort() + c.Weida.Endpoint.Path}
+	for _, a := range c.Weida.Failover {
+		keys = append(keys, a.CanonicalHostPort()+a.Path)
+	}
+	return keys
+}
+
 func fixed(s string) func(*Document) string { return func(*Document) string { return s } }
 
 func uniqueNames(docs []*Document) {
@@ -103,12 +162,7 @@ func uniqueNames(docs []*Document) {
 
 // canonicalHost makes equal hosts compare equal: IP addresses in their
 // standard form, names in lower case.
-func canonicalHost(h string) string {
-	if ip := net.ParseIP(h); ip != nil {
-		return ip.String()
-	}
-	return strings.ToLower(h)
-}
+func canonicalHost(h string) string { return address.CanonicalHost(h) }
 
 func isWildcardHost(h string) bool {
 	ip := net.ParseIP(h)
@@ -249,16 +303,14 @@ func allSame(g []*Document, f func(*Document) string) bool {
 // Inbound resources are not checked: a listen address and path publish
 // for one resource only (weida-endpoint-duplicate), so their mounts cannot
 // share an endpoint.
+//
+// Resources are on one endpoint when they share an address of it, dial or
+// failover: a Failover may reach any of them, so a resource dialling A with
+// failover B and another dialling B with failover A both end up on B once
+// A is down. The relation is closed transitively for the same reason.
 func mountConflicts(docs []*Document) {
 	const rule = "mount-overlap"
-	groups := groupBy(docs, func(d *Document) string {
-		c := d.partial
-		if c.Direction != policy.Outbound || c.Weida.Endpoint.Port == 0 {
-			return ""
-		}
-		e := c.Weida.Endpoint
-		return net.JoinHostPort(canonicalHost(e.Host), strconv.Itoa(e.Port)) + e.Path
-	})
+	groups := groupByAny(docs, endpointKeys)
 	for _, g := range groups {
 		if !slices.ContainsFunc(g, func(d *Document) bool { return d.partial.Mount.Weida != "" }) {
 			continue

@@ -74,7 +74,7 @@ type rawTLS struct {
 type rawWeida struct {
 	Listen         string   `yaml:"listen" validate:"omitempty,weidaurl" doc:"inbound: the endpoint to host, weida://host:port/path"`
 	Dial           string   `yaml:"dial" validate:"omitempty,weidaurl" doc:"outbound: the endpoint to subscribe to, weida://sha256:<fingerprint>@host:port/path"`
-	Failover       []string `yaml:"failover" validate:"max=16,unique,dive,weidaurl" doc:"outbound: more addresses of the same endpoint (its other replicas), dialled in turn when dial's does not answer or is lost; the same path and pin as dial"`
+	Failover       []string `yaml:"failover" validate:"max=16,unique,dive,weidaurl" doc:"outbound: more addresses of the same endpoint (its other replicas), dialled in turn when dial's does not answer or is lost (an address that publishes nothing at the path counts as not answering); the same path and pin as dial"`
 	CertFile       string   `yaml:"certFile" validate:"required_with=KeyFile" doc:"the endpoint's PEM certificate, with keyFile; a self-signed one is generated when both are left out"`
 	KeyFile        string   `yaml:"keyFile" validate:"required_with=CertFile" doc:"the endpoint certificate's PEM private key"`
 	CAFile         string   `yaml:"caFile" doc:"outbound: PEM trust anchors, when the dial URL pins no fingerprint"`

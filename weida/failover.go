@@ -4,11 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/quic-go/quic-go"
+
 	"weida.dev/connector/weida/address"
+	"weida.dev/connector/weida/wire"
 )
 
 // DefaultFailoverStagger is how long [Failover.Dial] waits for one address
@@ -28,7 +32,9 @@ const DefaultFailoverStagger = 250 * time.Millisecond
 // Stagger is given company by the next, and the first to complete the
 // HELLO exchange wins, so an address that drops packets without a word
 // (a replica that stopped, whose port is closed) costs a stagger, not a
-// handshake timeout. When every address fails, Dial returns an error that
+// handshake timeout. An address counts as answering only once it has also
+// said that it publishes the path (see [ErrPathNotServed]). When every
+// address fails, Dial returns an error that
 // unwraps to each address's; retrying with a backoff is the caller's, as
 // with [Dial].
 //
@@ -40,9 +46,12 @@ type Failover struct {
 	stagger time.Duration
 
 	mu   sync.Mutex
-	pref int         // the address tried first
-	last *Subscriber // the latest connection Dial returned
-	at   int         // last's address
+	pref int // the address tried first
+	// last is how the latest connection Dial returned ended, or nil: not
+	// the Subscriber itself, which the caller may have closed and dropped
+	// with its unread copies long before the next Dial.
+	last *subEnd
+	at   int // last's address
 }
 
 // NewFailover returns a Failover over urls, in the order to try them; cfg
@@ -93,7 +102,7 @@ func (f *Failover) Dial(ctx context.Context) (*Subscriber, error) {
 		return nil, err
 	}
 	f.mu.Lock()
-	f.pref, f.last, f.at = i, s, i
+	f.pref, f.last, f.at = i, s.end, i
 	f.mu.Unlock()
 	return s, nil
 }
@@ -105,7 +114,8 @@ type dialResult struct {
 }
 
 // race dials the addresses from first on, each Stagger after the previous
-// one or as soon as it fails, and returns the first to connect. Every
+// one or as soon as it fails, and returns the first to connect and pass
+// [checkPath]. Every
 // other dial is cancelled, and its connection closed, before race returns.
 func (f *Failover) race(ctx context.Context, first int) (int, *Subscriber, error) {
 	ctx, cancel := context.WithCancel(ctx)
@@ -119,6 +129,12 @@ func (f *Failover) race(ctx context.Context, first int) (int, *Subscriber, error
 		pending++
 		go func() {
 			s, err := Dial(ctx, f.urls[i], f.cfg)
+			if err == nil {
+				if err = checkPath(ctx, s); err != nil {
+					_ = s.Close()
+					s, err = nil, fmt.Errorf("weida: dial %s: %w", f.urls[i], err)
+				}
+			}
 			results <- dialResult{i, s, err}
 		}()
 	}
@@ -139,7 +155,9 @@ func (f *Failover) race(ctx context.Context, first int) (int, *Subscriber, error
 				_ = r.s.Close() // a later answer than the winner's
 			case winner.s == nil:
 				errs[r.i] = r.err
-				if launched < n {
+				// Once ctx has ended every dial fails with its error: the
+				// untried addresses stay untried (nil in FailoverError).
+				if launched < n && ctx.Err() == nil {
 					loggerOrDiscard(f.cfg.Logger).Info("weida: an address of the endpoint did not answer; dialling the next",
 						"url", f.urls[r.i], "next", f.urls[(first+launched)%n], "err", r.err)
 					launch()
@@ -147,7 +165,7 @@ func (f *Failover) race(ctx context.Context, first int) (int, *Subscriber, error
 				}
 			}
 		case <-stagger.C:
-			if winner.s == nil && launched < n {
+			if winner.s == nil && launched < n && ctx.Err() == nil {
 				launch()
 				stagger.Reset(f.stagger)
 			}
@@ -190,4 +208,60 @@ func (e *FailoverError) Unwrap() []error {
 		}
 	}
 	return out
+}
+
+// ErrPathNotServed is wrapped by the error of an address of a [Failover]
+// that completed HELLO but registers nothing at the path. HELLO names no
+// path, and a listener records a SUBSCRIBE for a path it does not publish
+// (PROTOCOL §6.4: a subscriber may come before its publisher), so a
+// listener on the same port that publishes another endpoint, such as a
+// replica that holds another resource's lease, would otherwise win the
+// dial and deliver nothing, without a word.
+var ErrPathNotServed = errors.New("weida: the address publishes nothing at the path")
+
+// checkPath asks the publisher whether it registers s's path, by the one
+// question weida v0 answers per path (PROTOCOL §9.4, §6.3): a bidi DATA
+// exchange, which a publisher path refuses with ERROR UNSUPPORTED and a
+// path that holds nothing with ERROR UNKNOWN_ENDPOINT. Only the latter is
+// [ErrPathNotServed]; any other answer (another ERROR code, such as
+// REJECTED from an authorizing peer, a reply, a reset stream) proves
+// nothing either way and leaves the address in the race, as it was before
+// the question. It costs one round trip, on a stream the peer counts as
+// refused. An error is returned only for ErrPathNotServed, or when the
+// connection or ctx ended while asking.
+func checkPath(ctx context.Context, s *Subscriber) error {
+	st, err := s.c.qc.OpenStreamSync(ctx)
+	if err != nil {
+		return err
+	}
+	stop := context.AfterFunc(ctx, func() {
+		st.CancelRead(quic.StreamErrorCode(Canceled))
+		st.CancelWrite(quic.StreamErrorCode(Canceled))
+	})
+	defer stop()
+	hdr := wire.AppendData(nil, &wire.Data{Endpoint: s.addr.Path, HasEndpoint: true})
+	// The peer may stop the request half before the write completes
+	// (STOP_SENDING UNSUPPORTED or UNKNOWN_ENDPOINT): its answer is on the
+	// reply half either way.
+	_, _ = st.Write(wire.AppendPreamble(nil, wire.KindData, hdr))
+	_ = st.Close()
+	reply, rerr := io.ReadAll(io.LimitReader(st, int64(s.limits.MaxHeaderBytes)+16))
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := s.c.ctx.Err(); err != nil {
+		return s.connErr()
+	}
+	st.CancelRead(quic.StreamErrorCode(Canceled)) // whatever is left is not read
+	if rerr != nil {
+		return nil // a reset reply half: no answer
+	}
+	k, h, _, err := wire.ParsePreamble(reply, s.limits.MaxHeaderBytes)
+	if err != nil || k != wire.KindError {
+		return nil
+	}
+	if e, err := wire.DecodeErrorFrame(h); err == nil && e.Code == wire.ErrorUnknownEndpoint {
+		return fmt.Errorf("%w %q (it answered UNKNOWN_ENDPOINT): it listens for another endpoint on this port", ErrPathNotServed, s.addr.Path)
+	}
+	return nil
 }

@@ -1,9 +1,11 @@
 package weida
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -177,5 +179,88 @@ func TestNewFailoverRefusesOtherEndpoints(t *testing.T) {
 	}
 	if _, err := NewFailover(nil, DialConfig{}, 0); err == nil {
 		t.Error("NewFailover without URLs succeeded")
+	}
+}
+
+// Once ctx has ended, a failed dial starts no other: the addresses not yet
+// tried stay nil in the FailoverError, and nothing says "dialling the
+// next" about a dial that only failed because ctx had.
+func TestFailoverStopsWhenCtxEnds(t *testing.T) {
+	_, _, urls := replicas(t, 3, "/orders")
+	var logs logBuffer
+	f, err := NewFailover(urls, DialConfig{Logger: logs.logger()}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	_, err = f.Dial(ctx)
+	var fe *FailoverError
+	if !errors.As(err, &fe) || !errors.Is(err, context.Canceled) {
+		t.Fatalf("Dial = %v, want a *FailoverError wrapping context.Canceled", err)
+	}
+	if fe.Errs[0] == nil || fe.Errs[1] != nil || fe.Errs[2] != nil {
+		t.Errorf("Errs = %v, want the first address's error and nil for the two not tried", fe.Errs)
+	}
+	if strings.Contains(logs.String(), "dialling the next") {
+		t.Errorf("logged a move to the next address after ctx ended:\n%s", logs.String())
+	}
+}
+
+// A Failover does not keep the Subscriber it returned alive once the
+// caller has closed and dropped it: only how its connection ended.
+func TestFailoverForgetsClosedSubscriber(t *testing.T) {
+	_, _, urls := replicas(t, 2, "/orders")
+	f := newFailover(t, urls)
+	defer runtime.KeepAlive(f) // f must outlive the collections
+	s, err := f.Dial(testCtx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	collected := make(chan struct{})
+	runtime.AddCleanup(s, func(ch chan struct{}) { close(ch) }, collected)
+	_ = s.Close()
+	s = nil
+	for range 20 {
+		runtime.GC()
+		select {
+		case <-collected:
+			return
+		default:
+		}
+		runtime.Gosched()
+	}
+	t.Fatal("the closed Subscriber is still reachable after 20 collections")
+}
+
+// A listener that publishes another path on an address of the endpoint
+// completes HELLO like a replica, but would record the SUBSCRIBE and send
+// nothing: Dial passes it, and fails with ErrPathNotServed when no address
+// publishes the path.
+func TestFailoverPassesAddressWithoutThePath(t *testing.T) {
+	ls, ps, urls := replicas(t, 2, "/orders")
+	_ = ps[0].Close()
+	publisher(t, ls[0], "/prices") // the first address now serves another endpoint
+	// A stagger longer than any handshake: without the path check, the
+	// first address would win.
+	f, err := NewFailover(urls, DialConfig{}, testTimeout)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := f.Dial(testCtx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.URL() != urls[1] {
+		t.Fatalf("Dial reached %s, which does not publish /orders; want %s", s.URL(), urls[1])
+	}
+	roundTrip(t, ls[1], ps[1], s, "x")
+	_ = s.Close()
+
+	_ = ps[1].Close()
+	_, err = f.Dial(testCtx(t))
+	var fe *FailoverError
+	if !errors.As(err, &fe) || !errors.Is(err, ErrPathNotServed) || !errors.Is(fe.Errs[0], ErrPathNotServed) || !errors.Is(fe.Errs[1], ErrPathNotServed) {
+		t.Fatalf("Dial with no address publishing the path = %v, want ErrPathNotServed for both", err)
 	}
 }

@@ -60,8 +60,7 @@ type Subscriber struct {
 	probeAfter time.Duration // silence before a liveness probe; 0: never
 	stopProbe  chan struct{} // closed by Shutdown
 
-	closing   atomic.Bool
-	lostFirst atomic.Bool // the connection had ended when Close began: it was lost, not closed
+	end       *subEnd
 	closeOnce sync.Once
 	wg        sync.WaitGroup
 
@@ -147,6 +146,7 @@ func Dial(ctx context.Context, rawURL string, cfg DialConfig) (*Subscriber, erro
 		stopProbe:  make(chan struct{}),
 	}
 	s.c = newConn(qc, &s.limits, s.log, s, &connHooks{refused: &s.refused})
+	s.end = &subEnd{ctx: s.c.ctx}
 	s.c.start()
 	s.wg.Go(s.supervise)
 	select {
@@ -217,7 +217,7 @@ func (s *Subscriber) supervise() {
 	<-s.c.ctx.Done()
 	s.c.wait()
 	s.unread.Add(uint64(s.queue.clear()))
-	if !s.closing.Load() {
+	if !s.end.closing.Load() {
 		s.log.Info("weida: connection to publisher lost", "cause", s.connErr())
 	}
 }
@@ -229,13 +229,22 @@ func (s *Subscriber) Path() string { return s.addr.Path }
 // it: with a [Failover], the address that answered.
 func (s *Subscriber) URL() string { return s.addr.String() }
 
+// subEnd is how a Subscriber's connection ended, apart from the
+// Subscriber, so that a [Failover] can ask after it without keeping the
+// Subscriber and its unread copies alive.
+type subEnd struct {
+	ctx       context.Context // the connection's
+	closing   atomic.Bool
+	lostFirst atomic.Bool // the connection had ended when Close began: it was lost, not closed
+}
+
 // lost reports whether the connection ended other than by Close or
 // Shutdown: the publisher closed it, or it was reset or timed out.
-func (s *Subscriber) lost() bool {
-	if s.closing.Load() {
-		return s.lostFirst.Load()
+func (e *subEnd) lost() bool {
+	if e.closing.Load() {
+		return e.lostFirst.Load()
 	}
-	return s.c.ctx.Err() != nil
+	return e.ctx.Err() != nil
 }
 
 // Subscribe asks the publisher for the topics filter selects on the dialled
@@ -310,7 +319,7 @@ func (s *Subscriber) Unsubscribe(ctx context.Context, filter string) error {
 // max_header_bytes leaves room for them (see wire.AppendSubscribePadded).
 // s.orderMu must be held.
 func (s *Subscriber) sendSubscription(ctx context.Context, k wire.Kind, filter string, pad int) error {
-	if s.closing.Load() {
+	if s.end.closing.Load() {
 		return ErrClosed
 	}
 	sub := wire.Subscribe{Endpoint: s.addr.Path, Filter: filter}
@@ -547,7 +556,7 @@ func (s *Subscriber) Err() error {
 }
 
 func (s *Subscriber) closedErr() error {
-	if s.closing.Load() {
+	if s.end.closing.Load() {
 		return ErrClosed
 	}
 	return s.connErr()
@@ -640,8 +649,8 @@ func (s *Subscriber) Stats() SubscriberStats {
 // first. Later calls return nil.
 func (s *Subscriber) Close() error {
 	s.closeOnce.Do(func() {
-		s.lostFirst.Store(s.c.ctx.Err() != nil)
-		s.closing.Store(true)
+		s.end.lostFirst.Store(s.c.ctx.Err() != nil)
+		s.end.closing.Store(true)
 		s.c.close(NoError, "")
 		s.wg.Wait()
 		_ = s.tr.Close()

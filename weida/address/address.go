@@ -30,6 +30,23 @@ type Address struct {
 // HostPort returns host:port, bracketing IPv6 hosts.
 func (a Address) HostPort() string { return net.JoinHostPort(a.Host, strconv.Itoa(a.Port)) }
 
+// CanonicalHostPort returns host:port with the host in [CanonicalHost]
+// form, so that two addresses of one socket compare equal.
+func (a Address) CanonicalHostPort() string {
+	return net.JoinHostPort(CanonicalHost(a.Host), strconv.Itoa(a.Port))
+}
+
+// CanonicalHost makes equal hosts compare equal: an IP address in its
+// standard form ([::1] and [0:0::1] are one host), a name in lower case
+// (DNS names are case-insensitive). Names are not resolved: two names of
+// one host stay two hosts.
+func CanonicalHost(h string) string {
+	if ip := net.ParseIP(h); ip != nil {
+		return ip.String()
+	}
+	return strings.ToLower(h)
+}
+
 // String formats a as a weida URL that Parse reads back to a.
 func (a Address) String() string {
 	var b strings.Builder
@@ -145,7 +162,8 @@ func (e *ReplicaError) Error() string {
 // CheckReplicas checks that addrs, parsed from raws, can be the addresses
 // of one endpoint: the replicas of a publisher path present one identity on
 // one path, so every address names the same path and pins the same
-// fingerprint (or none) as the first, and no host:port repeats. A dialer
+// fingerprint (or none) as the first, and no host:port repeats (compared
+// in [Address.CanonicalHostPort] form). A dialer
 // can then move between them and keep the same path, filters and pin. It
 // returns a [*ReplicaError] for each address that cannot, nil when all can.
 func CheckReplicas(addrs []Address, raws []string) []*ReplicaError {
@@ -154,7 +172,7 @@ func CheckReplicas(addrs []Address, raws []string) []*ReplicaError {
 		return nil
 	}
 	first := addrs[0]
-	seen := map[string]int{first.HostPort(): 0}
+	seen := map[string]int{first.CanonicalHostPort(): 0}
 	for i, a := range addrs[1:] {
 		i++
 		e := &ReplicaError{Index: i, Value: raws[i]}
@@ -168,10 +186,10 @@ func CheckReplicas(addrs []Address, raws []string) []*ReplicaError {
 		case a.Fingerprint != first.Fingerprint:
 			e.Rule, e.Msg = "replica-pin", fmt.Sprintf("pins %s, but the first address pins %s: replicas of one endpoint present one identity", a.Fingerprint, first.Fingerprint)
 		default:
-			if j, dup := seen[a.HostPort()]; dup {
-				e.Rule, e.Msg = "replica-duplicate", fmt.Sprintf("repeats address %d, %s", j+1, a.HostPort())
+			if j, dup := seen[a.CanonicalHostPort()]; dup {
+				e.Rule, e.Msg = "replica-duplicate", fmt.Sprintf("repeats address %d, %s", j+1, addrs[j].HostPort())
 			} else {
-				seen[a.HostPort()] = i
+				seen[a.CanonicalHostPort()] = i
 				continue
 			}
 		}

@@ -56,6 +56,9 @@ func TestCheckReplicas(t *testing.T) {
 		{"pin missing", []string{"weida://" + fp + "@a:1/p", "weida://b:1/p"}, []string{"replica-pin"}, []int{1}},
 		{"pin added", []string{"weida://a:1/p", "weida://" + fp + "@b:1/p"}, []string{"replica-pin"}, []int{1}},
 		{"duplicate", []string{"weida://a:1/p", "weida://b:1/p", "weida://a:1/p"}, []string{"replica-duplicate"}, []int{2}},
+		{"duplicate IPv6, another spelling", []string{"weida://[::1]:1/p", "weida://[0:0::1]:1/p"}, []string{"replica-duplicate"}, []int{1}},
+		{"duplicate IPv4 as mapped IPv6", []string{"weida://127.0.0.1:1/p", "weida://[::ffff:127.0.0.1]:1/p"}, []string{"replica-duplicate"}, []int{1}},
+		{"duplicate name, other case", []string{"weida://Replica-A:1/p", "weida://replica-a:1/p"}, []string{"replica-duplicate"}, []int{1}},
 		{"every fault", []string{"weida://a:1/p", "weida://b:1/q", "weida://" + fp + "@c:1/p", "weida://a:1/p"},
 			[]string{"replica-path", "replica-pin", "replica-duplicate"}, []int{1, 2, 3}},
 	}

@@ -2,11 +2,13 @@ package weidacli
 
 import (
 	"context"
+	"crypto/x509"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net"
 	"slices"
@@ -272,7 +274,7 @@ func dialSub(ctx context.Context, o subOptions, f *weida.Failover, stderr io.Wri
 	dctx, cancel := context.WithTimeout(ctx, o.dialTimeout)
 	defer cancel()
 	sub, err := f.Dial(dctx)
-	for err != nil && len(o.urls) > 1 && dctx.Err() == nil {
+	for err != nil && len(o.urls) > 1 && dctx.Err() == nil && !settled(err) {
 		select {
 		case <-dctx.Done():
 		case <-time.After(redialPause):
@@ -282,7 +284,7 @@ func dialSub(ctx context.Context, o subOptions, f *weida.Failover, stderr io.Wri
 	if err == nil {
 		return sub, true
 	}
-	if dctx.Err() != nil && ctx.Err() == nil {
+	if dctx.Err() != nil && ctx.Err() == nil && !settled(err) {
 		err = fmt.Errorf("%w (%w)", err, context.DeadlineExceeded)
 	}
 	var nerr net.Error
@@ -329,6 +331,46 @@ func receiveSub(ctx context.Context, sub *weida.Subscriber, o subOptions, np *in
 		}
 	}
 	return cli.ExitOK, nil
+}
+
+// settled reports whether a failed dial of several addresses would fail
+// the same way again: every address failed for a reason that another try
+// cannot change, so redialling until --dial-timeout would only replace the
+// precise errors (and the --cert hint) with a timeout.
+func settled(err error) bool {
+	var fe *weida.FailoverError
+	if !errors.As(err, &fe) {
+		return permanent(err)
+	}
+	for _, e := range fe.Errs {
+		if e == nil || !permanent(e) {
+			return false
+		}
+	}
+	return true
+}
+
+// permanent reports whether err, the failed dial of one address, is one
+// that a replica taking over would repeat: the replicas present one
+// certificate and admit the same clients, and this side's files do not
+// change while it dials. Everything else (no answer, a refused port, a
+// listener shutting down or full) may pass once a replica listens.
+func permanent(err error) bool {
+	var (
+		pathErr   *fs.PathError
+		authority x509.UnknownAuthorityError
+		hostname  x509.HostnameError
+		invalid   x509.CertificateInvalidError
+	)
+	switch {
+	case errors.Is(err, weida.ErrFingerprintMismatch),
+		errors.Is(err, weida.ErrClientRefused),
+		errors.Is(err, weida.ErrNoTrust),
+		errors.As(err, &pathErr), // an unreadable --cert, --key or --ca
+		errors.As(err, &authority), errors.As(err, &hostname), errors.As(err, &invalid):
+		return true
+	}
+	return false
 }
 
 // redialPause separates two rounds of dialling every address of the
