@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"runtime"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -136,6 +138,10 @@ func TestIdleSubscribers(t *testing.T) {
 	if lost > 0 {
 		t.Errorf("%d of %d idle subscribers lost their connection", lost, n)
 	}
+	// The child writes its heap profile, if asked, while every subscriber
+	// is still connected.
+	stdin.Close()
+	_ = cmd.Wait()
 }
 
 // idleListenerChild is the listener side of TestIdleSubscribers: it prints
@@ -154,4 +160,17 @@ func idleListenerChild(t *testing.T) {
 	}
 	fmt.Printf("URL weida://%s@%s/idle\n", l.Fingerprint(), l.Addr())
 	_, _ = bufio.NewReader(os.Stdin).ReadByte() // EOF when the parent is done
+	if f := os.Getenv("WEIDA_IDLE_HEAP_PROFILE"); f != "" {
+		// Where an idle subscriber's memory goes (the parent closes stdin
+		// before it closes the subscribers).
+		out, err := os.Create(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer out.Close()
+		runtime.GC()
+		if err := pprof.WriteHeapProfile(out); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
