@@ -258,7 +258,8 @@ func (c *kubernetesClaim) Epoch() uint64 {
 }
 
 // Renew writes a new renewTime over the version this claim wrote last: a
-// conflict means somebody else wrote the Lease since, so it is lost.
+// conflict means somebody else wrote the Lease since, so it is lost, unless
+// the Lease still names this holder at this epoch (stillMine).
 func (c *kubernetesClaim) Renew(ctx context.Context) error {
 	c.mu.Lock()
 	next := c.lease.DeepCopy()

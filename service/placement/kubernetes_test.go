@@ -3,6 +3,7 @@ package placement
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"maps"
 	"strconv"
@@ -19,6 +20,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 )
@@ -210,8 +212,9 @@ func TestTiming(t *testing.T) {
 	}
 }
 
-// labelsOf returns the holds.weida.dev labels of a pod of the fake.
-func labelsOf(t *testing.T, cs *fake.Clientset, pod string) map[string]string {
+// labelsOf returns the holds.weida.dev labels of a pod of the fake (or of
+// the real API server of kubernetes_apiserver_test.go).
+func labelsOf(t *testing.T, cs kubernetes.Interface, pod string) map[string]string {
 	t.Helper()
 	p, err := cs.CoreV1().Pods("weida").Get(context.Background(), pod, metav1.GetOptions{})
 	if err != nil {
@@ -226,7 +229,7 @@ func labelsOf(t *testing.T, cs *fake.Clientset, pod string) map[string]string {
 	return held
 }
 
-func wantLabels(t *testing.T, cs *fake.Clientset, pod string, want ...string) {
+func wantLabels(t *testing.T, cs kubernetes.Interface, pod string, want ...string) {
 	t.Helper()
 	got := labelsOf(t, cs, pod)
 	wantSet := make(map[string]string)
@@ -714,10 +717,26 @@ func TestKubernetesPodLabelsPlacement(t *testing.T) {
 
 // checkLabelsFollow checks that every resource's label is on the pod of
 // the replica that holds it, and on no other.
-func checkLabelsFollow(t *testing.T, cs *fake.Clientset, resources []string, rs ...*replica) {
+func checkLabelsFollow(t *testing.T, cs kubernetes.Interface, resources []string, rs ...*replica) {
 	t.Helper()
+	for _, p := range labelsMisplaced(t, cs, resources, rs...) {
+		t.Error(p)
+	}
+}
+
+// labelsMisplaced says how the pods' labels differ from what
+// checkLabelsFollow wants.
+func labelsMisplaced(t *testing.T, cs kubernetes.Interface, resources []string, rs ...*replica) []string {
+	t.Helper()
+	var problems []string
 	for _, r := range rs {
-		wantLabels(t, cs, r.id, r.p.Held()...)
+		want := make(map[string]string)
+		for _, res := range r.p.Held() {
+			want[HoldsLabel(res)] = "true"
+		}
+		if got := labelsOf(t, cs, r.id); !maps.Equal(got, want) {
+			problems = append(problems, fmt.Sprintf("pod %s carries %v, want %v", r.id, got, want))
+		}
 	}
 	list, err := cs.CoreV1().Pods("weida").List(context.Background(), metav1.ListOptions{})
 	if err != nil {
@@ -731,7 +750,8 @@ func checkLabelsFollow(t *testing.T, cs *fake.Clientset, resources []string, rs 
 			}
 		}
 		if n != 1 {
-			t.Errorf("%d pods carry %s, want 1", n, HoldsLabel(res))
+			problems = append(problems, fmt.Sprintf("%d pods carry %s, want 1", n, HoldsLabel(res)))
 		}
 	}
+	return problems
 }
