@@ -45,8 +45,8 @@ import (
 )
 
 // kubeAPIServerEnv names a kube-apiserver binary; scripts/kube-apiserver
-// builds one from the Go module proxy (k8s.io/kubernetes, a few minutes
-// and once per machine) and prints the command that sets it.
+// builds one from the Go module proxy (k8s.io/kubernetes, minutes, once
+// per machine) and prints its path, and scripts/test sets it when built.
 const kubeAPIServerEnv = "WEIDA_KUBE_APISERVER"
 
 // TestKubernetesAPIServer runs the Kubernetes backend against a real
@@ -65,7 +65,7 @@ const kubeAPIServerEnv = "WEIDA_KUBE_APISERVER"
 func TestKubernetesAPIServer(t *testing.T) {
 	bin := os.Getenv(kubeAPIServerEnv)
 	if bin == "" {
-		t.Skipf("%s is not set: the Kubernetes backend is tested here against client-go's fake only; run scripts/kube-apiserver to build a real API server and get the command that runs this test against it", kubeAPIServerEnv)
+		t.Skipf("%s is not set: the Kubernetes backend is tested here against client-go's fake only; scripts/kube-apiserver test builds a real API server (minutes, once per machine) and runs this test against it", kubeAPIServerEnv)
 	}
 	s := startKubeAPIServer(t, bin)
 	t.Run("RBAC", func(t *testing.T) { testAPIServerRBAC(t, s) })

@@ -25,8 +25,10 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 )
 
-// The Kubernetes backend runs against client-go's fake clientset: no API
-// server can be run on this machine's loopback. The fake stores objects but
+// These tests run the Kubernetes backend against client-go's fake
+// clientset, in every run and in synctest bubbles; TestKubernetesAPIServer
+// runs it against a real API server where one has been built (it takes
+// minutes: scripts/kube-apiserver). The fake stores objects but
 // neither assigns resourceVersions nor rejects a stale update, which is the
 // very thing the backend relies on, so casClientset adds a reactor that
 // does both as the API server does: every create and update gets a new
