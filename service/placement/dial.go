@@ -74,6 +74,7 @@ func InCluster(namespace, prefix string, t Timing, log *slog.Logger) (*Kubernete
 	if err != nil {
 		return nil, fmt.Errorf("placement: kubernetes: not running in a pod with a service account: %w", err)
 	}
+	cfg = podConfig(cfg)
 	client, err := coordinationclient.NewForConfig(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("placement: kubernetes client: %w", err)
@@ -95,4 +96,18 @@ func InCluster(namespace, prefix string, t Timing, log *slog.Logger) (*Kubernete
 	}
 	k.LabelPod(core.Pods(own), pod, log)
 	return k, nil
+}
+
+// podConfig turns off client-go's client-side rate limit (5 requests a
+// second, bursts of 10, per client). The backend's requests are already
+// bounded by the Placer, one round and one renewal per holding every
+// retry period, but a replica below its share also reads every Lease it
+// may take each round: against a real API server the limit starved the
+// round's list, and a paused replica's resources were never taken over
+// (TestKubernetesAPIServer/Placement). The API server's own priority and
+// fairness queues protect it instead.
+func podConfig(cfg *rest.Config) *rest.Config {
+	cfg = rest.CopyConfig(cfg)
+	cfg.QPS, cfg.Burst = -1, 0
+	return cfg
 }

@@ -258,7 +258,8 @@ func (c *kubernetesClaim) Epoch() uint64 {
 }
 
 // Renew writes a new renewTime over the version this claim wrote last: a
-// conflict means somebody else wrote the Lease since, so it is lost.
+// conflict means somebody else wrote the Lease since, so it is lost, unless
+// the Lease still names this holder at this epoch (stillMine).
 func (c *kubernetesClaim) Renew(ctx context.Context) error {
 	c.mu.Lock()
 	next := c.lease.DeepCopy()
@@ -266,6 +267,13 @@ func (c *kubernetesClaim) Renew(ctx context.Context) error {
 	stamp := metav1.NewMicroTime(time.Now())
 	next.Spec.RenewTime = &stamp
 	updated, err := c.k.leases.Update(ctx, next, metav1.UpdateOptions{})
+	if apierrors.IsConflict(err) {
+		if fresh, ok := c.stillMine(ctx); ok {
+			next = fresh.DeepCopy()
+			next.Spec.RenewTime = &stamp
+			updated, err = c.k.leases.Update(ctx, next, metav1.UpdateOptions{})
+		}
+	}
 	if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
 		if c.k.labels != nil {
 			// The Holding does not release a lost lease: the label goes now.
@@ -303,8 +311,36 @@ func (c *kubernetesClaim) Release(ctx context.Context) error {
 	none := ""
 	next.Spec.HolderIdentity = &none
 	_, err := c.k.leases.Update(ctx, next, metav1.UpdateOptions{})
+	if apierrors.IsConflict(err) {
+		if fresh, ok := c.stillMine(ctx); ok {
+			next = fresh.DeepCopy()
+			next.Spec.HolderIdentity = &none
+			_, err = c.k.leases.Update(ctx, next, metav1.UpdateOptions{})
+		}
+	}
 	if err != nil && !apierrors.IsConflict(err) && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("placement: kubernetes: releasing Lease %s: %w", next.Name, err)
 	}
 	return nil
+}
+
+// stillMine re-reads the Lease after a conflict and returns it if it is
+// still this claim's acquisition: the same holder and epoch, which every
+// other acquisition increments. A conflict does not prove the lease lost:
+// a write of this claim that the server applied but whose answer never
+// arrived leaves the claim a version behind. That is what a real API
+// server does when a renewal in flight is cancelled (Release cancels it)
+// or its connection breaks: without this re-read, the release that follows
+// conflicts and is dropped, and the lease stays taken until it expires
+// (TestKubernetesAPIServer/Lease found it; TestKubernetesLostAnswer pins
+// it on the fake). A read that fails counts as lost: stopping is safe.
+func (c *kubernetesClaim) stillMine(ctx context.Context) (*coordinationv1.Lease, bool) {
+	c.mu.Lock()
+	holder, epoch, name := holderOf(c.lease), epochOf(c.lease), c.lease.Name
+	c.mu.Unlock()
+	fresh, err := c.k.leases.Get(ctx, name, metav1.GetOptions{})
+	if err != nil || holderOf(fresh) != holder || epochOf(fresh) != epoch {
+		return nil, false
+	}
+	return fresh, true
 }

@@ -3,6 +3,7 @@ package placement
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"maps"
 	"strconv"
@@ -19,12 +20,15 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 )
 
-// The Kubernetes backend runs against client-go's fake clientset: no API
-// server can be run on this machine's loopback. The fake stores objects but
+// These tests run the Kubernetes backend against client-go's fake
+// clientset, in every run and in synctest bubbles; TestKubernetesAPIServer
+// runs it against a real API server where one has been built (it takes
+// minutes: scripts/kube-apiserver). The fake stores objects but
 // neither assigns resourceVersions nor rejects a stale update, which is the
 // very thing the backend relies on, so casClientset adds a reactor that
 // does both as the API server does: every create and update gets a new
@@ -210,8 +214,9 @@ func TestTiming(t *testing.T) {
 	}
 }
 
-// labelsOf returns the holds.weida.dev labels of a pod of the fake.
-func labelsOf(t *testing.T, cs *fake.Clientset, pod string) map[string]string {
+// labelsOf returns the holds.weida.dev labels of a pod of the fake (or of
+// the real API server of kubernetes_apiserver_test.go).
+func labelsOf(t *testing.T, cs kubernetes.Interface, pod string) map[string]string {
 	t.Helper()
 	p, err := cs.CoreV1().Pods("weida").Get(context.Background(), pod, metav1.GetOptions{})
 	if err != nil {
@@ -226,7 +231,7 @@ func labelsOf(t *testing.T, cs *fake.Clientset, pod string) map[string]string {
 	return held
 }
 
-func wantLabels(t *testing.T, cs *fake.Clientset, pod string, want ...string) {
+func wantLabels(t *testing.T, cs kubernetes.Interface, pod string, want ...string) {
 	t.Helper()
 	got := labelsOf(t, cs, pod)
 	wantSet := make(map[string]string)
@@ -714,10 +719,26 @@ func TestKubernetesPodLabelsPlacement(t *testing.T) {
 
 // checkLabelsFollow checks that every resource's label is on the pod of
 // the replica that holds it, and on no other.
-func checkLabelsFollow(t *testing.T, cs *fake.Clientset, resources []string, rs ...*replica) {
+func checkLabelsFollow(t *testing.T, cs kubernetes.Interface, resources []string, rs ...*replica) {
 	t.Helper()
+	for _, p := range labelsMisplaced(t, cs, resources, rs...) {
+		t.Error(p)
+	}
+}
+
+// labelsMisplaced says how the pods' labels differ from what
+// checkLabelsFollow wants.
+func labelsMisplaced(t *testing.T, cs kubernetes.Interface, resources []string, rs ...*replica) []string {
+	t.Helper()
+	var problems []string
 	for _, r := range rs {
-		wantLabels(t, cs, r.id, r.p.Held()...)
+		want := make(map[string]string)
+		for _, res := range r.p.Held() {
+			want[HoldsLabel(res)] = "true"
+		}
+		if got := labelsOf(t, cs, r.id); !maps.Equal(got, want) {
+			problems = append(problems, fmt.Sprintf("pod %s carries %v, want %v", r.id, got, want))
+		}
 	}
 	list, err := cs.CoreV1().Pods("weida").List(context.Background(), metav1.ListOptions{})
 	if err != nil {
@@ -731,7 +752,8 @@ func checkLabelsFollow(t *testing.T, cs *fake.Clientset, resources []string, rs 
 			}
 		}
 		if n != 1 {
-			t.Errorf("%d pods carry %s, want 1", n, HoldsLabel(res))
+			problems = append(problems, fmt.Sprintf("%d pods carry %s, want 1", n, HoldsLabel(res)))
 		}
 	}
+	return problems
 }
