@@ -6,35 +6,15 @@ import (
 	"regexp"
 	"strings"
 	"testing"
-	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
-	"weida.dev/connector/connectors"
-	"weida.dev/connector/policy"
 	"weida.dev/connector/service/admin"
-	"weida.dev/connector/service/placement"
 )
 
 // The status page of a replica with placement shows, per resource, the
 // placement its /status reports: here a resource another replica holds
 // and one nobody holds, as the placed runtime reports them.
 func TestPlacedStatusPage(t *testing.T) {
-	reg := prometheus.NewRegistry()
-	rt := connectors.NewRuntime(connectors.Deps{Metrics: connectors.NewMetrics(reg)})
-	p := &placed{
-		rt:      rt,
-		cfg:     Config{Placement: Placement{Backend: "etcd", Identity: "r0"}},
-		metrics: newPlacementMetrics(reg),
-		held:    map[string]uint64{},
-		since:   map[string]time.Time{},
-		ended:   map[string]string{},
-		view:    placement.View{Holders: map[string]string{"a": "r1"}, Members: []string{"r0", "r1", "r2"}},
-	}
-	p.setUnits([]connectors.Unit{
-		{Spec: connectors.Spec{Name: "a", Protocol: policy.MQTT, Direction: policy.Inbound}},
-		{Spec: connectors.Spec{Name: "b", Protocol: policy.NATS, Direction: policy.Outbound}},
-	})
+	p, reg := standbyReplica(map[string]string{})
 	rec := httptest.NewRecorder()
 	admin.Handler(p, reg, admin.Options{}).ServeHTTP(rec, httptest.NewRequest("GET", "/", nil))
 	b, _ := io.ReadAll(rec.Result().Body)

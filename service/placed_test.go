@@ -13,10 +13,10 @@ import (
 	"weida.dev/connector/service/placement"
 )
 
-// A replica that holds nothing is ready, and reports every resource it
-// stands by for with its holder, the standbys and why it is not running it
-// here: readiness never depends on resources held elsewhere.
-func TestPlacedStandbyStatuses(t *testing.T) {
+// standbyReplica is replica r0 of three, holding nothing: another replica
+// holds resource a (MQTT inbound), nobody holds b (NATS outbound); ended
+// says why resources stopped here.
+func standbyReplica(ended map[string]string) (*placed, *prometheus.Registry) {
 	reg := prometheus.NewRegistry()
 	rt := connectors.NewRuntime(connectors.Deps{Metrics: connectors.NewMetrics(reg)})
 	p := &placed{
@@ -25,13 +25,21 @@ func TestPlacedStandbyStatuses(t *testing.T) {
 		metrics: newPlacementMetrics(reg),
 		held:    map[string]uint64{},
 		since:   map[string]time.Time{},
-		ended:   map[string]string{"b": "stopped here at epoch 7: " + placement.ErrRenewDeadline.Error()},
+		ended:   ended,
 		view:    placement.View{Holders: map[string]string{"a": "r1"}, Members: []string{"r0", "r1", "r2"}},
 	}
 	p.setUnits([]connectors.Unit{
 		{Spec: connectors.Spec{Name: "a", Protocol: policy.MQTT, Direction: policy.Inbound}},
 		{Spec: connectors.Spec{Name: "b", Protocol: policy.NATS, Direction: policy.Outbound}},
 	})
+	return p, reg
+}
+
+// A replica that holds nothing is ready, and reports every resource it
+// stands by for with its holder, the standbys and why it is not running it
+// here: readiness never depends on resources held elsewhere.
+func TestPlacedStandbyStatuses(t *testing.T) {
+	p, _ := standbyReplica(map[string]string{"b": "stopped here at epoch 7: " + placement.ErrRenewDeadline.Error()})
 	if !p.Ready() {
 		t.Error("a replica holding nothing is not ready")
 	}
