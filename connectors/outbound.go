@@ -306,10 +306,10 @@ func leaveWhenDone(ctx, bound context.Context, sub *weida.Subscriber) (wait func
 	}
 }
 
-// dialReason names a failed dial of the weida endpoint. weida.Dial reports
-// a certificate that is not the pinned one only in its error text, so it is
-// not told apart from other failures yet: a [*Failure] from the DialFunc
-// (FailFingerprintMismatch, say) is how a caller can name it.
+// dialReason names a failed dial of the weida endpoint: a [*Failure] from
+// the DialFunc names itself, a certificate that is not the pinned one is
+// [weida.ErrFingerprintMismatch], and anything else is FailWeidaDial (with
+// failover addresses, weida.Failover's error says what each one answered).
 func dialReason(err error) string {
 	var f *Failure
 	switch {
