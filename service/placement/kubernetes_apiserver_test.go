@@ -580,19 +580,7 @@ func testAPIServerPodLabels(t *testing.T, s *kubeAPIServer) {
 	}
 	flush(t, a)
 	wantLabels(t, s.admin, "pod-a", "r2")
-	leases := s.admin.CoordinationV1().Leases(apiServerNamespace)
-	l, err := leases.Get(ctx, "weida-connector."+resourcePrefix+"r2", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	other := "pod-c"
-	l.Spec.HolderIdentity = &other
-	if _, err := leases.Update(ctx, l, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if err := r2.Renew(ctx); !errors.Is(err, ErrLost) {
-		t.Fatalf("renewing a lease written by another: %v, want ErrLost", err)
-	}
+	takenByOther(ctx, t, s.admin, apiServerNamespace, "r2", r2)
 	flush(t, a)
 	wantLabels(t, s.admin, "pod-a")
 	if err := r1b.Release(ctx); err != nil {

@@ -231,6 +231,25 @@ func labelsOf(t *testing.T, cs kubernetes.Interface, pod string) map[string]stri
 	return held
 }
 
+// takenByOther rewrites resource's Lease in namespace as another holder's
+// (pod-c) and checks that the holding's next renewal finds it lost.
+func takenByOther(ctx context.Context, t *testing.T, cs kubernetes.Interface, namespace, resource string, h Claim) {
+	t.Helper()
+	leases := cs.CoordinationV1().Leases(namespace)
+	l, err := leases.Get(ctx, "weida-connector."+resourcePrefix+resource, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := "pod-c"
+	l.Spec.HolderIdentity = &other
+	if _, err := leases.Update(ctx, l, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Renew(ctx); !errors.Is(err, ErrLost) {
+		t.Fatalf("renewing a lease written by another: %v, want ErrLost", err)
+	}
+}
+
 func wantLabels(t *testing.T, cs kubernetes.Interface, pod string, want ...string) {
 	t.Helper()
 	got := labelsOf(t, cs, pod)
@@ -332,19 +351,7 @@ func testKubernetesPodLabels(t *testing.T) {
 	}
 	synctest.Wait()
 	wantLabels(t, cs, "pod-a", "r2")
-	leases := cs.CoordinationV1().Leases("weida")
-	l, err := leases.Get(ctx, "weida-connector."+resourcePrefix+"r2", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	other := "pod-c"
-	l.Spec.HolderIdentity = &other
-	if _, err := leases.Update(ctx, l, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if err := r2.Renew(ctx); !errors.Is(err, ErrLost) {
-		t.Fatalf("renewing a lease written by another: %v, want ErrLost", err)
-	}
+	takenByOther(ctx, t, cs, "weida", "r2", r2)
 	synctest.Wait()
 	wantLabels(t, cs, "pod-a")
 
