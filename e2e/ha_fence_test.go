@@ -95,35 +95,28 @@ func TestHAFenceSIGSTOP(t *testing.T) {
 	var traffic sync.WaitGroup
 	t.Cleanup(func() { close(stop); traffic.Wait() })
 	mq := mqttConnect(t, mosquittoAddr, "fence-pub-"+u)
-	traffic.Go(func() {
-		tick := time.NewTicker(10 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-tick.C:
+	// every10ms calls send with 1, 2, 3... every 10 ms until the test ends.
+	every10ms := func(seq *atomic.Int64, send func(ctx context.Context, s int64)) {
+		traffic.Go(func() {
+			tick := time.NewTicker(10 * time.Millisecond)
+			defer tick.Stop()
+			for {
+				select {
+				case <-stop:
+					return
+				case <-tick.C:
+				}
+				pctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				send(pctx, seq.Add(1))
+				cancel()
 			}
-			s := inSeq.Add(1)
-			pctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			_, _ = mq.Publish(pctx, &paho.Publish{Topic: fmt.Sprintf("%s/in/s%d", u, s), QoS: 1, Payload: []byte(strconv.FormatInt(s, 10))})
-			cancel()
-		}
+		})
+	}
+	every10ms(&inSeq, func(ctx context.Context, s int64) {
+		_, _ = mq.Publish(ctx, &paho.Publish{Topic: fmt.Sprintf("%s/in/s%d", u, s), QoS: 1, Payload: []byte(strconv.FormatInt(s, 10))})
 	})
-	traffic.Go(func() {
-		tick := time.NewTicker(10 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-tick.C:
-			}
-			s := outSeq.Add(1)
-			pctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			_, _ = out.Publish(pctx, weida.Message{Topic: fmt.Sprintf("%s.out.s%d", u, s), Payload: []byte(strconv.FormatInt(s, 10))})
-			cancel()
-		}
+	every10ms(&outSeq, func(ctx context.Context, s int64) {
+		_, _ = out.Publish(ctx, weida.Message{Topic: fmt.Sprintf("%s.out.s%d", u, s), Payload: []byte(strconv.FormatInt(s, 10))})
 	})
 	nc := natsConn(t, natsAddr)
 	published := collectNATS(t, nc, u+".out.*")
