@@ -145,19 +145,11 @@ func TestFenceOutbound(t *testing.T) {
 			}}
 			pub, url, p, wf := weidaPath(t, "/out", "out.*.data")
 			rt, _ := newRuntime(t, func(int) time.Duration { return time.Millisecond })
-			err := rt.Apply(context.Background(), []connectors.Unit{{
-				Spec: connectors.Spec{
-					Name: "out", Protocol: policy.NATS, Direction: policy.Outbound, Policy: p,
-					Routes: []connectors.Route{{Name: "r", Foreign: "out.*.data", Weida: wf}}, Endpoint: url,
-				},
-				Revision: "1",
-				Dial:     func(ctx context.Context) (*weida.Subscriber, error) { return weida.Dial(ctx, url, weida.DialConfig{}) },
-				NewSink: func(report connectors.StateFunc) (connectors.Sink, error) {
+			err := rt.Apply(context.Background(), []connectors.Unit{fencedOutbound(url, p, wf, may.Load,
+				func(report connectors.StateFunc) (connectors.Sink, error) {
 					report(connectors.ConnState{Up: true, Reason: "Connected"})
 					return mem.shaped(async), nil
-				},
-				Fence: may.Load,
-			}})
+				})})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -199,16 +191,8 @@ func TestFenceOutboundReceived(t *testing.T) {
 	mem := &memSink{}
 	pub, url, p, wf := weidaPath(t, "/out", "out.*.data")
 	rt, _ := newRuntime(t, func(int) time.Duration { return time.Millisecond })
-	err := rt.Apply(context.Background(), []connectors.Unit{{
-		Spec: connectors.Spec{
-			Name: "out", Protocol: policy.NATS, Direction: policy.Outbound, Policy: p,
-			Routes: []connectors.Route{{Name: "r", Foreign: "out.*.data", Weida: wf}}, Endpoint: url,
-		},
-		Revision: "1",
-		Dial:     func(ctx context.Context) (*weida.Subscriber, error) { return weida.Dial(ctx, url, weida.DialConfig{}) },
-		NewSink:  func(connectors.StateFunc) (connectors.Sink, error) { return mem, nil },
-		Fence:    may.Load,
-	}})
+	err := rt.Apply(context.Background(), []connectors.Unit{fencedOutbound(url, p, wf, may.Load,
+		func(connectors.StateFunc) (connectors.Sink, error) { return mem, nil })})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -227,4 +211,20 @@ func TestFenceOutboundReceived(t *testing.T) {
 		f := statusOf(rt, "out").Failure
 		return f != nil && f.Reason == connectors.FailFenced
 	})
+}
+
+// fencedOutbound is the outbound unit the fence tests run: one route from
+// the weida path at url to out.*.data, its Sink from newSink, fenced by
+// fence.
+func fencedOutbound(url string, p policy.Policy, wf string, fence func() bool, newSink connectors.SinkFactory) connectors.Unit {
+	return connectors.Unit{
+		Spec: connectors.Spec{
+			Name: "out", Protocol: policy.NATS, Direction: policy.Outbound, Policy: p,
+			Routes: []connectors.Route{{Name: "r", Foreign: "out.*.data", Weida: wf}}, Endpoint: url,
+		},
+		Revision: "1",
+		Dial:     func(ctx context.Context) (*weida.Subscriber, error) { return weida.Dial(ctx, url, weida.DialConfig{}) },
+		NewSink:  newSink,
+		Fence:    fence,
+	}
 }
