@@ -19,12 +19,13 @@ type redeliveringSource struct{ *chanSource }
 
 func (redeliveringSource) Redelivers() bool { return true }
 
-// fencedInbound runs an inbound unit on a runtime whose Fence is may, and
-// a weida subscriber of everything it publishes.
-func fencedInbound(t *testing.T, src connectors.Source, may *atomic.Bool) (*connectors.Runtime, *atomic.Int32) {
+// fencedInbound runs an inbound unit on a runtime whose Fence is may,
+// keeping the last values lv asks for.
+func fencedInbound(t *testing.T, src connectors.Source, may *atomic.Bool, lv connectors.LastValue) (*connectors.Runtime, *atomic.Int32) {
 	t.Helper()
 	var built atomic.Int32
 	u := inboundUnit(t, "in", "127.0.0.1:0", nil)
+	u.Spec.LastValue = lv
 	u.NewSource = func(connectors.StateFunc) (connectors.Source, error) {
 		built.Add(1)
 		return src, nil
@@ -62,7 +63,7 @@ func TestFenceInbound(t *testing.T) {
 			if tc.redelivers {
 				src = redeliveringSource{cs}
 			}
-			rt, built := fencedInbound(t, src, &may)
+			rt, built := fencedInbound(t, src, &may, connectors.LastValue{})
 			waitFor(t, "the endpoint", func() bool { return statusOf(rt, "in").SubscriberURL != "" })
 			sub, err := weida.Dial(context.Background(), statusOf(rt, "in").SubscriberURL, weida.DialConfig{})
 			if err != nil {
@@ -115,13 +116,57 @@ func TestFenceInbound(t *testing.T) {
 // MQTT client ID would take the session from the replica now holding it).
 func TestFenceBeforeFirstAttempt(t *testing.T) {
 	var may atomic.Bool
-	rt, built := fencedInbound(t, newChanSource(), &may)
+	rt, built := fencedInbound(t, newChanSource(), &may, connectors.LastValue{})
 	waitFor(t, "the fenced failure", func() bool {
 		f := statusOf(rt, "in").Failure
 		return f != nil && f.Reason == connectors.FailFenced
 	})
 	if n := built.Load(); n != 0 {
 		t.Errorf("%d Sources built for a fenced unit; want 0", n)
+	}
+}
+
+// TestFenceWithholdsReplay: the endpoint of a fenced unit stays open
+// until placement stops the unit, and a SUBSCRIBE reaching it then is
+// replayed no last value (the lease's holder has them, perhaps newer):
+// each one matched is counted as withheld instead.
+func TestFenceWithholdsReplay(t *testing.T) {
+	var may atomic.Bool
+	may.Store(true)
+	cs := newChanSource()
+	rt, _ := fencedInbound(t, cs, &may, connectors.LastValue{Mode: connectors.LastValueAll})
+	waitFor(t, "the endpoint", func() bool { return statusOf(rt, "in").SubscriberURL != "" })
+	url := statusOf(rt, "in").SubscriberURL
+	subscribe := func() *weida.Subscriber {
+		t.Helper()
+		sub, err := weida.Dial(context.Background(), url, weida.DialConfig{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { sub.Close() })
+		if err := sub.Subscribe(context.Background(), "#"); err != nil {
+			t.Fatal(err)
+		}
+		return sub
+	}
+	live := subscribe()
+	waitFor(t, "the subscription", func() bool { return statusOf(rt, "in").Counters.Subscribers == 1 })
+	(&inboundEnv{src: cs}).send(t, "in.a")
+	if got := receiveTopic(t, live); got != "in.a" {
+		t.Fatalf("received %q; want in.a", got)
+	}
+	if got := receiveTopic(t, subscribe()); got != "in.a" {
+		t.Fatalf("replayed %q before the fence; want in.a", got)
+	}
+
+	may.Store(false)
+	subscribe()
+	waitFor(t, "the withheld replay", func() bool {
+		lv := statusOf(rt, "in").Counters.LastValue
+		return lv != nil && lv.Withheld == 1
+	})
+	if lv := statusOf(rt, "in").Counters.LastValue; lv.Replayed != 1 {
+		t.Errorf("replayed = %d; want 1 (none once fenced)", lv.Replayed)
 	}
 }
 

@@ -68,7 +68,7 @@ func (b *inboundBridge) setPublisher(p Publisher) {
 		p.OnCopiesLost(st.copiesLost)
 		p.CountCopiesUnconfirmed(st.copiesUnconfirmed)
 		b.lv.restore() // a persisted cache is back before anything is replayed
-		b.lv.install(p)
+		b.lv.install(p, b.fenced)
 	}
 }
 

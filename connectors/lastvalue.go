@@ -156,6 +156,9 @@ type lastValues struct {
 
 	replayed, withheld atomic.Uint64
 	sourceDown         atomic.Bool // down, for Replay, which does not take mu
+	// fenced, set by install, reports whether the unit that replays the
+	// cache no longer holds its lease (see core.fenced); nil: no fence.
+	fenced atomic.Pointer[func() bool]
 
 	disk *lvDisk // where the cache persists; nil: in memory only (lastvalue_store.go)
 
@@ -436,18 +439,27 @@ func (lv *lastValues) sweep() {
 // found by walking the cache's topic trie with the filter, but for values
 // expired by now. Each copy carries its age; while the source is down each
 // is marked stale, or, with whenSourceDown: withhold, none is replayed.
+//
+// A fenced unit replays nothing and counts what it withheld: a replica
+// resumed after a pause past its lease still has its endpoint open until
+// placement stops it, and a subscriber reaching it then must not be
+// handed values the holder now has, and may since have replaced.
 func (lv *lastValues) Replay(filter string, yield func(weida.Message) bool) {
 	// Replay runs while the path's fan-out is held, so no record runs
 	// meanwhile: taking mu here keeps the lock order record has.
 	lv.sweep()
 	now := lv.now().UnixNano()
 	stale := lv.sourceDown.Load()
+	withhold := stale && lv.withhold
+	if f := lv.fenced.Load(); f != nil && (*f)() {
+		withhold = true
+	}
 	var n uint64
 	lv.store.MatchFilter(filter, func(_ string, e *lvEntry) bool {
 		if e.expired(now) {
 			return true
 		}
-		if stale && lv.withhold {
+		if withhold {
 			n++
 			return true
 		}
@@ -462,7 +474,7 @@ func (lv *lastValues) Replay(filter string, yield func(weida.Message) bool) {
 	if n == 0 {
 		return
 	}
-	if stale && lv.withhold {
+	if withhold {
 		lv.withheld.Add(n)
 		lv.withheldC.Add(float64(n))
 		return
@@ -506,11 +518,13 @@ func (lv *lastValues) snapshot() *LastValueCounters {
 	return c
 }
 
-// install makes pub replay the cache; a nil cache does nothing.
-func (lv *lastValues) install(pub Publisher) {
+// install makes pub replay the cache for a unit that may act while
+// fenced (see core.fenced) says false; a nil cache does nothing.
+func (lv *lastValues) install(pub Publisher, fenced func() bool) {
 	if lv == nil {
 		return
 	}
+	lv.fenced.Store(&fenced)
 	if rp, ok := pub.(recordingPublisher); ok {
 		rp.SetReplayer(lv)
 	}

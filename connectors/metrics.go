@@ -83,7 +83,8 @@ type Metrics struct {
 	// topics removed by reason (a bound, an update that could not be
 	// cached, an expiry, an orphaned cache; never a broker deletion),
 	// copies replayed to new weida subscriptions, and copies withheld
-	// while the source was down (whenSourceDown: withhold).
+	// while the source was down (whenSourceDown: withhold) or the unit
+	// was fenced.
 	LastValueEntries   *prometheus.GaugeVec
 	LastValueBytes     *prometheus.GaugeVec
 	LastValueEvictions *prometheus.CounterVec
@@ -142,7 +143,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		LastValueReplayed: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "last_value_replayed_total",
 			Help: "Cached values offered to new weida subscriptions, one per matching topic per SUBSCRIBE."}, []string{"resource"}),
 		LastValueWithheld: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "last_value_withheld_total",
-			Help: "Cached values not replayed to a new weida subscription because the source was disconnected (lastValue.whenSourceDown: withhold), one per matching topic per SUBSCRIBE."}, []string{"resource"}),
+			Help: "Cached values not replayed to a new weida subscription, one per matching topic per SUBSCRIBE: the source was disconnected (lastValue.whenSourceDown: withhold), or the replica no longer held the resource's lease (fenced)."}, []string{"resource"}),
 		LastValueRestoreFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "last_value_restore_failures_total",
 			Help: "Saved last-value caches (lastValue.persist) that could not be used at start (unreadable, malformed, another-config, unknown-version); the cache started empty."}, []string{"resource", "reason"}),
 	}
