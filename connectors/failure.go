@@ -16,6 +16,7 @@ const (
 	FailListen              = "ListenFailed"        // the weida listener could not bind (address in use, bad certificate)
 	FailWeidaDial           = "WeidaDialFailed"     // dialling the outbound weida endpoint failed
 	FailFingerprintMismatch = "FingerprintMismatch" // the weida endpoint's certificate is not the pinned one
+	FailPathNotServed       = "PathNotServed"       // the weida addresses answered, and one or more publishes nothing at the path
 	FailSourceInvalid       = "SourceInvalid"       // the Source factory refused the resource
 	FailSinkInvalid         = "SinkInvalid"         // the Sink factory refused the resource
 	FailStart               = "StartFailed"         // Start returned an error no driver classified

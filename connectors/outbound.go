@@ -308,8 +308,11 @@ func leaveWhenDone(ctx, bound context.Context, sub *weida.Subscriber) (wait func
 
 // dialReason names a failed dial of the weida endpoint: a [*Failure] from
 // the DialFunc names itself, a certificate that is not the pinned one is
-// [weida.ErrFingerprintMismatch], and anything else is FailWeidaDial (with
-// failover addresses, weida.Failover's error says what each one answered).
+// [weida.ErrFingerprintMismatch], failover addresses that answered without
+// publishing the path are [weida.ErrPathNotServed] (the endpoint is not
+// up on any of them yet, or the URL's path is wrong), and anything else is
+// FailWeidaDial (with failover addresses, weida.Failover's error says what
+// each one answered).
 func dialReason(err error) string {
 	var f *Failure
 	switch {
@@ -317,6 +320,8 @@ func dialReason(err error) string {
 		return f.Reason
 	case errors.Is(err, weida.ErrFingerprintMismatch):
 		return FailFingerprintMismatch
+	case errors.Is(err, weida.ErrPathNotServed):
+		return FailPathNotServed
 	}
 	return FailWeidaDial
 }

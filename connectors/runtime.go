@@ -335,7 +335,7 @@ func (r *Runtime) recordFailure(b *Bridge, fail *Failure, failures int) (wait ti
 // failureSide is the condition a failure of b is blamed on.
 func failureSide(f *Failure) int {
 	switch f.Reason {
-	case FailListen, FailWeidaDial, FailFingerprintMismatch:
+	case FailListen, FailWeidaDial, FailFingerprintMismatch, FailPathNotServed:
 		return condWeida
 	}
 	return condBroker

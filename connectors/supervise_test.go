@@ -609,6 +609,48 @@ func TestOutboundFingerprintMismatch(t *testing.T) {
 	}
 }
 
+// TestOutboundPathNotServed: failover addresses that all answer but
+// publish nothing at the resource's path are reported as PathNotServed, so
+// an operator looks at the path and at which replica holds the endpoint,
+// not at the network.
+func TestOutboundPathNotServed(t *testing.T) {
+	var urls []string
+	for range 2 {
+		l, err := weida.Listen(context.Background(), "127.0.0.1:0", weida.ListenConfig{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { l.Close() })
+		if _, err := l.Publisher("/elsewhere"); err != nil {
+			t.Fatal(err)
+		}
+		urls = append(urls, "weida://"+l.Addr().String()+"/out") // unpinned: the two listeners have their own certificates
+	}
+	f, err := weida.NewFailover(urls, weida.DialConfig{InsecureSkipVerifyForTesting: true}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt, _ := newRuntime(t, func(int) time.Duration { return time.Millisecond })
+	err = rt.Apply(context.Background(), []connectors.Unit{{
+		Spec: connectors.Spec{
+			Name: "unserved", Protocol: policy.NATS, Direction: policy.Outbound, Policy: policy.NATSTokensV1(),
+			Routes: []connectors.Route{{Name: "r", Foreign: "out.*", Weida: "out.*"}}, Endpoint: urls[0],
+		},
+		Revision: "1",
+		Dial:     f.Dial,
+		NewSink: func(report connectors.StateFunc) (connectors.Sink, error) {
+			report(connectors.ConnState{Up: true, Reason: "Connected"})
+			return &memSink{}, nil
+		},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "PathNotServed to show", func() bool {
+		return condition(statusOf(rt, "unserved"), connectors.CondWeidaReady).Reason == connectors.FailPathNotServed
+	})
+}
+
 // TestSupervisorRetriesWhenFileChanges: a unit waiting out a long backoff
 // after a failed attempt starts its next attempt as soon as one of its
 // Files changes (a corrected secret), and only then; with nothing changed
