@@ -136,31 +136,19 @@ func TestFenceWithholdsReplay(t *testing.T) {
 	cs := newChanSource()
 	rt, _ := fencedInbound(t, cs, &may, connectors.LastValue{Mode: connectors.LastValueAll})
 	waitFor(t, "the endpoint", func() bool { return statusOf(rt, "in").SubscriberURL != "" })
-	url := statusOf(rt, "in").SubscriberURL
-	subscribe := func() *weida.Subscriber {
-		t.Helper()
-		sub, err := weida.Dial(context.Background(), url, weida.DialConfig{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { sub.Close() })
-		if err := sub.Subscribe(context.Background(), "#"); err != nil {
-			t.Fatal(err)
-		}
-		return sub
-	}
-	live := subscribe()
+	env := &inboundEnv{url: statusOf(rt, "in").SubscriberURL, src: cs}
+	live := env.subscriber(t)
 	waitFor(t, "the subscription", func() bool { return statusOf(rt, "in").Counters.Subscribers == 1 })
-	(&inboundEnv{src: cs}).send(t, "in.a")
+	env.send(t, "in.a")
 	if got := receiveTopic(t, live); got != "in.a" {
 		t.Fatalf("received %q; want in.a", got)
 	}
-	if got := receiveTopic(t, subscribe()); got != "in.a" {
+	if got := receiveTopic(t, env.subscriber(t)); got != "in.a" {
 		t.Fatalf("replayed %q before the fence; want in.a", got)
 	}
 
 	may.Store(false)
-	subscribe()
+	env.subscriber(t)
 	waitFor(t, "the withheld replay", func() bool {
 		lv := statusOf(rt, "in").Counters.LastValue
 		return lv != nil && lv.Withheld == 1

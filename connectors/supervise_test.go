@@ -583,24 +583,8 @@ func TestOutboundFingerprintMismatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { other.Close() })
-	p := policy.NATSTokensV1()
 	url := "weida://" + other.Fingerprint() + "@" + l.Addr().String() + "/out"
-	rt, _ := newRuntime(t, func(int) time.Duration { return time.Millisecond })
-	err = rt.Apply(context.Background(), []connectors.Unit{{
-		Spec: connectors.Spec{
-			Name: "pinned", Protocol: policy.NATS, Direction: policy.Outbound, Policy: p,
-			Routes: []connectors.Route{{Name: "r", Foreign: "out.*", Weida: "out.*"}}, Endpoint: url,
-		},
-		Revision: "1",
-		Dial:     func(ctx context.Context) (*weida.Subscriber, error) { return weida.Dial(ctx, url, weida.DialConfig{}) },
-		NewSink: func(report connectors.StateFunc) (connectors.Sink, error) {
-			report(connectors.ConnState{Up: true, Reason: "Connected"})
-			return &memSink{}, nil
-		},
-	}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rt := runDialling(t, "pinned", url, func(ctx context.Context) (*weida.Subscriber, error) { return weida.Dial(ctx, url, weida.DialConfig{}) })
 	waitFor(t, "the mismatch to show", func() bool {
 		return condition(statusOf(rt, "pinned"), connectors.CondWeidaReady).Reason == connectors.FailFingerprintMismatch
 	})
@@ -630,14 +614,25 @@ func TestOutboundPathNotServed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	rt := runDialling(t, "unserved", urls[0], f.Dial)
+	waitFor(t, "PathNotServed to show", func() bool {
+		return condition(statusOf(rt, "unserved"), connectors.CondWeidaReady).Reason == connectors.FailPathNotServed
+	})
+}
+
+// runDialling runs an outbound unit named name that dials its endpoint
+// url with dial and writes to a sink that is always up, so that its
+// WeidaReady condition tells only of the dial.
+func runDialling(t *testing.T, name, url string, dial func(context.Context) (*weida.Subscriber, error)) *connectors.Runtime {
+	t.Helper()
 	rt, _ := newRuntime(t, func(int) time.Duration { return time.Millisecond })
-	err = rt.Apply(context.Background(), []connectors.Unit{{
+	err := rt.Apply(context.Background(), []connectors.Unit{{
 		Spec: connectors.Spec{
-			Name: "unserved", Protocol: policy.NATS, Direction: policy.Outbound, Policy: policy.NATSTokensV1(),
-			Routes: []connectors.Route{{Name: "r", Foreign: "out.*", Weida: "out.*"}}, Endpoint: urls[0],
+			Name: name, Protocol: policy.NATS, Direction: policy.Outbound, Policy: policy.NATSTokensV1(),
+			Routes: []connectors.Route{{Name: "r", Foreign: "out.*", Weida: "out.*"}}, Endpoint: url,
 		},
 		Revision: "1",
-		Dial:     f.Dial,
+		Dial:     dial,
 		NewSink: func(report connectors.StateFunc) (connectors.Sink, error) {
 			report(connectors.ConnState{Up: true, Reason: "Connected"})
 			return &memSink{}, nil
@@ -646,9 +641,7 @@ func TestOutboundPathNotServed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "PathNotServed to show", func() bool {
-		return condition(statusOf(rt, "unserved"), connectors.CondWeidaReady).Reason == connectors.FailPathNotServed
-	})
+	return rt
 }
 
 // TestSupervisorRetriesWhenFileChanges: a unit waiting out a long backoff
