@@ -213,6 +213,7 @@ func unitSpec(c *resources.Connector, env Env) connectors.Spec {
 		MaxMessageBytes: int(c.Limits.MaxMessageBytes),
 		InFlight:        c.Limits.InFlight,
 		Hold:            c.Delivery.Hold(),
+		AwaitReceipt:    c.Delivery.AwaitReceipt(),
 		LastValue: connectors.LastValue{
 			Mode:           connectors.LastValueMode(c.LastValue.Mode),
 			MaxTopics:      c.LastValue.MaxTopics,
