@@ -45,6 +45,9 @@ type mqttResource struct {
 	LastValue string
 	Retain    bool // outbound: mqtt.retain
 	Hold      bool // inbound: spec.delivery.whenNoSubscriber: hold
+	// Acknowledge (inbound) is spec.delivery.acknowledge; empty leaves
+	// it out (queued).
+	Acknowledge string
 }
 
 type mqttRoute struct{ Name, Filter string }
@@ -108,8 +111,14 @@ func (r mqttResource) YAML(t testing.TB) string {
 			fmt.Fprintf(&b, "    %s\n", line)
 		}
 	}
-	if r.Hold {
-		b.WriteString("  delivery:\n    whenNoSubscriber: hold\n")
+	if r.Hold || r.Acknowledge != "" {
+		b.WriteString("  delivery:\n")
+		if r.Hold {
+			b.WriteString("    whenNoSubscriber: hold\n")
+		}
+		if r.Acknowledge != "" {
+			fmt.Fprintf(&b, "    acknowledge: %s\n", r.Acknowledge)
+		}
 	}
 	fmt.Fprintf(&b, "  conversion:\n    policy: %s\n", pname)
 	if r.Mount != (policy.Mount{}) {
