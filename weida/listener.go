@@ -114,6 +114,7 @@ func Listen(ctx context.Context, addr string, cfg ListenConfig) (*Listener, erro
 		perPeer: make(map[string]int),
 		turns:   newSendTurns(),
 	}
+	l.receipts.Store(cfg.TrackReceipts)
 	l.proofs = newProofs(log, &l.stats.clientsRefused)
 	tlsConf, fp, generated, reload, err := serverTLS(addr, &cfg, log, &l.stats.clientsRefused, l.proofs)
 	if err != nil {

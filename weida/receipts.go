@@ -1,6 +1,7 @@
 package weida
 
 import (
+	"cmp"
 	"context"
 	"slices"
 	"sync"
@@ -280,21 +281,22 @@ func (t *receiptTracker) sent(pn qlog.PacketNumber, frames []qlog.Frame) {
 }
 
 // acked marks the frames of the packets ranges cover as acknowledged and
-// settles the streams that are now complete.
+// settles the streams that are now complete. Each range covers a run of
+// the sorted packets, found by binary search: an ACK costs its ranges and
+// the packets it acknowledges, not every packet in flight.
 func (t *receiptTracker) acked(ranges []qlog.AckRange) {
 	t.mu.Lock()
-	kept := t.packets[:0]
-	for _, p := range t.packets {
-		if !ackedIn(ranges, p.pn) {
-			kept = append(kept, p)
-			continue
+	for _, r := range ranges {
+		i := t.search(r.Smallest)
+		j := i
+		for j < len(t.packets) && t.packets[j].pn <= r.Largest {
+			for _, f := range t.packets[j].frames {
+				t.ackFrame(f)
+			}
+			j++
 		}
-		for _, f := range p.frames {
-			t.ackFrame(f)
-		}
+		t.packets = slices.Delete(t.packets, i, j)
 	}
-	clear(t.packets[len(kept):])
-	t.packets = kept
 	completed := t.completed
 	t.completed = t.completed[:0]
 	t.mu.Unlock()
@@ -304,13 +306,13 @@ func (t *receiptTracker) acked(ranges []qlog.AckRange) {
 	}
 }
 
-func ackedIn(ranges []qlog.AckRange, pn qlog.PacketNumber) bool {
-	for _, r := range ranges {
-		if pn >= r.Smallest && pn <= r.Largest {
-			return true
-		}
-	}
-	return false
+// search returns the index of the first packet numbered pn or later.
+// t.mu must be held.
+func (t *receiptTracker) search(pn qlog.PacketNumber) int {
+	i, _ := slices.BinarySearchFunc(t.packets, pn, func(p sentPacket, pn qlog.PacketNumber) int {
+		return cmp.Compare(p.pn, pn)
+	})
+	return i
 }
 
 // ackFrame applies one acknowledged frame to its stream. t.mu must be
@@ -352,16 +354,7 @@ func addRange(rs []byteRange, r byteRange) []byteRange {
 func (t *receiptTracker) lost(pn qlog.PacketNumber) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	i, ok := slices.BinarySearchFunc(t.packets, pn, func(p sentPacket, pn qlog.PacketNumber) int {
-		switch {
-		case p.pn < pn:
-			return -1
-		case p.pn > pn:
-			return 1
-		}
-		return 0
-	})
-	if ok {
+	if i := t.search(pn); i < len(t.packets) && t.packets[i].pn == pn {
 		t.packets = slices.Delete(t.packets, i, i+1)
 	}
 }
