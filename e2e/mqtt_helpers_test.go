@@ -45,9 +45,6 @@ type mqttResource struct {
 	LastValue string
 	Retain    bool // outbound: mqtt.retain
 	Hold      bool // inbound: spec.delivery.whenNoSubscriber: hold
-	// Acknowledge (inbound) is spec.delivery.acknowledge; empty leaves
-	// it out (queued).
-	Acknowledge string
 }
 
 type mqttRoute struct{ Name, Filter string }
@@ -111,14 +108,8 @@ func (r mqttResource) YAML(t testing.TB) string {
 			fmt.Fprintf(&b, "    %s\n", line)
 		}
 	}
-	if r.Hold || r.Acknowledge != "" {
-		b.WriteString("  delivery:\n")
-		if r.Hold {
-			b.WriteString("    whenNoSubscriber: hold\n")
-		}
-		if r.Acknowledge != "" {
-			fmt.Fprintf(&b, "    acknowledge: %s\n", r.Acknowledge)
-		}
+	if r.Hold {
+		b.WriteString("  delivery:\n    whenNoSubscriber: hold\n")
 	}
 	fmt.Fprintf(&b, "  conversion:\n    policy: %s\n", pname)
 	if r.Mount != (policy.Mount{}) {
