@@ -247,8 +247,11 @@ func (t *receiptTracker) RecordEvent(ev qlogwriter.Event) {
 			return // an ACK there covers Initial or Handshake packets
 		}
 		for _, f := range e.Frames {
-			if ack, ok := f.Frame.(*qlog.AckFrame); ok {
-				t.acked(ack.AckRanges)
+			switch f := f.Frame.(type) {
+			case *qlog.AckFrame:
+				t.acked(f.AckRanges)
+			case *qlog.StopSendingFrame:
+				t.stopped(f.StreamID)
 			}
 		}
 	case qlog.PacketLost:
@@ -348,6 +351,21 @@ func addRange(rs []byteRange, r byteRange) []byteRange {
 		j++
 	}
 	return slices.Replace(rs, i, j, r)
+}
+
+// stopped settles stream id as lost when its subscriber asked to stop it
+// (STOP_SENDING) before acknowledging all of it: the copy was refused,
+// and quic-go resets the stream rather than send the rest, so no ACK
+// would ever complete it, and its message would wait for the
+// connection's end.
+func (t *receiptTracker) stopped(id quic.StreamID) {
+	t.mu.Lock()
+	s := t.streams[id]
+	delete(t.streams, id)
+	t.mu.Unlock()
+	if s != nil {
+		s.group.settle(false)
+	}
 }
 
 // lost forgets packet pn: quic-go sends its frames again in new packets.

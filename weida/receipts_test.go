@@ -60,6 +60,10 @@ func ackEvent(ranges ...[2]int64) qlog.PacketReceived {
 	return qlog.PacketReceived{Header: qlog.PacketHeader{PacketType: qlog.PacketType1RTT}, Frames: []qlog.Frame{{Frame: ack}}}
 }
 
+func stopSendingEvent(id quic.StreamID) qlog.PacketReceived {
+	return qlog.PacketReceived{Header: qlog.PacketHeader{PacketType: qlog.PacketType1RTT}, Frames: []qlog.Frame{{Frame: &qlog.StopSendingFrame{StreamID: id, ErrorCode: quic.StreamErrorCode(Rejected)}}}}
+}
+
 func lostEvent(pn int64) qlog.PacketLost {
 	return qlog.PacketLost{Header: qlog.PacketHeader{PacketType: qlog.PacketType1RTT, PacketNumber: qlog.PacketNumber(pn)}}
 }
@@ -114,6 +118,13 @@ func TestReceiptTracker(t *testing.T) {
 			sentEvent(1, stream(7, 0, 10, true)),
 			qlog.PacketReceived{Header: qlog.PacketHeader{PacketType: qlog.PacketTypeHandshake}, Frames: []qlog.Frame{{Frame: &qlog.AckFrame{AckRanges: []qlog.AckRange{{Smallest: 1, Largest: 1}}}}}},
 		}, map[quic.StreamID]Receipt{}},
+		{"stopped by the subscriber before all of it was acknowledged", []any{
+			sentEvent(1, stream(3, 0, 60, false)), sentEvent(2, stream(3, 60, 40, true)), ackEvent([2]int64{1, 1}),
+			stopSendingEvent(3), ackEvent([2]int64{2, 2}),
+		}, map[quic.StreamID]Receipt{3: {Lost: 1}}},
+		{"stopped after it was acknowledged", []any{
+			sentEvent(1, stream(7, 0, 10, true)), ackEvent([2]int64{1, 1}), stopSendingEvent(7),
+		}, map[quic.StreamID]Receipt{7: {Received: 1}}},
 		{"the connection ends first", []any{
 			sentEvent(1, stream(3, 0, 100, true)), sentEvent(2, stream(7, 0, 10, true)), ackEvent([2]int64{2, 2}), "end",
 			ackEvent([2]int64{1, 1}),
