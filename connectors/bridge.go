@@ -50,6 +50,16 @@ type Spec struct {
 	// acknowledges it. Only sources whose broker keeps unacknowledged
 	// messages should hold; package resources decides which.
 	Hold bool
+	// AwaitReceipt (inbound) acknowledges a message to the broker only
+	// once every weida copy queued for it was received by its
+	// subscriber's QUIC stack or lost and counted, rather than once they
+	// are queued: copies that die with the process leave the message
+	// with the broker, which delivers it again. The acknowledgement
+	// comes from another goroutine, after later messages were read; the
+	// broker's own flow control bounds how many wait. Only sources whose
+	// broker keeps unacknowledged messages should await; package
+	// resources decides which.
+	AwaitReceipt bool
 	// LastValue is the inbound resource's last-value cache; the zero
 	// value keeps none. Outbound resources ignore it.
 	LastValue LastValue

@@ -226,6 +226,16 @@ type Retiring interface {
 // factory built the Source.
 type Redelivering interface{ Redelivers() bool }
 
+// Pipelining is implemented by a Source whose Read waits for the previous
+// message to be settled unless told otherwise (an MQTT client that sends
+// each PUBACK when its handler returns). The runtime calls Pipeline once,
+// before Start, when it will settle messages later and out of order (spec
+// AwaitReceipt): from then on Read must go on while AckFuncs are pending,
+// and the Source must keep whatever order its protocol needs for the
+// acknowledgements themselves. Sources whose AckFuncs already act alone
+// (JetStream, AMQP) need not implement it.
+type Pipelining interface{ Pipeline() }
+
 // DropReporter is implemented by a Source whose client library discards
 // messages before Read could return them (the NATS slow-consumer
 // condition). The runtime calls ReportDrops once, before Start, with a

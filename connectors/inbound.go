@@ -34,6 +34,10 @@ type inboundBridge struct {
 	// redelivers is the current attempt's Source's [Redelivering]
 	// answer; only the attempt's goroutine uses it.
 	redelivers bool
+	// receipts settles the current attempt's messages once their copies
+	// were received (Spec.AwaitReceipt); nil otherwise. Only the
+	// attempt's goroutine uses the field.
+	receipts *receiptSettler
 }
 
 // hosting is where an inbound unit of a runtime hosts its publisher path.
@@ -69,6 +73,11 @@ func (b *inboundBridge) setPublisher(p Publisher) {
 		p.CountCopiesUnconfirmed(st.copiesUnconfirmed)
 		b.lv.restore() // a persisted cache is back before anything is replayed
 		b.lv.install(p, b.fenced)
+		if rp, ok := p.(receiptPublisher); ok && b.spec.AwaitReceipt {
+			// Before the Source starts: connections accepted from now
+			// on record what their subscriber acknowledged.
+			rp.TrackReceipts()
+		}
 	}
 }
 
@@ -193,10 +202,26 @@ func (b *inboundBridge) run(ctx context.Context) error {
 		return failure(err, FailSourceInvalid)
 	}
 	b.offer(src)
+	if pl, ok := src.(Pipelining); ok && b.spec.AwaitReceipt {
+		pl.Pipeline()
+	}
 	rd, ok := src.(Redelivering)
 	b.redelivers = ok && rd.Redelivers()
+	b.receipts = nil
+	if b.spec.AwaitReceipt {
+		if _, ok := pub.(receiptPublisher); ok {
+			b.receipts = newReceiptSettler(b)
+		} else {
+			b.log.Warn("the weida publisher cannot report receipts; acknowledging once copies are queued")
+		}
+	}
 	defer func() {
 		retire()
+		if b.receipts != nil {
+			// Before the Source closes: what was received by now is
+			// acknowledged, and the broker delivers the rest again.
+			b.receipts.stop(b.receiptDrain())
+		}
 		b.closeSource(ctx, src)
 		b.lv.flush() // a persisted cache is saved whenever an attempt ends, a stop included
 	}()
@@ -278,26 +303,38 @@ func (b *inboundBridge) handle(ctx context.Context, pub Publisher, m *Message, a
 	}
 	b.stats.received()
 	b.stats.taken()
-	settle := func(err error) {
-		if err == nil && b.fenced() {
-			// Delivered or dropped, an acknowledgement now would act
-			// on a lease that may be another replica's: the broker
-			// keeps the message (for a dropped one, the new holder
-			// decides again; a delivered one may arrive twice).
-			err = ErrFenced
-		}
-		ack(err)
-		b.stats.settled()
-		if err == nil {
-			b.stats.acked()
-		}
-	}
 	route, wm, ok := b.convert(m)
 	if !ok {
-		settle(nil)
+		b.settle(ack, nil)
 		return
 	}
-	settle(b.deliver(ctx, pub, route, m, wm))
+	var done func(weida.Receipt)
+	if b.receipts != nil {
+		done = b.receipts.receiptOf(ack)
+	}
+	queued, err := b.deliver(ctx, pub, route, m, wm, done)
+	if queued && done != nil {
+		return // its receipt settles it
+	}
+	b.settle(ack, err)
+}
+
+// settle settles one message read from the Source, at once or once its
+// copies were received: a nil err acknowledges it, unless the unit is
+// fenced by now.
+func (b *inboundBridge) settle(ack AckFunc, err error) {
+	if err == nil && b.fenced() {
+		// Delivered or dropped, an acknowledgement now would act on a
+		// lease that may be another replica's: the broker keeps the
+		// message (for a dropped one, the new holder decides again; a
+		// delivered one may arrive twice).
+		err = ErrFenced
+	}
+	ack(err)
+	b.stats.settled()
+	if err == nil {
+		b.stats.acked()
+	}
 }
 
 // convert finds m's route and converts it, or drops it and counts why.
@@ -349,26 +386,27 @@ func (b *inboundBridge) dropMsg(m *Message, route, reason string, level slog.Lev
 // deliver publishes wm, the conversion of m, holding it while nobody
 // subscribes when the resource holds, and returns how to settle m: nil
 // when it was published or dropped and counted, an error to leave it with
-// the broker (stopping).
-func (b *inboundBridge) deliver(ctx context.Context, pub Publisher, route Route, m *Message, wm weida.Message) error {
+// the broker (stopping). queued reports that copies were queued; done,
+// when not nil, is then told of their receipt (see publish).
+func (b *inboundBridge) deliver(ctx context.Context, pub Publisher, route Route, m *Message, wm weida.Message, done func(weida.Receipt)) (queued bool, err error) {
 	for {
 		if b.spec.Hold && !b.awaitSubscriber(ctx, pub, wm.Topic) {
 			// Stopping: the message stays with the broker, which
 			// delivers it again.
-			return ctx.Err()
+			return false, ctx.Err()
 		}
 		if b.fenced() {
 			if !b.redelivers {
 				b.dropMsg(m, route.Name, ReasonFenced, slog.LevelWarn, "fenced: this replica no longer holds the resource's lease; not delivered, and the broker does not deliver it again",
 					slog.String("topic", m.Topic))
 			}
-			return ErrFenced
+			return false, ErrFenced
 		}
-		res, err := b.publish(ctx, pub, m, wm)
+		res, err := b.publish(ctx, pub, m, wm, done)
 		if err != nil {
 			if ctx.Err() != nil {
 				// Shutting down: leave it to the broker to deliver again.
-				return err
+				return false, err
 			}
 			reason, evict := ReasonWeidaRefused, EvictWeidaRefused
 			if errors.Is(err, weida.ErrPayloadTooLarge) {
@@ -376,23 +414,23 @@ func (b *inboundBridge) deliver(ctx context.Context, pub Publisher, route Route,
 			}
 			b.dropMsg(m, route.Name, reason, slog.LevelWarn, "weida refused the message; dropped", slog.String("topic", m.Topic), slog.Any("err", err))
 			b.uncache(m, wm.Topic, evict)
-			return nil
+			return false, nil
 		}
 		b.stats.copies(route.Name, res.Queued, res.Dropped, res.Closing, m.Redelivered)
 		switch {
 		case res.Queued > 0:
 			b.stats.bridged(route.Name, m.ReceivedUnixNano, b.deps.Now())
-			return nil
+			return true, nil
 		case res.Dropped > res.Closing:
 			// Live subscribers were there but could not take it: their
 			// drops are counted (subscriber-buffer-full), as under
 			// either choice; hold waits for a subscriber, not for a
 			// slow one.
-			return nil
+			return false, nil
 		case !b.spec.Hold:
 			b.dropMsg(m, route.Name, ReasonNoSubscriber, slog.LevelInfo, "no weida subscriber wants this topic; dropped (whenNoSubscriber: drop)",
 				slog.String("topic", m.Topic), slog.String("weida_topic", wm.Topic))
-			return nil
+			return false, nil
 		}
 		// Holding, and the subscriber left between the wait and the
 		// publish: wait again.
@@ -410,9 +448,24 @@ func (b *inboundBridge) uncache(m *Message, wt, reason string) {
 }
 
 // publish hands wm, the conversion of m, to pub, updating the last-value
-// cache with it when the resource keeps one and m is for it.
-func (b *inboundBridge) publish(ctx context.Context, pub Publisher, m *Message, wm weida.Message) (weida.Result, error) {
+// cache with it when the resource keeps one and m is for it. With done
+// (the attempt awaits receipts, and pub can report them), done is called
+// once, when the copies queued are all received or lost: at once with a
+// zero Receipt when none was queued, never when publish fails.
+func (b *inboundBridge) publish(ctx context.Context, pub Publisher, m *Message, wm weida.Message, done func(weida.Receipt)) (weida.Result, error) {
 	lv := b.lv
+	if rp, ok := pub.(receiptPublisher); ok && done != nil {
+		var record func()
+		if lv != nil && lv.takes(m) {
+			record = func() { lv.record(m, &wm) }
+		}
+		b.receipts.begin()
+		res, err := rp.PublishWithReceipt(ctx, wm, record, done)
+		if err != nil {
+			b.receipts.end() // done is never called
+		}
+		return res, err
+	}
 	if lv == nil || !lv.takes(m) {
 		return pub.Publish(ctx, wm)
 	}

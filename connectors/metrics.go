@@ -54,11 +54,16 @@ type Metrics struct {
 	Dropped      *prometheus.CounterVec
 	Acknowledged *prometheus.CounterVec
 	InFlight     *prometheus.GaugeVec
-	Reconnects   *prometheus.CounterVec
-	Up           *prometheus.GaugeVec
-	Subscribers  *prometheus.GaugeVec
-	CopiesQueued *prometheus.CounterVec
-	Latency      *prometheus.HistogramVec
+	// AwaitingReceipt is, for an inbound resource under
+	// spec.delivery.acknowledge: received, the messages whose weida
+	// copies are queued or written and not yet all received or lost: the
+	// broker still holds them, unacknowledged.
+	AwaitingReceipt *prometheus.GaugeVec
+	Reconnects      *prometheus.CounterVec
+	Up              *prometheus.GaugeVec
+	Subscribers     *prometheus.GaugeVec
+	CopiesQueued    *prometheus.CounterVec
+	Latency         *prometheus.HistogramVec
 	// AttemptsFailed counts failed attempts of a unit by reason.
 	AttemptsFailed *prometheus.CounterVec
 	// Holding is 1 while an inbound bridge under whenNoSubscriber: hold
@@ -109,6 +114,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Inbound messages acknowledged to the broker after hand-off."}, []string{"resource"}),
 		InFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "messages_in_flight",
 			Help: "Messages read and not yet settled."}, []string{"resource"}),
+		AwaitingReceipt: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "messages_awaiting_receipt",
+			Help: "Inbound messages (spec.delivery.acknowledge: received) bridged to weida and not yet acknowledged to the broker: some copy is neither received by its subscriber's QUIC stack nor counted lost."}, []string{"resource"}),
 		Reconnects: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "reconnects_total",
 			Help: "Connections re-established after a loss."}, []string{"resource", "side"}),
 		Up: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "up",
@@ -147,7 +154,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		LastValueRestoreFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "last_value_restore_failures_total",
 			Help: "Saved last-value caches (lastValue.persist) that could not be used at start (unreadable, malformed, another-config, unknown-version); the cache started empty."}, []string{"resource", "reason"}),
 	}
-	reg.MustRegister(m.Received, m.Bridged, m.Dropped, m.Acknowledged, m.InFlight, m.Reconnects, m.Up,
+	reg.MustRegister(m.Received, m.Bridged, m.Dropped, m.Acknowledged, m.InFlight, m.AwaitingReceipt, m.Reconnects, m.Up,
 		m.Subscribers, m.CopiesQueued, m.Latency, m.AttemptsFailed, m.Holding, m.Held, m.WeidaGaps, m.WeidaGapSeconds,
 		m.CopiesUnconfirmed, m.SessionsLost, m.LastValueEntries, m.LastValueBytes, m.LastValueEvictions, m.LastValueReplayed, m.LastValueWithheld,
 		m.LastValueRestoreFailures)
@@ -164,7 +171,7 @@ func (m *Metrics) forget(resources map[string]bool) {
 	if len(resources) == 0 {
 		return
 	}
-	for _, v := range []deletingCollector{m.Received, m.Bridged, m.Dropped, m.Acknowledged, m.InFlight,
+	for _, v := range []deletingCollector{m.Received, m.Bridged, m.Dropped, m.Acknowledged, m.InFlight, m.AwaitingReceipt,
 		m.Reconnects, m.Up, m.Subscribers, m.CopiesQueued, m.Latency, m.AttemptsFailed, m.Holding, m.Held,
 		m.WeidaGaps, m.WeidaGapSeconds, m.CopiesUnconfirmed, m.SessionsLost, m.LastValueEntries, m.LastValueBytes, m.LastValueEvictions, m.LastValueReplayed, m.LastValueWithheld,
 		m.LastValueRestoreFailures} {

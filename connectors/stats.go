@@ -68,7 +68,7 @@ type series struct {
 	received, acked, copiesQueued, copiesDropped prometheus.Counter
 	held, gaps, gapSeconds, unconfirmed          prometheus.Counter
 	sessionsLost                                 prometheus.Counter
-	inFlight, holding                            prometheus.Gauge
+	inFlight, holding, awaitingReceipt           prometheus.Gauge
 	latency                                      prometheus.Observer
 	// bridged is by route name. Bridge goroutines read it without a
 	// lock: only addRoutes writes it, while no bridge uses the stats.
@@ -81,19 +81,20 @@ func newStats(m *Metrics, resource string, routes []Route, rlog *RateLogger) *st
 		metrics:  m,
 		rlog:     rlog,
 		m: series{
-			received:      m.Received.WithLabelValues(resource),
-			acked:         m.Acknowledged.WithLabelValues(resource),
-			copiesQueued:  m.CopiesQueued.WithLabelValues(resource, "queued"),
-			copiesDropped: m.CopiesQueued.WithLabelValues(resource, "dropped"),
-			inFlight:      m.InFlight.WithLabelValues(resource),
-			holding:       m.Holding.WithLabelValues(resource),
-			held:          m.Held.WithLabelValues(resource),
-			gaps:          m.WeidaGaps.WithLabelValues(resource),
-			gapSeconds:    m.WeidaGapSeconds.WithLabelValues(resource),
-			unconfirmed:   m.CopiesUnconfirmed.WithLabelValues(resource),
-			sessionsLost:  m.SessionsLost.WithLabelValues(resource),
-			latency:       m.Latency.WithLabelValues(resource),
-			bridged:       make(map[string]*routeSeries, len(routes)),
+			received:        m.Received.WithLabelValues(resource),
+			acked:           m.Acknowledged.WithLabelValues(resource),
+			copiesQueued:    m.CopiesQueued.WithLabelValues(resource, "queued"),
+			copiesDropped:   m.CopiesQueued.WithLabelValues(resource, "dropped"),
+			inFlight:        m.InFlight.WithLabelValues(resource),
+			awaitingReceipt: m.AwaitingReceipt.WithLabelValues(resource),
+			holding:         m.Holding.WithLabelValues(resource),
+			held:            m.Held.WithLabelValues(resource),
+			gaps:            m.WeidaGaps.WithLabelValues(resource),
+			gapSeconds:      m.WeidaGapSeconds.WithLabelValues(resource),
+			unconfirmed:     m.CopiesUnconfirmed.WithLabelValues(resource),
+			sessionsLost:    m.SessionsLost.WithLabelValues(resource),
+			latency:         m.Latency.WithLabelValues(resource),
+			bridged:         make(map[string]*routeSeries, len(routes)),
 		},
 	}
 	for _, r := range routes {
@@ -240,6 +241,18 @@ func (s *stats) taken() {
 func (s *stats) settled() {
 	s.count.inFlight.Add(-1)
 	s.m.inFlight.Dec()
+}
+
+// awaitReceipt counts a message whose acknowledgement waits for the
+// receipt of its weida copies; receiptSettled ends the wait.
+func (s *stats) awaitReceipt() {
+	s.count.awaitingReceipt.Add(1)
+	s.m.awaitingReceipt.Inc()
+}
+
+func (s *stats) receiptSettled() {
+	s.count.awaitingReceipt.Add(-1)
+	s.m.awaitingReceipt.Dec()
 }
 
 func (s *stats) acked() {

@@ -29,13 +29,17 @@ type Condition struct {
 // Counters are a resource's running totals, for /status. Prometheus has the
 // same numbers with more labels.
 type Counters struct {
-	Received     uint64            `json:"received"`
-	Bridged      uint64            `json:"bridged"`
-	Acknowledged uint64            `json:"acknowledged"`
-	InFlight     int64             `json:"inFlight"`
-	Dropped      map[string]uint64 `json:"dropped,omitempty"` // by reason
-	Reconnects   uint64            `json:"reconnects"`
-	Subscribers  int               `json:"weidaSubscribers,omitempty"`
+	Received     uint64 `json:"received"`
+	Bridged      uint64 `json:"bridged"`
+	Acknowledged uint64 `json:"acknowledged"`
+	InFlight     int64  `json:"inFlight"`
+	// AwaitingReceipt (inbound, acknowledge: received) counts the
+	// messages among InFlight bridged to weida whose copies are not yet
+	// all received or lost; the broker still holds them.
+	AwaitingReceipt int64             `json:"awaitingReceipt,omitempty"`
+	Dropped         map[string]uint64 `json:"dropped,omitempty"` // by reason
+	Reconnects      uint64            `json:"reconnects"`
+	Subscribers     int               `json:"weidaSubscribers,omitempty"`
 	// Held counts the inbound messages that waited, unacknowledged, for a
 	// weida subscriber (whenNoSubscriber: hold); HoldingSince is when the
 	// current wait began, absent while none is under way.
@@ -252,7 +256,7 @@ type counters struct {
 	received, bridged, acked, reconnects, held atomic.Uint64
 	unconfirmed                                atomic.Uint64
 	sessionsLost                               atomic.Uint64
-	inFlight                                   atomic.Int64
+	inFlight, awaitingReceipt                  atomic.Int64
 	mu                                         sync.Mutex
 	dropped                                    map[string]uint64
 
@@ -293,14 +297,15 @@ func (c *counters) drop(reason string, n uint64) {
 
 func (c *counters) snapshot(now time.Time) Counters {
 	s := Counters{
-		Received:     c.received.Load(),
-		Bridged:      c.bridged.Load(),
-		Acknowledged: c.acked.Load(),
-		InFlight:     c.inFlight.Load(),
-		Reconnects:   c.reconnects.Load(),
-		Held:         c.held.Load(),
-		Unconfirmed:  c.unconfirmed.Load(),
-		SessionsLost: c.sessionsLost.Load(),
+		Received:        c.received.Load(),
+		Bridged:         c.bridged.Load(),
+		Acknowledged:    c.acked.Load(),
+		InFlight:        c.inFlight.Load(),
+		AwaitingReceipt: c.awaitingReceipt.Load(),
+		Reconnects:      c.reconnects.Load(),
+		Held:            c.held.Load(),
+		Unconfirmed:     c.unconfirmed.Load(),
+		SessionsLost:    c.sessionsLost.Load(),
 	}
 	c.sessionMu.Lock()
 	s.LastSessionLost = c.lastSessionLost

@@ -121,6 +121,16 @@ func haInbound(t *testing.T, m chaosMode, name, files string) (*haFlow, string) 
 		t.Fatalf("no %q in the resource:\n%s", listen, yaml)
 	}
 	yaml = strings.Replace(yaml, listen, listen+"    certFile: "+cert+"\n    keyFile: "+key+"\n", 1)
+	if m.durable {
+		// A killed holder's queued copies would otherwise die with it
+		// after the broker forgot them (RELIABILITY finding 8): the
+		// broker is acknowledged only once they were received.
+		const hold = "  delivery:\n    whenNoSubscriber: hold\n"
+		if !strings.Contains(yaml, hold) {
+			t.Fatalf("no %q in the durable resource:\n%s", hold, yaml)
+		}
+		yaml = strings.Replace(yaml, hold, hold+"    acknowledge: received\n", 1)
+	}
 	return f, yaml
 }
 

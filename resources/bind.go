@@ -82,34 +82,46 @@ func (b *binder) bind() {
 	b.bindDelivery(s.Delivery)
 }
 
-// bindDelivery applies spec.delivery: hold is for inbound sources whose
-// broker keeps what the connector leaves unacknowledged.
+// bindDelivery applies spec.delivery: hold, and acknowledging once
+// received, are for inbound sources whose broker keeps what the connector
+// leaves unacknowledged.
 func (b *binder) bindDelivery(rd *rawDelivery) {
-	const path = "spec.delivery.whenNoSubscriber"
-	d := Delivery{WhenNoSubscriber: WhenNoSubscriberDrop}
-	if rd == nil || rd.WhenNoSubscriber == "" || !b.ok(path) {
-		b.c.Delivery = d
+	d := Delivery{WhenNoSubscriber: WhenNoSubscriberDrop, Acknowledge: AcknowledgeQueued}
+	defer func() { b.c.Delivery = d }()
+	const holdPath, ackPath = "spec.delivery.whenNoSubscriber", "spec.delivery.acknowledge"
+	if rd == nil {
 		return
 	}
-	b.directionOnly("spec.delivery", true, "inbound", "it says what to do with a broker message no weida subscriber wants; an outbound resource reads from weida")
+	setHold := rd.WhenNoSubscriber != "" && b.ok(holdPath)
+	setAck := rd.Acknowledge != "" && b.ok(ackPath)
+	if !setHold && !setAck {
+		return
+	}
+	b.directionOnly("spec.delivery", true, "inbound", "it says what to do with a broker message no weida subscriber wants, and when one is acknowledged; an outbound resource reads from weida")
 	if !b.dirOK || b.raw.Spec.Direction != "inbound" {
-		b.c.Delivery = d
 		return
 	}
-	if rd.WhenNoSubscriber == WhenNoSubscriberHold {
-		if b.protoOK && b.ok("spec.broker") && !b.hold.OK {
-			why := b.hold.Why
-			if why == "" {
-				why = fmt.Sprintf("%s does not keep them", b.c.Protocol)
-			}
-			b.fail(path, b.at(path), rd.WhenNoSubscriber, "delivery-hold",
-				"hold needs a source that keeps unacknowledged messages: "+why, b.hold.Hint)
-			b.c.Delivery = d
-			return
-		}
+	if setHold && (rd.WhenNoSubscriber != WhenNoSubscriberHold || b.holds(holdPath, rd.WhenNoSubscriber, "delivery-hold", "hold")) {
+		d.WhenNoSubscriber = rd.WhenNoSubscriber
 	}
-	d.WhenNoSubscriber = rd.WhenNoSubscriber
-	b.c.Delivery = d
+	if setAck && (rd.Acknowledge != AcknowledgeReceived || b.holds(ackPath, rd.Acknowledge, "delivery-received", "acknowledge: received")) {
+		d.Acknowledge = rd.Acknowledge
+	}
+}
+
+// holds reports whether the source keeps unacknowledged messages while
+// the connector is away, which the choice at path needs; when it does
+// not, it fails path under rule, naming why.
+func (b *binder) holds(path, value, rule, choice string) bool {
+	if !b.protoOK || !b.ok("spec.broker") || b.hold.OK {
+		return true
+	}
+	why := b.hold.Why
+	if why == "" {
+		why = fmt.Sprintf("%s does not keep them", b.c.Protocol)
+	}
+	b.fail(path, b.at(path), value, rule, choice+" needs a source that keeps unacknowledged messages: "+why, b.hold.Hint)
+	return false
 }
 
 // bindBroker fills c.Broker from the raw block. Its branches are one per

@@ -106,12 +106,33 @@ const (
 	WhenNoSubscriberHold = "hold"
 )
 
+// The choices of spec.delivery.acknowledge.
+const (
+	// AcknowledgeQueued acknowledges a bridged message to the broker once
+	// every weida copy of it is queued at the endpoint. The default.
+	AcknowledgeQueued = "queued"
+	// AcknowledgeReceived acknowledges it only once every copy was
+	// received by its subscriber's QUIC stack, or lost and counted: a
+	// connector killed before that leaves the message with the broker,
+	// which delivers it again. Only sources whose broker keeps
+	// unacknowledged messages across the connector's absence accept it
+	// ([Hold]), as for WhenNoSubscriberHold.
+	AcknowledgeReceived = "received"
+)
+
 // Delivery is spec.delivery, defaults applied.
 type Delivery struct {
 	// WhenNoSubscriber is WhenNoSubscriberDrop or WhenNoSubscriberHold;
 	// always WhenNoSubscriberDrop for an outbound resource.
 	WhenNoSubscriber string
+	// Acknowledge is AcknowledgeQueued or AcknowledgeReceived; always
+	// AcknowledgeQueued for an outbound resource.
+	Acknowledge string
 }
+
+// AwaitReceipt reports whether the resource acknowledges a bridged
+// message only once its copies were received.
+func (d Delivery) AwaitReceipt() bool { return d.Acknowledge == AcknowledgeReceived }
 
 // Hold reports whether the resource holds messages while no weida
 // subscriber wants them.

@@ -227,6 +227,17 @@ func TestRules(t *testing.T) {
 		{"hold amqp exclusive queue", amqpIn, []string{"  routes:\n", "  delivery: {whenNoSubscriber: hold}\n  routes:\n"}, []diag{{"spec.delivery.whenNoSubscriber", "delivery-hold"}}},
 		{"hold amqp durable queue", amqpIn, []string{"  weida:\n", "    amqp: {queue: {name: q, durable: true, exclusive: false}}\n  weida:\n", "  routes:\n", "  delivery: {whenNoSubscriber: hold}\n  routes:\n"}, nil},
 		{"hold outbound", natsOut, []string{"  routes:\n", "  delivery: {whenNoSubscriber: hold}\n  routes:\n"}, []diag{{"spec.delivery", "direction-field"}}},
+		{"received mqtt persistent session", mqttIn, []string{"  routes:\n", "  delivery: {acknowledge: received}\n  routes:\n"}, nil},
+		{"received and hold", mqttIn, []string{"  routes:\n", "  delivery: {whenNoSubscriber: hold, acknowledge: received}\n  routes:\n"}, nil},
+		{"queued mqtt qos 0", mqttIn, []string{"qos: 1", "qos: 0", "delivery-best-effort,", "at-most-once, delivery-best-effort,", "  routes:\n", "  delivery: {acknowledge: queued}\n  routes:\n"}, nil},
+		{"received mqtt qos 0", mqttIn, []string{"qos: 1", "qos: 0", "delivery-best-effort,", "at-most-once, delivery-best-effort,", "  routes:\n", "  delivery: {acknowledge: received}\n  routes:\n"}, []diag{{"spec.delivery.acknowledge", "delivery-received"}}},
+		{"received mqtt clean start", mqttIn, []string{"qos: 1", "qos: 1\n      cleanStart: true", "  routes:\n", "  delivery: {acknowledge: received}\n  routes:\n"}, []diag{{"spec.delivery.acknowledge", "delivery-received"}}},
+		{"received core nats", natsIn, []string{"  routes:\n", "  delivery: {acknowledge: received}\n  routes:\n"}, []diag{{"spec.delivery.acknowledge", "delivery-received"}}},
+		{"received jetstream", natsIn, []string{"    url: nats://127.0.0.1:4222\n", "    url: nats://127.0.0.1:4222\n    nats: {jetstream: {stream: S, durable: d}}\n", "at-most-once, ", "", "  routes:\n", "  delivery: {acknowledge: received}\n  routes:\n"}, nil},
+		{"received amqp exclusive queue", amqpIn, []string{"  routes:\n", "  delivery: {acknowledge: received}\n  routes:\n"}, []diag{{"spec.delivery.acknowledge", "delivery-received"}}},
+		{"received amqp durable queue", amqpIn, []string{"  weida:\n", "    amqp: {queue: {name: q, durable: true, exclusive: false}}\n  weida:\n", "  routes:\n", "  delivery: {acknowledge: received}\n  routes:\n"}, nil},
+		{"received outbound", natsOut, []string{"  routes:\n", "  delivery: {acknowledge: received}\n  routes:\n"}, []diag{{"spec.delivery", "direction-field"}}},
+		{"acknowledge choice unknown", mqttIn, []string{"  routes:\n", "  delivery: {acknowledge: written}\n  routes:\n"}, []diag{{"spec.delivery.acknowledge", "oneof"}}},
 		{"delivery choice unknown", mqttIn, []string{"  routes:\n", "  delivery: {whenNoSubscriber: queue}\n  routes:\n"}, []diag{{"spec.delivery.whenNoSubscriber", "oneof"}}},
 
 		// Limits.

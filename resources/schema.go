@@ -37,12 +37,13 @@ type rawSpec struct {
 	Conversion *rawConversion `yaml:"conversion" doc:"the topic conversion policy and the losses it incurs"`
 	Routes     []rawRoute     `yaml:"routes" validate:"required,min=1,max=256,dive" doc:"the filters to bridge, in the broker's own grammar; at most 256"`
 	Limits     *rawLimits     `yaml:"limits" doc:"message size, buffer and in-flight bounds; defaults apply to what is left out"`
-	Delivery   *rawDelivery   `yaml:"delivery" doc:"inbound: what to do with a message no weida subscriber wants"`
+	Delivery   *rawDelivery   `yaml:"delivery" doc:"inbound: what to do with a message no weida subscriber wants, and when a bridged one is acknowledged to the broker"`
 	LastValue  *rawLastValue  `yaml:"lastValue" doc:"inbound: keep the last message of each topic and replay it to new weida subscriptions"`
 }
 
 type rawDelivery struct {
 	WhenNoSubscriber string `yaml:"whenNoSubscriber" validate:"omitempty,oneof=drop hold" doc:"drop (count it as no-subscriber) or hold (leave it with the broker until a subscriber comes)"`
+	Acknowledge      string `yaml:"acknowledge" validate:"omitempty,oneof=queued received" doc:"when the broker is acknowledged: queued (default: once every weida copy is queued) or received (once every copy was received by its subscriber's QUIC stack or counted lost)"`
 }
 
 type rawBroker struct {

@@ -172,6 +172,9 @@ func unit(c *resources.Connector, env Env) (connectors.Unit, error) {
 		// and their subscribers would wait for their idle timeout.
 		StateDir:     env.StateDir,
 		ResetKeyFile: env.ResetKeyFile,
+		// A resource sharing the address may have started the listener
+		// without it; its Publisher's TrackReceipts covers that case.
+		TrackReceipts: c.Delivery.AwaitReceipt(),
 	}
 	u.NewSource = perAttempt(tlsErr, bc, again, d.Source)
 	return u, nil
@@ -213,6 +216,7 @@ func unitSpec(c *resources.Connector, env Env) connectors.Spec {
 		MaxMessageBytes: int(c.Limits.MaxMessageBytes),
 		InFlight:        c.Limits.InFlight,
 		Hold:            c.Delivery.Hold(),
+		AwaitReceipt:    c.Delivery.AwaitReceipt(),
 		LastValue: connectors.LastValue{
 			Mode:           connectors.LastValueMode(c.LastValue.Mode),
 			MaxTopics:      c.LastValue.MaxTopics,

@@ -278,6 +278,15 @@ type ListenConfig struct {
 
 	Limits Limits
 
+	// TrackReceipts makes the listener record, on every connection it
+	// accepts, which stream data the subscriber acknowledged, as
+	// [Publisher.TrackReceipts] does from the moment it is called: set it
+	// when a publisher of the listener will publish with
+	// [Publisher.PublishWithReceipt], so that no subscriber connects
+	// untracked before that publisher exists. It costs every connection
+	// of the listener a trace of each packet; false costs nothing.
+	TrackReceipts bool
+
 	// Logger receives the listener's events: the generated certificate's
 	// fingerprint, refused clients, connections closed for a violation. nil
 	// discards them.

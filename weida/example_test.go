@@ -108,3 +108,43 @@ func ExampleSubscriber_Shutdown() {
 	// Output:
 	// queued 100, received 100, dropped unread 0
 }
+
+// A bridge that must not acknowledge its source before delivery waits for
+// the receipt: done is called once the subscriber's QUIC stack has
+// acknowledged every copy (or each was lost), on the listener's goroutines.
+func ExamplePublisher_PublishWithReceipt() {
+	ctx := context.Background()
+	// TrackReceipts in the config: no subscriber connects untracked.
+	l, err := weida.Listen(ctx, "127.0.0.1:0", weida.ListenConfig{TrackReceipts: true})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer l.Close()
+	pub, err := l.Publisher("/orders")
+	if err != nil {
+		log.Fatal(err)
+	}
+	sub, err := weida.Dial(ctx, fmt.Sprintf("weida://%s@%s/orders", l.Fingerprint(), l.Addr()), weida.DialConfig{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer sub.Close()
+	if err := sub.Subscribe(ctx, "#"); err != nil {
+		log.Fatal(err)
+	}
+	for pub.Subscribers() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+
+	receipt := make(chan weida.Receipt, 1)
+	r, err := pub.PublishWithReceipt(ctx, weida.Message{Topic: "order.1", Payload: []byte("x")}, nil,
+		func(rc weida.Receipt) { receipt <- rc }) // must not block
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("queued %d\n", r.Queued)
+	fmt.Printf("%+v\n", <-receipt) // now the source may be acknowledged
+	// Output:
+	// queued 1
+	// {Received:1 Lost:0}
+}

@@ -51,8 +51,11 @@ type Listener struct {
 
 	frames framePool
 	turns  sendTurns // see sendTurns
-	stats  listenerCounters
-	hooks  connHooks
+	// receipts is set once a Publisher tracks receipts: connections
+	// accepted from then on get a receiptTracker.
+	receipts atomic.Bool
+	stats    listenerCounters
+	hooks    connHooks
 }
 
 // pathState is one path that holds a publisher, subscriptions, or both.
@@ -111,6 +114,7 @@ func Listen(ctx context.Context, addr string, cfg ListenConfig) (*Listener, erro
 		perPeer: make(map[string]int),
 		turns:   newSendTurns(),
 	}
+	l.receipts.Store(cfg.TrackReceipts)
 	l.proofs = newProofs(log, &l.stats.clientsRefused)
 	tlsConf, fp, generated, reload, err := serverTLS(addr, &cfg, log, &l.stats.clientsRefused, l.proofs)
 	if err != nil {
@@ -141,8 +145,12 @@ func Listen(ctx context.Context, addr string, cfg ListenConfig) (*Listener, erro
 	// key is kept in StateDir, or of another replica that held the endpoint,
 	// when every replica reads one ResetKeyFile) with a stateless reset, so
 	// that their subscribers do not wait for their idle timeout.
-	tr := &quic.Transport{Conn: udp, StatelessResetKey: resetKey}
-	ln, err := tr.Listen(tlsConf, limits.quicConfig())
+	tr := &quic.Transport{Conn: udp, StatelessResetKey: resetKey, ConnContext: l.connContext}
+	qconf := limits.quicConfig()
+	// Returns nil, and so costs quic-go nothing, for connections without
+	// a tracker (see Publisher.TrackReceipts).
+	qconf.Tracer = tracer
+	ln, err := tr.Listen(tlsConf, qconf)
 	if err != nil {
 		_ = tr.Close()
 		_ = udp.Close()
@@ -283,6 +291,7 @@ func (l *Listener) admit(qc *quic.Conn) {
 		log = log.With("fingerprint", peer)
 	}
 	sc.c = newConn(qc, &l.limits, log, sc, &l.hooks)
+	sc.receipts = trackerOf(qc)
 	sc.c.local.Extensions = l.helloExtensionsLocked()
 	sc.q.init(l.limits.SlowConsumerAfter)
 	sc.wl.init(&l.limits)
@@ -452,6 +461,9 @@ type serverConn struct {
 
 	q  sendQueue
 	wl writtenLog // the writer's; read by serve once the writer ended
+	// receipts learns which copies the peer acknowledged; nil unless the
+	// connection was accepted while a Publisher tracked receipts.
+	receipts *receiptTracker
 }
 
 // serve supervises the connection: it runs the writer, and once the
@@ -470,6 +482,9 @@ func (sc *serverConn) serve() {
 	sc.dropSubscriptions()
 	sc.q.close(&sc.l.stats)
 	wg.Wait()
+	if sc.receipts != nil {
+		sc.receipts.end() // after the writer: it watches no stream any more
+	}
 	sc.c.wait()
 	cause := context.Cause(sc.c.ctx)
 	// Reported before the connection is forgotten, so that a caller who
@@ -745,6 +760,11 @@ func (w *copyWriter) write(f *frame) bool {
 			return false
 		}
 	}
+	g := f.group
+	watched := g != nil && sc.receipts != nil
+	if watched {
+		sc.receipts.watch(s.StreamID(), int64(len(f.buf)), g)
+	}
 	wait := w.parked+1 >= maxParked || sc.q.waitingNone()
 	if wait {
 		w.give()
@@ -764,6 +784,9 @@ func (w *copyWriter) write(f *frame) bool {
 			st.dropped.connectionClosed.Add(1)
 			f.lost()
 		}
+		if !watched || sc.receipts.forget(s.StreamID()) {
+			g.settle(false)
+		}
 		sc.q.done(f)
 	} else {
 		st.copiesWritten.Add(1)
@@ -775,6 +798,11 @@ func (w *copyWriter) write(f *frame) bool {
 		sc.wl.written(f)
 		sc.q.parked(f)
 		w.parked++
+		if g != nil && !watched {
+			// Nothing records this connection's acknowledgements (it
+			// predates TrackReceipts): handed to QUIC is all it can say.
+			g.settle(true)
+		}
 	}
 	f.release()
 	if wait {
@@ -789,6 +817,7 @@ func (w *copyWriter) lost(f *frame) {
 	w.sc.q.done(f)
 	w.sc.l.stats.dropped.connectionClosed.Add(1)
 	f.lost()
+	f.group.settle(false)
 	f.release()
 }
 

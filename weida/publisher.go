@@ -322,6 +322,11 @@ func (p *Publisher) Publish(ctx context.Context, m Message) (Result, error) {
 // be quick: concurrent Publish calls on the path proceed, but a SUBSCRIBE
 // waits.
 func (p *Publisher) PublishWith(ctx context.Context, m Message, record func()) (Result, error) {
+	return p.publish(ctx, m, record, nil)
+}
+
+// publish is PublishWith, and PublishWithReceipt when done is not nil.
+func (p *Publisher) publish(ctx context.Context, m Message, record func(), done func(Receipt)) (Result, error) {
 	if err := ctx.Err(); err != nil {
 		return Result{}, err
 	}
@@ -338,6 +343,9 @@ func (p *Publisher) PublishWith(ctx context.Context, m Message, record func()) (
 		return Result{}, fmt.Errorf("weida: publish on %s: %d bytes of payload and header (%d with the copy's overhead): %w",
 			p.path, f.charge(), f.queuedCharge(), ErrPayloadTooLarge)
 	}
+	if done != nil {
+		f.group = newReceiptGroup(done)
+	}
 	fo := fanoutPool.Get().(*fanout)
 	fo.f, fo.r = f, Result{}
 	p.ps.fan.RLock()
@@ -349,6 +357,9 @@ func (p *Publisher) PublishWith(ctx context.Context, m Message, record func()) (
 	r := fo.r
 	fo.f = nil
 	fanoutPool.Put(fo)
+	// The publisher's own reference: from here on the copies alone keep
+	// the group waiting.
+	f.group.releaseIfAny()
 	f.release()
 	st := &p.l.stats
 	st.published.Add(1)
@@ -373,14 +384,22 @@ var fanoutPool = sync.Pool{New: func() any {
 
 func (fo *fanout) visit(cp *connPath) bool {
 	fo.r.Matched++
+	g := fo.f.group
+	if g != nil {
+		g.add() // before the push: the writer may settle the copy at once
+	}
 	switch cp.sc.enqueue(fo.f) {
 	case pushOK:
 		fo.r.Queued++
+		return true
 	case pushClosed:
 		fo.r.Dropped++
 		fo.r.Closing++
 	default:
 		fo.r.Dropped++
+	}
+	if g != nil {
+		g.release()
 	}
 	return true
 }
@@ -394,6 +413,9 @@ type frame struct {
 	refs   atomic.Int32
 	pool   *framePool
 	pub    *Publisher // who published it, told of its copies lost after queueing
+	// group waits for the receipts of the frame's copies; nil unless it
+	// was published with PublishWithReceipt.
+	group *receiptGroup
 }
 
 // charge is the frame's bytes, header and payload; what a copy of it
@@ -470,7 +492,7 @@ func (fp *framePool) encode(path string, m *Message, marks wire.ReplayMarks) (*f
 }
 
 func (fp *framePool) put(f *frame) {
-	f.pub = nil
+	f.pub, f.group = nil, nil
 	if cap(f.buf) > maxPooledFrame {
 		f.buf = nil
 	}

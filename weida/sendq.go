@@ -169,6 +169,7 @@ func (q *sendQueue) close(st *listenerCounters) {
 	for _, f := range waiting {
 		q.bytes -= f.queuedCharge()
 		f.lost()
+		f.group.settle(false)
 		f.release()
 	}
 	st.dropped.connectionClosed.Add(uint64(len(waiting)))

@@ -51,15 +51,28 @@ type Source struct {
 	cancel  context.CancelFunc
 	subs    sync.WaitGroup // OnConnectionUp's subscribe goroutines
 	once    sync.Once
+
+	// pipelined is set by Pipeline, before Start: PUBACKs are then
+	// paho's manual acknowledgements, and onPublish does not wait.
+	pipelined bool
 }
 
+// delivery is one PUBLISH handed to Read: settled through done, which
+// onPublish waits on, or, pipelined, by ack alone.
 type delivery struct {
 	msg  *connectors.Message
 	done chan error
+	ack  connectors.AckFunc
 }
+
+// pipelinedAckInterval is how often paho sends the PUBACKs acknowledged
+// so far when pipelined: short, since the broker's receive maximum (20 on
+// Mosquitto) bounds what waits for them.
+const pipelinedAckInterval = 5 * time.Millisecond
 
 var (
 	_ connectors.Source      = (*Source)(nil)
+	_ connectors.Pipelining  = (*Source)(nil)
 	_ connectors.Superseding = (*Source)(nil)
 	_ connectors.Retiring    = (*Source)(nil)
 )
@@ -132,7 +145,10 @@ func (s *Source) Start(ctx context.Context, filters []string) error {
 	s.filters = filters
 	s.stale = slices.DeleteFunc(s.stale, func(f string) bool { return slices.Contains(filters, f) })
 	s.mu.Unlock()
-	cc.EnableManualAcknowledgment = false
+	cc.EnableManualAcknowledgment = s.pipelined
+	if s.pipelined {
+		cc.SendAcksInterval = pipelinedAckInterval
+	}
 	cc.OnPublishReceived = []func(paho.PublishReceived) (bool, error){s.onPublish}
 	runCtx, cancel := context.WithCancel(context.Background())
 	s.mu.Lock()
@@ -309,6 +325,10 @@ func (s *Source) onPublish(pr paho.PublishReceived) (bool, error) {
 			m.Looped = true
 		}
 	}
+	if s.pipelined {
+		s.handOff(pr, m)
+		return true, nil
+	}
 	d := delivery{msg: m, done: make(chan error, 1)}
 	select {
 	case s.msgs <- d:
@@ -325,6 +345,38 @@ func (s *Source) onPublish(pr paho.PublishReceived) (bool, error) {
 		s.cutConnection()
 	}
 	return true, nil
+}
+
+// Pipeline implements [connectors.Pipelining]: the runtime settles
+// messages later, out of order, while it reads on. PUBACKs become paho's
+// manual acknowledgements, which paho sends in the order the PUBLISHes
+// arrived, each once it and all before it are acknowledged (MQTT 5
+// §4.6 asks for that order): one settled early waits for the ones before
+// it. Call it before Start.
+func (s *Source) Pipeline() { s.pipelined = true }
+
+// handOff hands one PUBLISH to Read without waiting for its settlement.
+// Its AckFunc acknowledges it to the client connection it arrived on (a
+// later connection's client knows nothing of it, and the broker delivers
+// it again there); an error cuts the connection, as when not pipelined,
+// so that the broker delivers it, and whatever is unacknowledged after
+// it, again.
+func (s *Source) handOff(pr paho.PublishReceived, m *connectors.Message) {
+	cli, pub := pr.Client, pr.Packet
+	ack := func(err error) {
+		if err != nil {
+			s.cutConnection()
+			return
+		}
+		if e := cli.Ack(pub); e != nil {
+			s.log.Debug("mqtt: acknowledging a message failed; the broker delivers it again", "err", e)
+		}
+	}
+	select {
+	case s.msgs <- delivery{msg: m, ack: ack}:
+	case <-s.closed:
+		s.cutConnection()
+	}
 }
 
 func (s *Source) setConn(c net.Conn) {
@@ -348,6 +400,9 @@ func (s *Source) cutConnection() {
 func (s *Source) Read(ctx context.Context) (*connectors.Message, connectors.AckFunc, error) {
 	select {
 	case d := <-s.msgs:
+		if d.ack != nil {
+			return d.msg, d.ack, nil
+		}
 		return d.msg, func(err error) { d.done <- err }, nil
 	case <-s.closed:
 		return nil, nil, connectors.ErrClosed

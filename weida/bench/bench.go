@@ -50,6 +50,11 @@ type Options struct {
 	// per-subscriber budget (8 MiB by default), or a weida rig would
 	// measure drops. Zero means DefaultWindow.
 	Window int
+
+	// Receipts makes a weida rig track receipts (Publisher.TrackReceipts)
+	// and publish with PublishWithReceipt, waiting for none of them: the
+	// cost of spec.delivery.acknowledge: received. Raw rigs ignore it.
+	Receipts bool
 }
 
 func (o Options) withDefaults() (Options, error) {

@@ -24,6 +24,22 @@ func BenchmarkPublishReceive(b *testing.B) {
 	}
 }
 
+// BenchmarkPublishReceiveReceipts is BenchmarkPublishReceive/subs=1
+// with receipts tracked (spec.delivery.acknowledge: received): the cost of
+// quic-go's trace events and the endpoint's receipt bookkeeping per copy.
+func BenchmarkPublishReceiveReceipts(b *testing.B) {
+	for _, receipts := range []bool{false, true} {
+		b.Run(fmt.Sprintf("receipts=%t", receipts), func(b *testing.B) {
+			w, err := NewWeida(context.Background(), 1, Options{Receipts: receipts})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer w.Close()
+			runRig(b, w)
+		})
+	}
+}
+
 // BenchmarkRawQUIC is the transport's own limit for
 // BenchmarkPublishReceive/subs=1: per message, open a uni stream, write the
 // same frame, FIN; the other side accepts and reads each to its FIN.

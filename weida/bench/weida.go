@@ -45,6 +45,9 @@ func NewWeida(ctx context.Context, subscribers int, opts Options) (*Weida, error
 		_ = w.Close()
 		return nil, fmt.Errorf("bench: %w", err)
 	}
+	if opts.Receipts {
+		w.pub.TrackReceipts()
+	}
 	url := fmt.Sprintf("weida://%s@%s%s", l.Fingerprint(), l.Addr(), Path)
 	for range subscribers {
 		s, err := weida.Dial(ctx, url, weida.DialConfig{})
@@ -113,7 +116,13 @@ func (w *Weida) Run(ctx context.Context, load Load) (Sample, error) {
 	want := len(w.subs)
 	m := startMeter()
 	n, err := sendLoop(ctx, load, c, func() error {
-		r, err := w.pub.Publish(ctx, w.msg)
+		var r weida.Result
+		var err error
+		if w.opts.Receipts {
+			r, err = w.pub.PublishWithReceipt(ctx, w.msg, nil, func(weida.Receipt) {})
+		} else {
+			r, err = w.pub.Publish(ctx, w.msg)
+		}
 		if err != nil {
 			return fmt.Errorf("bench: %w", err)
 		}

@@ -1,0 +1,150 @@
+package connectors_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"weida.dev/connector/connectors"
+	"weida.dev/connector/weida"
+)
+
+// ackRelay forwards UDP datagrams between one weida subscriber and a
+// listener; while muted it drops what the subscriber sends, its QUIC
+// acknowledgements among them.
+type ackRelay struct {
+	front, back *net.UDPConn
+	mu          sync.Mutex
+	peer        *net.UDPAddr
+	mute        atomic.Bool
+	wg          sync.WaitGroup
+}
+
+func newAckRelay(t *testing.T, to string) *ackRelay {
+	t.Helper()
+	ua, err := net.ResolveUDPAddr("udp", to)
+	if err != nil {
+		t.Fatal(err)
+	}
+	front, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, err := net.DialUDP("udp", nil, ua)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &ackRelay{front: front, back: back}
+	r.wg.Go(func() {
+		buf := make([]byte, 64<<10)
+		for {
+			n, from, err := front.ReadFromUDP(buf)
+			if err != nil {
+				return
+			}
+			r.mu.Lock()
+			r.peer = from
+			r.mu.Unlock()
+			if !r.mute.Load() {
+				_, _ = back.Write(buf[:n])
+			}
+		}
+	})
+	r.wg.Go(func() {
+		buf := make([]byte, 64<<10)
+		for {
+			n, err := back.Read(buf)
+			if err != nil {
+				return
+			}
+			r.mu.Lock()
+			peer := r.peer
+			r.mu.Unlock()
+			if peer != nil {
+				_, _ = front.WriteToUDP(buf[:n], peer)
+			}
+		}
+	})
+	t.Cleanup(func() {
+		_ = front.Close()
+		_ = back.Close()
+		r.wg.Wait()
+	})
+	return r
+}
+
+// TestAwaitReceipt: under Spec.AwaitReceipt, a bridged message is
+// acknowledged to the broker only once its weida subscriber's QUIC stack
+// acknowledged the copy, not when the copy is queued, written or even
+// read; and the fence is asked at that moment: a unit fenced while the
+// receipt was pending leaves the message with the broker.
+func TestAwaitReceipt(t *testing.T) {
+	for _, fence := range []bool{false, true} {
+		name := map[bool]string{false: "received", true: "fenced-meanwhile"}[fence]
+		t.Run(name, func(t *testing.T) {
+			var may atomic.Bool
+			may.Store(true)
+			cs := newChanSource()
+			u := inboundUnit(t, "in", "127.0.0.1:0", nil)
+			u.Spec.AwaitReceipt = true
+			u.NewSource = func(connectors.StateFunc) (connectors.Source, error) { return redeliveringSource{cs}, nil }
+			u.Fence = may.Load
+			rt, _ := newRuntime(t, func(int) time.Duration { return time.Millisecond })
+			if err := rt.Apply(context.Background(), []connectors.Unit{u}); err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, "the endpoint", func() bool { return statusOf(rt, "in").SubscriberURL != "" })
+			url := statusOf(rt, "in").SubscriberURL // weida://fp@host:port/in
+			at, slash := strings.Index(url, "@"), strings.LastIndex(url, "/")
+			relay := newAckRelay(t, url[at+1:slash])
+			sub, err := weida.Dial(context.Background(), url[:at+1]+relay.front.LocalAddr().String()+url[slash:], weida.DialConfig{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { sub.Close() })
+			if err := sub.Subscribe(context.Background(), "#"); err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, "the subscription", func() bool { return statusOf(rt, "in").Counters.Subscribers == 1 })
+			env := &inboundEnv{src: cs}
+
+			env.send(t, "in.a")
+			receiveTopic(t, sub)
+			waitFor(t, "in.a settled", func() bool { ok, _ := cs.outcome("in.a"); return ok })
+			if _, err := cs.outcome("in.a"); err != nil {
+				t.Fatalf("in.a settled with %v; want an acknowledgement", err)
+			}
+
+			relay.mute.Store(true)
+			env.send(t, "in.b")
+			if got := receiveTopic(t, sub); got != "in.b" {
+				t.Fatalf("received %q", got)
+			}
+			time.Sleep(300 * time.Millisecond) // many round trips and ACK delays on loopback
+			if ok, err := cs.outcome("in.b"); ok {
+				t.Fatalf("in.b settled (%v) before the subscriber's acknowledgement reached the endpoint", err)
+			}
+			if n := statusOf(rt, "in").Counters.AwaitingReceipt; n != 1 {
+				t.Errorf("awaiting receipt = %d; want 1", n)
+			}
+			if fence {
+				may.Store(false)
+			}
+			relay.mute.Store(false)
+			waitFor(t, "in.b settled", func() bool { ok, _ := cs.outcome("in.b"); return ok })
+			_, err = cs.outcome("in.b")
+			switch {
+			case fence && !errors.Is(err, connectors.ErrFenced):
+				t.Errorf("in.b settled with %v once fenced; want ErrFenced (left with the broker)", err)
+			case !fence && err != nil:
+				t.Errorf("in.b settled with %v; want an acknowledgement", err)
+			}
+			waitFor(t, "nothing awaiting", func() bool { return statusOf(rt, "in").Counters.AwaitingReceipt == 0 })
+		})
+	}
+}
