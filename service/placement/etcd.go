@@ -35,14 +35,19 @@ import (
 // (lessor.Promote): a holder that died shortly before an election kept its
 // key up to a lease duration longer.
 //
-// Why this is safe: a holder stops acting RenewDeadline after it sent its
-// last renewal that succeeded (see [Timing]); that renewal was written
-// after it was sent, and a replica saw its revision after it was written,
-// so a replica deletes the key no earlier than LeaseDuration after the
-// holder sent it, at least the margin LeaseDuration - RenewDeadline after
-// the holder stopped, as long as the two clocks run at nearly the same
-// rate. A replica that has only just started waits a whole lease duration
-// before taking a lease it finds held.
+// Why this is safe. A holder stops acting RenewDeadline after it sent its
+// last renewal that succeeded, by its own monotonic clock (see [Timing]).
+// The delete succeeds only if the key is still at the mod revision the
+// replica saw, so that revision is the key's last write: the holder's last
+// successful renewal or a later one whose answer it never got, either way
+// sent no earlier than the send its deadline counts from. The write landed
+// after it was sent, and the replica read its clock once the read that
+// showed it had answered, so after it landed. So the delete lands more
+// than LeaseDuration after the send, at least the margin LeaseDuration -
+// RenewDeadline after the holder stopped, as long as the two clocks run at
+// nearly the same rate (parts per million); only rates count, not offsets.
+// A replica that has only just started waits a whole lease duration before
+// taking a lease it finds held.
 //
 // A renewal is a keep-alive of the etcd lease and a transaction that puts
 // the key again only if its create revision and lease are still this
@@ -69,8 +74,7 @@ type revisionSighting struct {
 
 // NewEtcd returns a backend on client keeping its keys under prefix (for
 // example "/weida-connector/"), with leases of t.LeaseDuration. The caller
-// owns client and closes it after every Holding has ended. Replicas must
-// not share one backend: each judges expiry by its own sightings.
+// owns client and closes it after every Holding has ended.
 func NewEtcd(client *clientv3.Client, prefix string, t Timing) (*Etcd, error) {
 	t, err := t.withDefaults()
 	if err != nil {
