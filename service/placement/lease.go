@@ -149,13 +149,16 @@ func (e *HeldError) Error() string {
 type Backend interface {
 	// TryAcquire takes the lease called name for holder if nobody holds
 	// it, or returns a *HeldError. The lease lasts the backend's lease
-	// duration from the moment the service received the request.
+	// duration from the moment the service received the request, or from
+	// when another replica saw the write, which is later.
 	TryAcquire(ctx context.Context, name, holder string) (Claim, error)
 	// Holder returns who holds the lease called name and its epoch, or ""
 	// when nobody does.
 	Holder(ctx context.Context, name string) (holder string, epoch uint64, err error)
 	// Holders returns the holders of the live leases whose names start
-	// with prefix (the Placer's membership), keyed by lease name.
+	// with prefix (the Placer's membership), keyed by lease name. A lease
+	// that has gone a lease duration without a renewal, as the backend
+	// judges it, is not live, whether or not the service still keeps it.
 	Holders(ctx context.Context, prefix string) (map[string]string, error)
 }
 
@@ -165,7 +168,8 @@ type Claim interface {
 	// every earlier acquisition of the same lease.
 	Epoch() uint64
 	// Renew extends the lease by the lease duration from the moment the
-	// service receives the request, or returns an error wrapping ErrLost
+	// service receives the request (or, later, from when another replica
+	// sees the write), or returns an error wrapping ErrLost
 	// when the lease is no longer this claim's. Any other error may be
 	// transient.
 	Renew(ctx context.Context) error
