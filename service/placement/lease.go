@@ -69,12 +69,12 @@ type Timing struct {
 // about LeaseDuration + RetryPeriod after the crash, at most
 // LeaseDuration + 2 RetryPeriods, for a goal of 5 s (measured in
 // docs/PERFORMANCE.md, Failover). An election of a new etcd leader does
-// not lengthen it (the standby does not wait for etcd's TTL). The renew deadline
-// is not in that sum, so it is kept long: two and a half election timeouts
-// of an etcd cluster with its default timers (1 s), since a 2 s deadline
-// fenced every holder when the leader was killed on a loaded machine
-// (etcd_test.go); on a busy cluster raise the deadline and the lease
-// together. The margin is the time a holder has to stop its resource;
+// not lengthen it (the standby does not wait for etcd's TTL). The renew
+// deadline is not in that sum, so it is kept long: two and a half election
+// timeouts of an etcd cluster with its default timers (1 s), since a 2 s
+// deadline fenced every holder when the leader was killed on a loaded
+// machine (etcd_test.go); on a busy cluster raise the deadline and the
+// lease together. The margin is the time a holder has to stop its resource;
 // clocks need only run at the same rate, which they do to parts per
 // million. A --drain longer than the renew deadline minus a retry period
 // is warned about at start (cmd/connector, drainWarning).
