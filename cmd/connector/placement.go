@@ -37,7 +37,7 @@ func addPlacementFlags(fs *flag.FlagSet) *placementFlags {
 		etcdPrefix:    fs.String("etcd-prefix", "/weida-connector/", "with --placement etcd: the key prefix of the leases"),
 		namespace:     fs.String("lease-namespace", "", "with --placement kubernetes: the namespace of the Lease objects (default: the pod's own)"),
 		leasePrefix:   fs.String("lease-prefix", "weida-connector.", "with --placement kubernetes: the name prefix of the Lease objects"),
-		lease:         fs.Duration("lease-duration", d.LeaseDuration, "how long the coordination service keeps a lease after its last renewal (whole seconds); the same on every replica. A crashed holder's resources run elsewhere about this plus --lease-retry after the crash"),
+		lease:         fs.Duration("lease-duration", d.LeaseDuration, "how long a lease lasts after its last renewal before another replica may take it over (whole seconds); the same on every replica. A crashed holder's resources run elsewhere about this plus --lease-retry after the crash"),
 		renewDeadline: fs.Duration("lease-renew-deadline", d.RenewDeadline, "a holder that has not renewed for this long stops the resource; shorter than --lease-duration"),
 		retry:         fs.Duration("lease-retry", d.RetryPeriod, "how often a holder renews and a standby tries to take a free lease; shorter than --lease-renew-deadline"),
 		// A process flag, not a resource field: the key belongs to the UDP

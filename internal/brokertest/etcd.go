@@ -127,6 +127,28 @@ func healthy(url string) bool {
 	return strings.Contains(string(b), `"health":"true"`)
 }
 
+// Leader returns the index of the member that leads the cluster now, as
+// its etcd_server_is_leader metric says, or -1 when none does.
+func (c *EtcdCluster) Leader() int {
+	for i, m := range c.members {
+		if m.cmd == nil {
+			continue
+		}
+		resp, err := http.Get(m.clientURL() + "/metrics")
+		if err != nil {
+			continue
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		for line := range strings.SplitSeq(string(b), "\n") {
+			if strings.TrimSpace(line) == "etcd_server_is_leader 1" {
+				return i
+			}
+		}
+	}
+	return -1
+}
+
 // Endpoints returns the members' client URLs, comma-separated.
 func (c *EtcdCluster) Endpoints() string {
 	var eps []string

@@ -186,6 +186,48 @@ func (c *etcdCluster) leader(cli *clientv3.Client) *etcdMember {
 	return nil
 }
 
+// moveLeader hands the cluster's leadership to another member, as an
+// election after a leader's crash or a rolling restart would, and returns
+// "from -> to". A member becomes leader by an election either way, and a
+// new leader refreshes every etcd lease (lessor.Promote).
+func (c *etcdCluster) moveLeader(t *testing.T) string {
+	t.Helper()
+	cli := c.client()
+	from := c.leader(cli)
+	var to *etcdMember
+	var toID uint64
+	for _, m := range c.members {
+		if m == from {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		st, err := cli.Status(ctx, m.clientURL())
+		cancel()
+		if err == nil {
+			to, toID = m, st.Header.MemberId
+			break
+		}
+	}
+	if to == nil {
+		t.Fatalf("no member but the leader %s answers", from.name)
+	}
+	// Only the leader accepts MoveLeader: ask it alone.
+	lc, err := clientv3.New(clientv3.Config{Endpoints: []string{from.clientURL()}, DialTimeout: 2 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := lc.MoveLeader(ctx, toID); err != nil {
+		t.Fatalf("moving the etcd leader from %s to %s: %v", from.name, to.name, err)
+	}
+	if now := c.leader(cli); now != to {
+		t.Fatalf("moved the etcd leader from %s to %s, and %s leads", from.name, to.name, now.name)
+	}
+	return from.name + " -> " + to.name
+}
+
 // client returns a client of every member. Its reconnection backoff is
 // capped at half a second: gRPC's default grows to two minutes, far beyond
 // a lease, and would keep a replica away long after the cluster is back.

@@ -7,12 +7,14 @@
 // [Timing.RetryPeriod] and its context ends, with a cause, as soon as the
 // holder may no longer act: when a renewal has not succeeded within
 // [Timing.RenewDeadline] of the last one sent, when the backend says the
-// lease is gone, or on [Holding.Release]. Because the backend keeps the
-// lease for [Timing.LeaseDuration] after the last renewal it received, and
-// that renewal was sent after the one the deadline counts from, the holder
-// learns it must stop at least LeaseDuration - RenewDeadline (the margin)
-// before anybody else can take the lease. Every Holding carries an epoch, a
-// fencing token that strictly increases with every change of holder.
+// lease is gone, or on [Holding.Release]. Nobody else takes the lease until
+// [Timing.LeaseDuration] after the last renewal was received or seen (by
+// the service, or by the standby that judges expiry on its own clock), and
+// that renewal was sent no earlier than the one the deadline counts from,
+// so the holder learns it must stop at least LeaseDuration - RenewDeadline
+// (the margin) before anybody else can take the lease. Every Holding
+// carries an epoch, a fencing token that strictly increases with every
+// change of holder.
 //
 // A [Placer] spreads a list of resources over the live replicas: each holds
 // at most its fair share, releases extras when a replica joins and takes
@@ -36,10 +38,13 @@ import (
 
 // Timing holds a lease's three durations. The zero value is [DefaultTiming].
 type Timing struct {
-	// LeaseDuration is how long the coordination service keeps a lease
-	// after the last renewal it received. Backends round it up to whole
-	// seconds (etcd TTLs and Kubernetes' leaseDurationSeconds are whole
-	// seconds). Zero means 4 s.
+	// LeaseDuration is how long a lease lasts after its last renewal: a
+	// standby takes it over only once it has seen no renewal for this long,
+	// counting on its own clock from when it first saw the last one (both
+	// backends), or once etcd has expired it, a TTL after the last
+	// keep-alive etcd received. Backends round it up to whole seconds (etcd
+	// TTLs and Kubernetes' leaseDurationSeconds are whole seconds). Zero
+	// means 4 s.
 	LeaseDuration time.Duration
 	// RenewDeadline is how long after sending the last renewal that
 	// succeeded a holder may go on acting; past it, the Holding's context
@@ -57,24 +62,32 @@ type Timing struct {
 // renew deadline: a holder cut off from the coordination service stops
 // within 2.5 s, at least 1.5 s (the margin) before its lease can move.
 //
-// Why these numbers. A crashed holder's resource runs elsewhere once its
-// lease has expired (LeaseDuration after its last renewal, which was up to
-// a RetryPeriod before the crash; etcd checks expiry every 0.5 s), a
-// standby has tried again (up to a RetryPeriod) and the resource has
-// started: about LeaseDuration + RetryPeriod, for a goal of 5 s after a
-// crash (measured in docs/PERFORMANCE.md, Failover). The renew deadline
-// is not in that sum, so it is kept long: two and a half election timeouts
-// of an etcd cluster with its default timers (1 s), since a 2 s deadline
-// fenced every holder when the leader was killed on a loaded machine
-// (etcd_test.go); on a busy cluster raise the deadline and the lease
-// together. The margin is the time a holder has to stop its resource;
+// Why these numbers. A crashed holder's resource runs elsewhere once a
+// standby has seen its last renewal (up to a RetryPeriod after it landed,
+// which was up to a RetryPeriod before the crash), has seen no other for
+// LeaseDuration (checked every RetryPeriod) and has started the resource:
+// about LeaseDuration + RetryPeriod after the crash, at most
+// LeaseDuration + 2 RetryPeriods, for a goal of 5 s (measured in
+// docs/PERFORMANCE.md, Failover). An election of a new etcd leader does
+// not lengthen it (the standby does not wait for etcd's TTL). The renew
+// deadline is not in that sum, so it is kept long: two and a half election
+// timeouts of an etcd cluster with its default timers (1 s), since a 2 s
+// deadline fenced every holder when the leader was killed on a loaded
+// machine (etcd_test.go); on a busy cluster raise the deadline and the
+// lease together. The margin is the time a holder has to stop its resource;
 // clocks need only run at the same rate, which they do to parts per
 // million. A --drain longer than the renew deadline minus a retry period
 // is warned about at start (cmd/connector, drainWarning).
 var DefaultTiming = Timing{LeaseDuration: 4 * time.Second, RenewDeadline: 2500 * time.Millisecond, RetryPeriod: 500 * time.Millisecond}
 
 // withDefaults fills zero fields from DefaultTiming and checks the order
-// RetryPeriod < RenewDeadline < LeaseDuration.
+// RetryPeriod < RenewDeadline < LeaseDuration. RenewDeadline <
+// LeaseDuration is what keeps two holders from acting at once: the holder
+// stops RenewDeadline after it sent its last renewal that succeeded, a
+// standby takes over no earlier than LeaseDuration after it saw that
+// renewal (which landed after it was sent), and the difference, the
+// margin, covers the holder's stopping and any difference in the rates of
+// the two monotonic clocks (parts per million).
 func (t Timing) withDefaults() (Timing, error) {
 	if t.LeaseDuration == 0 {
 		t.LeaseDuration = DefaultTiming.LeaseDuration
@@ -136,13 +149,16 @@ func (e *HeldError) Error() string {
 type Backend interface {
 	// TryAcquire takes the lease called name for holder if nobody holds
 	// it, or returns a *HeldError. The lease lasts the backend's lease
-	// duration from the moment the service received the request.
+	// duration from the moment the service received the request, or from
+	// when another replica saw the write, which is later.
 	TryAcquire(ctx context.Context, name, holder string) (Claim, error)
 	// Holder returns who holds the lease called name and its epoch, or ""
 	// when nobody does.
 	Holder(ctx context.Context, name string) (holder string, epoch uint64, err error)
 	// Holders returns the holders of the live leases whose names start
-	// with prefix (the Placer's membership), keyed by lease name.
+	// with prefix (the Placer's membership), keyed by lease name. A lease
+	// that has gone a lease duration without a renewal, as the backend
+	// judges it, is not live, whether or not the service still keeps it.
 	Holders(ctx context.Context, prefix string) (map[string]string, error)
 }
 
@@ -152,7 +168,8 @@ type Claim interface {
 	// every earlier acquisition of the same lease.
 	Epoch() uint64
 	// Renew extends the lease by the lease duration from the moment the
-	// service receives the request, or returns an error wrapping ErrLost
+	// service receives the request (or, later, from when another replica
+	// sees the write), or returns an error wrapping ErrLost
 	// when the lease is no longer this claim's. Any other error may be
 	// transient.
 	Renew(ctx context.Context) error
