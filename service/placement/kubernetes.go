@@ -223,6 +223,15 @@ func (k *Kubernetes) Holder(ctx context.Context, name string) (string, uint64, e
 // plus its duration lies ahead by this replica's wall clock: clock offsets
 // between replicas can miscount a member for that long, which skews the
 // fair share but never lets two replicas hold one lease.
+//
+// It also records a sighting of every Lease of the backend's prefix, not
+// only of those prefix asks for, as TryAcquire would. The Placer lists
+// the members every round, so a replica at its full share has watched the
+// resources of a replica that dies from the start: once the dead
+// replica's membership runs out and the survivors' share grows, its
+// Leases have gone unrenewed as long, and are taken within a round rather
+// than one more lease duration later, when TryAcquire would first see
+// them.
 func (k *Kubernetes) Holders(ctx context.Context, prefix string) (map[string]string, error) {
 	list, err := k.leases.List(ctx, metav1.ListOptions{})
 	if err != nil {
@@ -232,6 +241,9 @@ func (k *Kubernetes) Holders(ctx context.Context, prefix string) (map[string]str
 	holders := make(map[string]string)
 	for i := range list.Items {
 		l := &list.Items[i]
+		if strings.HasPrefix(l.Name, k.prefix) && holderOf(l) != "" {
+			k.expired(l.Name, l, now) // the sighting; TryAcquire decides
+		}
 		name, ok := strings.CutPrefix(l.Name, k.prefix+prefix)
 		if !ok || holderOf(l) == "" || l.Spec.RenewTime == nil || l.Spec.LeaseDurationSeconds == nil {
 			continue

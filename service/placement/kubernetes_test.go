@@ -135,9 +135,10 @@ func TestKubernetesPlacement(t *testing.T) {
 		pausedAt := time.Now()
 		rs[0].pause()
 		// The others count the paused replica out once its membership's
-		// renewTime is a lease duration old, and take a resource over once
-		// they have seen its Lease unchanged for a lease duration.
-		waitSpread(t, 2*etcdTiming.LeaseDuration+etcdTiming.RenewDeadline, 6, rs[1:]...)
+		// renewTime is a lease duration old; by then they have seen its
+		// resources' Leases unchanged as long (Holders records them every
+		// round), so they take them over in the same round or the next.
+		waitSpread(t, etcdTiming.LeaseDuration+2*etcdTiming.RetryPeriod, 6, rs[1:]...)
 		evs, _ := rec.since(from)
 		checkFencedTakeover(t, evs, rs[0].id, pausedAt, etcdTiming, 0)
 		rs[0].resume()
