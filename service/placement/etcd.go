@@ -91,7 +91,18 @@ func (e *Etcd) leaseDuration() time.Duration { return time.Duration(e.ttl) * tim
 // duration since this replica first saw it. now must be read after the
 // read that returned kv had its answer, so that it is later than the
 // write of that revision.
+//
+// Only a key that has been written again since its creation (etcd's
+// version above 1) is judged: that proves its holder renews by writing.
+// Replicas of releases before this scheme renewed with a keep-alive and
+// a read alone, so their keys never change; during a rolling upgrade
+// from such a release, judging them would take every lease of the old
+// replicas while they still act. Their keys, and a new holding's key
+// before its first renewal, are left to etcd's own expiry, as before.
 func (e *Etcd) stale(kv *mvccpb.KeyValue, now time.Time) bool {
+	if kv.Version < 2 {
+		return false
+	}
 	key := string(kv.Key)
 	e.mu.Lock()
 	defer e.mu.Unlock()

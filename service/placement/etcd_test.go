@@ -42,6 +42,66 @@ func TestEtcd(t *testing.T) {
 	t.Run("TakeoverDuringElection", func(t *testing.T) { testTakeoverDuringElection(t, c) })
 	t.Run("PlacementDuringElection", func(t *testing.T) { testPlacementDuringElection(t, c) })
 	t.Run("Placement", func(t *testing.T) { testEtcdPlacement(t, c) })
+	t.Run("OlderReleaseHolder", func(t *testing.T) { testOlderReleaseHolder(t, c) })
+}
+
+// testOlderReleaseHolder: during a rolling upgrade, a replica of a release
+// before renewals wrote the key holds a lease the way it did then (the key
+// created once under an etcd lease kept alive, never written again). The
+// new backend must leave it held for as long as the keep-alives go on,
+// though the key's mod revision never changes, and list its holder; once
+// they stop, etcd's expiry frees it as before.
+func testOlderReleaseHolder(t *testing.T, c *etcdCluster) {
+	ctx := context.Background()
+	const prefix = "/older/"
+	cli := c.client()
+	grant, err := cli.Grant(ctx, wholeSeconds(etcdTiming.LeaseDuration))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Put(ctx, prefix+"one", "old", clientv3.WithLease(grant.ID)); err != nil {
+		t.Fatal(err)
+	}
+	alive, stop := context.WithCancel(ctx)
+	renewed := make(chan struct{})
+	go func() {
+		defer close(renewed)
+		for alive.Err() == nil {
+			_, _ = cli.KeepAliveOnce(alive, grant.ID)
+			time.Sleep(etcdTiming.RetryPeriod)
+		}
+	}()
+	b := newEtcdBackend(t, c, prefix)
+	lb, _ := NewLease(b, "one", "new", etcdTiming)
+	until := time.Now().Add(2*etcdTiming.LeaseDuration + etcdTiming.RetryPeriod)
+	for time.Now().Before(until) {
+		var held *HeldError
+		if h, err := lb.TryAcquire(ctx); !errors.As(err, &held) || held.Holder != "old" {
+			if err == nil {
+				h.Release()
+			}
+			t.Fatalf("the new release's attempt on a lease an older release renews: %v; want a *HeldError naming old", err)
+		}
+		if holders, err := b.Holders(ctx, ""); err != nil || holders["one"] != "old" {
+			t.Fatalf("Holders = %v, %v; want one held by old", holders, err)
+		}
+		time.Sleep(etcdTiming.RetryPeriod)
+	}
+	stop()
+	<-renewed
+	stoppedAt := time.Now()
+	for {
+		h, err := lb.TryAcquire(ctx)
+		if err == nil {
+			t.Logf("taken %.2fs after the older release's keep-alives stopped", time.Since(stoppedAt).Seconds())
+			h.Release()
+			return
+		}
+		if time.Since(stoppedAt) > 2*etcdTiming.LeaseDuration+slack {
+			t.Fatalf("not taken %v after the keep-alives stopped: %v", time.Since(stoppedAt), err)
+		}
+		time.Sleep(etcdTiming.RetryPeriod / 5)
+	}
 }
 
 // testLease checks one lease's contract on two backends (two replicas'

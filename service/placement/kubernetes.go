@@ -239,8 +239,10 @@ func (k *Kubernetes) Holders(ctx context.Context, prefix string) (map[string]str
 	}
 	now := time.Now()
 	holders := make(map[string]string)
+	listed := make(map[string]bool, len(list.Items))
 	for i := range list.Items {
 		l := &list.Items[i]
+		listed[l.Name] = true
 		if strings.HasPrefix(l.Name, k.prefix) && holderOf(l) != "" {
 			k.expired(l.Name, l, now) // the sighting; TryAcquire decides
 		}
@@ -252,6 +254,16 @@ func (k *Kubernetes) Holders(ctx context.Context, prefix string) (map[string]str
 			holders[prefix+name] = holderOf(l)
 		}
 	}
+	// Membership Leases are named after pods, which come and go: forget
+	// the sightings of objects that are gone, so that the map holds no
+	// more than the namespace does.
+	k.mu.Lock()
+	for obj := range k.seen {
+		if !listed[obj] {
+			delete(k.seen, obj)
+		}
+	}
+	k.mu.Unlock()
 	return holders, nil
 }
 

@@ -99,6 +99,34 @@ func newKubernetesBackend(t *testing.T, cs *fake.Clientset) *Kubernetes {
 	return b
 }
 
+// TestKubernetesSightingsPruned: Holders records a sighting of every Lease
+// it lists and forgets those of Leases that are gone (membership Leases
+// are named after pods, which come and go).
+func TestKubernetesSightingsPruned(t *testing.T) {
+	ctx := context.Background()
+	cs := casClientset()
+	a, b := newKubernetesBackend(t, cs), newKubernetesBackend(t, cs)
+	for _, name := range []string{"member.pod-1", "member.pod-2", "r0"} {
+		if _, err := a.TryAcquire(ctx, name, "a"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sightings := func() int {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return len(b.seen)
+	}
+	if _, err := b.Holders(ctx, "member."); err != nil || sightings() != 3 {
+		t.Fatalf("after listing three Leases: %d sightings (%v); want 3, the resource's included", sightings(), err)
+	}
+	if err := cs.CoordinationV1().Leases("weida").Delete(ctx, "weida-connector.member.pod-1", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Holders(ctx, "member."); err != nil || sightings() != 2 {
+		t.Fatalf("after one Lease was deleted: %d sightings (%v); want 2", sightings(), err)
+	}
+}
+
 // TestKubernetesLease runs the lease contract with two replicas' backends
 // (each with its own sightings) on one fake API server, in a synctest
 // bubble so that the lease's seconds pass at once.
