@@ -111,7 +111,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Dropped: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "messages_dropped_total",
 			Help: "Messages not delivered, by reason. Weida's per-subscriber drops count copies, see weida_copies_total."}, []string{"resource", "route", "reason"}),
 		Acknowledged: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "messages_acknowledged_total",
-			Help: "Inbound messages acknowledged to the broker after hand-off."}, []string{"resource"}),
+			Help: "Inbound messages settled positively after hand-off; the driver sends the broker acknowledgement then or shortly after (AMQP within 1 ms, pipelined MQTT in arrival order)."}, []string{"resource"}),
 		InFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "messages_in_flight",
 			Help: "Messages read and not yet settled."}, []string{"resource"}),
 		AwaitingReceipt: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "messages_awaiting_receipt",

@@ -29,8 +29,17 @@ type Condition struct {
 // Counters are a resource's running totals, for /status. Prometheus has the
 // same numbers with more labels.
 type Counters struct {
-	Received     uint64 `json:"received"`
-	Bridged      uint64 `json:"bridged"`
+	Received uint64 `json:"received"`
+	Bridged  uint64 `json:"bridged"`
+	// Acknowledged counts the inbound messages the bridge settled
+	// positively: it called their AckFunc with nil. The driver sends the
+	// broker's acknowledgement then or shortly after, so the broker's
+	// count may trail this one by what a driver holds back: AMQP
+	// coalesces acks for at most a millisecond; pipelined MQTT
+	// (acknowledge: received) sends PUBACKs in arrival order every 5 ms,
+	// so a message settled early waits for those that came before it. A
+	// connection lost before the acknowledgement left makes the broker
+	// deliver the message again, which is counted once more.
 	Acknowledged uint64 `json:"acknowledged"`
 	InFlight     int64  `json:"inFlight"`
 	// AwaitingReceipt (inbound, acknowledge: received) counts the

@@ -2,8 +2,15 @@ package amqp
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"pgregory.net/rapid"
@@ -151,4 +158,167 @@ func TestSourceSettlesOutOfOrder(t *testing.T) {
 	if d := queueDepth(t, ch, queue); d != 0 {
 		t.Fatalf("queue holds %d messages after every one was acknowledged", d)
 	}
+}
+
+// wireLog is an acknowledger that records frames for a test that reads
+// them after synctest.Wait.
+type wireLog struct {
+	mu     sync.Mutex
+	frames []string
+}
+
+func (l *wireLog) Ack(tag uint64, multiple bool) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.frames = append(l.frames, fmt.Sprintf("ack %d multiple=%v", tag, multiple))
+	return nil
+}
+
+func (l *wireLog) Nack(tag uint64, multiple, requeue bool) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.frames = append(l.frames, fmt.Sprintf("nack %d multiple=%v requeue=%v", tag, multiple, requeue))
+	return nil
+}
+
+func (l *wireLog) take() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	f := l.frames
+	l.frames = nil
+	return f
+}
+
+// TestAckWindowDelay: settlements that leave acks waiting are sent delay
+// later with no reader and no further settlement; the multiple ack stops
+// below a tag not yet settled; a flush disarms the timer; nothing is sent
+// once the channel is lost.
+func TestAckWindowDelay(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		lost := make(chan struct{})
+		w := ackWindow{flushEvery: 64, delay: ackDelay, lost: lost}
+		var wire wireLog
+		step := func(what string, want ...string) {
+			t.Helper()
+			synctest.Wait()
+			if got := wire.take(); !slices.Equal(got, want) {
+				t.Fatalf("%s: frames %q, want %q", what, got, want)
+			}
+		}
+		for _, tag := range []uint64{2, 1, 4} {
+			if err := w.settle(&wire, tag, true); err != nil {
+				t.Fatal(err)
+			}
+		}
+		step("at once")
+		time.Sleep(ackDelay - time.Nanosecond)
+		step("just before the delay")
+		time.Sleep(time.Nanosecond)
+		step("after the delay", "ack 2 multiple=true") // 3 is not settled: 4 waits
+
+		if err := w.settle(&wire, 3, true); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(ackDelay)
+		step("3 joins 4", "ack 4 multiple=true")
+
+		if err := w.settle(&wire, 5, true); err != nil {
+			t.Fatal(err)
+		}
+		if err := w.flush(&wire); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(10 * ackDelay)
+		step("flushed, timer disarmed", "ack 5 multiple=true")
+
+		if err := w.settle(&wire, 6, true); err != nil {
+			t.Fatal(err)
+		}
+		close(lost)
+		time.Sleep(10 * ackDelay)
+		step("lost channel")
+	})
+}
+
+// TestSourceFlushesSettledWhileReadBlocks: deliveries settled from another
+// goroutine while Read waits for a delivery that does not come, fewer than
+// a multiple ack's batch, reach the broker within a bound, not only when
+// the next delivery arrives or the Source closes.
+func TestSourceFlushesSettledWhileReadBlocks(t *testing.T) {
+	const n = 10 // below flushEvery (25), so only the delay sends them
+	key := conntest.Unique() + ".blocked"
+	src, _, queue := durableSource(t, key, func(cfg *Config) { cfg.Prefetch = 100 })
+	_, ch := directChannel(t)
+	for i := range n {
+		publish(t, ch, key, fmt.Sprint(i))
+	}
+	ctx := testCtx(t)
+	var acks []connectors.AckFunc
+	for range n {
+		_, ack, err := src.Read(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		acks = append(acks, ack)
+	}
+
+	readCtx, stopRead := context.WithCancel(ctx)
+	read := make(chan error, 1)
+	go func() {
+		m, _, err := src.Read(readCtx)
+		if err == nil {
+			err = fmt.Errorf("unexpected delivery %q", m.Payload)
+		}
+		read <- err
+	}()
+	// Let Read block before anything is settled, as the bridge's settler
+	// does with acknowledge: received.
+	time.Sleep(50 * time.Millisecond)
+	settled := make(chan struct{})
+	go func() {
+		defer close(settled)
+		for _, a := range acks {
+			a(nil)
+		}
+	}()
+	<-settled
+
+	// ackDelay is a millisecond; the bound allows for rabbitmqctl.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		u := unacknowledged(t, queue)
+		if u == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the broker still holds %d of %d settled deliveries unacknowledged while Read waits", u, n)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	stopRead()
+	if err := <-read; !errors.Is(err, context.Canceled) {
+		t.Fatalf("the blocked Read ended with %v", err)
+	}
+}
+
+// unacknowledged returns the deliveries of queue its consumers hold
+// unacknowledged, as the broker counts them.
+func unacknowledged(t *testing.T, queue string) int {
+	t.Helper()
+	out, err := exec.Command("rabbitmqctl", "-q", "list_queues", "name", "messages_unacknowledged").CombinedOutput()
+	if err != nil {
+		t.Fatalf("rabbitmqctl list_queues: %v\n%s", err, out)
+	}
+	for line := range strings.Lines(string(out)) {
+		f := strings.Fields(line)
+		if len(f) == 2 && f[0] == queue {
+			n, err := strconv.Atoi(f[1])
+			if err != nil {
+				t.Fatalf("rabbitmqctl list_queues: %q: %v", line, err)
+			}
+			return n
+		}
+	}
+	t.Fatalf("rabbitmqctl list_queues does not list %q:\n%s", queue, out)
+	return 0
 }

@@ -62,9 +62,10 @@
 // the message on purpose): basic.ack; if it cannot (the connector is
 // stopping), basic.nack with requeue, sent at once. Positive
 // acknowledgements are coalesced into one basic.ack with the multiple flag
-// per quarter of the prefetch window, after the consumer has waited a
-// millisecond for the next delivery, and on Close, which spares RabbitMQ
-// (and the connector) one acknowledgement per message. A message
+// per quarter of the prefetch window, at most a millisecond after a
+// settlement (whether or not Read is waiting, so also for messages settled
+// late, once their copies were received), and on Close, which spares
+// RabbitMQ (and the connector) one acknowledgement per message. A message
 // settled but not yet acknowledged when the connection breaks is delivered
 // again. Config.Prefetch bounds the deliveries held unacknowledged, which
 // is the backpressure between RabbitMQ and weida.

@@ -57,10 +57,13 @@ type session struct {
 // A negative settlement is sent at once (basic.nack, requeue), so that the
 // broker no longer counts it as outstanding when a later multiple ack
 // covers its tag. Positive ones are sent when flushEvery of them are
-// waiting, when Read has waited ackDelay for a delivery (the consumer is
-// idle), and when the Source closes. A message settled but not yet acknowledged when
-// the connection breaks is delivered again: at least once, as for a
-// message in flight.
+// waiting, at the latest delay after the settlement that first left one
+// waiting, and when the Source closes. The delay is a timer the settling
+// goroutine arms, not the reader: the bridge may settle long after Read
+// returned (acknowledge: received), while Read waits for a delivery that
+// may not come, or is not called at all. A message settled but not yet
+// acknowledged when the connection breaks is delivered again: at least
+// once, as for a message in flight.
 //
 // A multiple ack names its highest tag, which must be outstanding: RabbitMQ
 // closes the channel with 406 "unknown delivery tag" otherwise. So the ack
@@ -72,6 +75,16 @@ type ackWindow struct {
 	positive   uint64          // the highest tag ≤ upTo settled positively
 	sent       uint64          // every settled tag ≤ sent has been sent
 	ahead      map[uint64]bool // settled tags above upTo+1: positive or not
+
+	// delay bounds how long a settled tag waits unsent; zero sends only
+	// on flushEvery and flush. lost, when closed, stops the timer from
+	// sending on a channel that is gone (nil: never).
+	delay time.Duration
+	lost  <-chan struct{}
+	timer *time.Timer // made by the first settle that needs it
+	armed bool        // timer pending for the tags waiting now
+	// failed, when set, is told of an ack the timer could not send.
+	failed func(error)
 }
 
 // acknowledger is the part of *amqp.Channel an ackWindow sends with.
@@ -109,8 +122,34 @@ func (w *ackWindow) settle(ch acknowledger, tag uint64, ok bool) error {
 		if e := w.flushLocked(ch); err == nil {
 			err = e
 		}
+	} else if !w.armed && w.delay > 0 && w.upTo > w.sent {
+		// Arming once per batch, not per settlement: the timer covers
+		// every tag settled until it fires or a flush disarms it.
+		w.armed = true
+		if w.timer == nil {
+			w.timer = time.AfterFunc(w.delay, func() { w.expire(ch) })
+		} else {
+			w.timer.Reset(w.delay)
+		}
 	}
 	return err
+}
+
+// expire sends what waits once the delay has passed, on the timer's
+// goroutine. The lock keeps its ack in order with the settlements.
+func (w *ackWindow) expire(ch acknowledger) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.armed = false
+	select {
+	case <-w.lost:
+		// The broker requeues what was not acknowledged.
+		return
+	default:
+	}
+	if err := w.flushLocked(ch); err != nil && w.failed != nil {
+		w.failed(err)
+	}
 }
 
 // advance moves upTo over the next tag, settled positively or not.
@@ -119,13 +158,6 @@ func (w *ackWindow) advance(ok bool) {
 	if ok {
 		w.positive = w.upTo
 	}
-}
-
-// holding reports whether settled tags wait to be acknowledged.
-func (w *ackWindow) holding() bool {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.upTo > w.sent
 }
 
 // flush sends a multiple ack for every settled tag not yet sent.
@@ -138,6 +170,12 @@ func (w *ackWindow) flush(ch acknowledger) error {
 func (w *ackWindow) flushLocked(ch acknowledger) error {
 	if w.upTo == w.sent {
 		return nil
+	}
+	if w.armed {
+		// Nothing waits once this returns; the next settlement that
+		// leaves a tag waiting arms the timer afresh.
+		w.armed = false
+		w.timer.Stop()
 	}
 	// Tags above positive and up to upTo were nacked, each at once.
 	send := w.positive > w.sent
@@ -234,7 +272,10 @@ func (s *Source) setup(l *link, keys []string) (string, error) {
 		return "", declareFailure(fmt.Errorf("amqp: consume queue %q: %w", decl.Name, err))
 	}
 	s.sess = &session{link: l, deliveries: deliveries, queue: decl.Name,
-		acks: ackWindow{flushEvery: uint64(max(1, s.cfg.prefetch()/4))}}
+		acks: ackWindow{flushEvery: uint64(max(1, s.cfg.prefetch()/4)), delay: ackDelay, lost: l.lost,
+			failed: func(err error) {
+				s.log.Debug("amqp: acknowledging failed; the broker delivers again", "err", err)
+			}}}
 	kind := "server-named exclusive"
 	switch {
 	case q.Name != "" && q.Durable:
@@ -297,44 +338,31 @@ func (s *Source) lost(ctx context.Context, sess *session) error {
 	return sess.failure("consuming queue " + strconv.Quote(sess.queue))
 }
 
-// ackDelay is how long the consumer may sit idle before the acknowledgements
-// it holds back are sent. A consumer faster than the broker is idle between
-// most deliveries; flushing at once would send one ack per message again.
+// ackDelay is how long a positive settlement may wait to be sent, for
+// later ones to join its multiple ack. A consumer faster than the broker
+// settles many messages within it; sending each at once would cost one ack
+// per message again.
 const ackDelay = time.Millisecond
 
-// next receives sess's next delivery. When none arrives within ackDelay, it
-// sends the acknowledgements the session holds back, and waits on. ok is
-// false when the consumer ended or the session was lost.
+// next receives sess's next delivery. ok is false when the consumer ended
+// or the session was lost. A delivery already buffered is returned even
+// when ctx has ended. Acknowledgements do not depend on it: settle arms
+// their timer.
 func (s *Source) next(ctx context.Context, sess *session) (d amqp.Delivery, ok bool, err error) {
 	select {
 	case d, ok = <-sess.deliveries:
 		return d, ok, nil
 	default:
 	}
-	var idle <-chan time.Time
-	if sess.acks.holding() {
-		t := time.NewTimer(ackDelay)
-		defer t.Stop()
-		idle = t.C
-	}
-	for {
-		select {
-		case d, ok = <-sess.deliveries:
-			return d, ok, nil
-		case <-idle:
-			idle = nil
-			if !sess.isLost() {
-				if err := sess.acks.flush(sess.ch); err != nil {
-					s.log.Debug("amqp: acknowledging failed; the broker delivers again", "err", err)
-				}
-			}
-		case <-sess.lost:
-			return d, false, nil
-		case <-s.closed:
-			return d, false, connectors.ErrClosed
-		case <-ctx.Done():
-			return d, false, ctx.Err()
-		}
+	select {
+	case d, ok = <-sess.deliveries:
+		return d, ok, nil
+	case <-sess.lost:
+		return d, false, nil
+	case <-s.closed:
+		return d, false, connectors.ErrClosed
+	case <-ctx.Done():
+		return d, false, ctx.Err()
 	}
 }
 
