@@ -285,8 +285,11 @@ func (t *receiptTracker) sent(pn qlog.PacketNumber, frames []qlog.Frame) {
 
 // acked marks the frames of the packets ranges cover as acknowledged and
 // settles the streams that are now complete. Each range covers a run of
-// the sorted packets, found by binary search: an ACK costs its ranges and
-// the packets it acknowledges, not every packet in flight.
+// the sorted packets, found by binary search, and removed by cut. An ACK
+// usually acknowledges the oldest packets in flight, a run at the front,
+// and then costs its ranges and the packets it acknowledges, not every
+// packet in flight; a run behind a hole (a packet still unacknowledged
+// before it) also shifts the packets after it.
 func (t *receiptTracker) acked(ranges []qlog.AckRange) {
 	t.mu.Lock()
 	for _, r := range ranges {
@@ -298,7 +301,7 @@ func (t *receiptTracker) acked(ranges []qlog.AckRange) {
 			}
 			j++
 		}
-		t.packets = slices.Delete(t.packets, i, j)
+		t.cut(i, j)
 	}
 	completed := t.completed
 	t.completed = t.completed[:0]
@@ -306,6 +309,24 @@ func (t *receiptTracker) acked(ranges []qlog.AckRange) {
 	for i, g := range completed {
 		g.settle(true)
 		completed[i] = nil
+	}
+}
+
+// cut removes packets[i:j]. A run at the front is cut off by reslicing,
+// without moving the packets after it: the array's head it leaves behind
+// is dropped when append next grows the array, which copies only the
+// packets kept. t.mu must be held.
+func (t *receiptTracker) cut(i, j int) {
+	switch {
+	case i == j:
+	case j == len(t.packets) && i == 0:
+		clear(t.packets)
+		t.packets = t.packets[:0]
+	case i == 0:
+		clear(t.packets[:j])
+		t.packets = t.packets[j:]
+	default:
+		t.packets = slices.Delete(t.packets, i, j)
 	}
 }
 
@@ -373,7 +394,7 @@ func (t *receiptTracker) lost(pn qlog.PacketNumber) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if i := t.search(pn); i < len(t.packets) && t.packets[i].pn == pn {
-		t.packets = slices.Delete(t.packets, i, i+1)
+		t.cut(i, i+1)
 	}
 }
 

@@ -421,3 +421,33 @@ func TestReceiptNothingQueued(t *testing.T) {
 		t.Error("done called for a failed publish")
 	}
 }
+
+// TestReceiptTrackerCutsFront: an ACK of the oldest packets in flight
+// removes them without moving the packets after them (the slice's array
+// keeps its place), and the rest are still found and settled.
+func TestReceiptTrackerCutsFront(t *testing.T) {
+	t.Parallel()
+	var tr receiptTracker
+	var received atomic.Int64
+	const copies = 100
+	for i := range copies {
+		id := quic.StreamID(3 + 4*i)
+		g := newReceiptGroup(func(r Receipt) { received.Add(int64(r.Received)) })
+		g.add()
+		g.release()
+		tr.watch(id, 10, g)
+		tr.RecordEvent(sentEvent(int64(i), stream(id, 0, 10, true)))
+	}
+	last := &tr.packets[copies-1]
+	tr.RecordEvent(ackEvent([2]int64{0, 9}))
+	tr.RecordEvent(lostEvent(10))
+	if len(tr.packets) != copies-11 || &tr.packets[len(tr.packets)-1] != last {
+		t.Fatalf("%d packets kept, the last moved: %v; want %d in place", len(tr.packets), &tr.packets[len(tr.packets)-1] != last, copies-11)
+	}
+	// A hole: 50 and after acknowledged, 11..49 not yet.
+	tr.RecordEvent(ackEvent([2]int64{50, 99}))
+	tr.RecordEvent(ackEvent([2]int64{11, 49}))
+	if received.Load() != copies-1 || len(tr.packets) != 0 || tr.awaiting() != 1 {
+		t.Fatalf("received %d, %d packets kept, %d awaited; want %d, 0, 1", received.Load(), len(tr.packets), tr.awaiting(), copies-1)
+	}
+}
