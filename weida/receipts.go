@@ -139,10 +139,15 @@ func trackerOf(qc *quic.Conn) *receiptTracker {
 //
 // quic-go records the events on the connection's own loop, one at a time;
 // the writer registers streams from another goroutine, hence the lock.
-// Only 1-RTT packets carry stream data: the rest are ignored. Memory: an
-// entry per watched stream until it is received or the connection ends,
-// and one per packet carrying watched stream data until that packet is
-// acknowledged or declared lost, which QUIC's congestion window bounds.
+// Only 1-RTT packets carry stream data: the rest are ignored.
+//
+// Memory: an entry per watched stream until it is received or the
+// connection ends, and one per packet carrying watched stream data until
+// that packet is acknowledged or declared lost. quic-go does not record
+// every loss: a packet it gives up on for a PTO probe or a path migration
+// leaves no PacketLost event, and its entry would stay until the
+// connection ends. Nothing else would bound that, so sent prunes, now and
+// then, the packets all of whose streams are settled (see compactAt).
 type receiptTracker struct {
 	mu      sync.Mutex
 	ended   bool
@@ -150,6 +155,13 @@ type receiptTracker struct {
 	// packets are the sent packets carrying watched stream data, in
 	// increasing packet number (the order quic-go sends them in).
 	packets []sentPacket
+	// compactAt is the length of packets at which sent next prunes it:
+	// twice what the last pruning kept, at least minCompactAt. A pruning
+	// walks packets once, and at least as many packets as it kept are
+	// appended before the next, so it costs O(1) per packet sent, amortised;
+	// and packets never holds more than minCompactAt entries or twice the
+	// packets of awaited streams the last pruning kept, whichever is more.
+	compactAt int
 	// completed is scratch for the groups an event settled, handed their
 	// receipts once the lock is released.
 	completed []*receiptGroup
@@ -278,9 +290,45 @@ func (t *receiptTracker) sent(pn qlog.PacketNumber, frames []qlog.Frame) {
 			watched = append(watched, sentFrame{id: sf.StreamID, off: sf.Offset, end: sf.Offset + sf.Length, fin: sf.Fin})
 		}
 	}
-	if len(watched) > 0 {
-		t.packets = append(t.packets, sentPacket{pn: pn, frames: watched})
+	if len(watched) == 0 {
+		return
 	}
+	if len(t.packets) >= max(t.compactAt, minCompactAt) {
+		t.compact()
+	}
+	t.packets = append(t.packets, sentPacket{pn: pn, frames: watched})
+}
+
+// minCompactAt is the fewest packets the tracker prunes, so that a
+// connection with few packets in flight never pays for a pruning.
+const minCompactAt = 256
+
+// compact drops the packets that carry data of no stream still awaited:
+// their streams were received, stopped or forgotten since they were
+// sent, so acknowledging them settles nothing. A packet quic-go gave up
+// on without a PacketLost event is among them once the retransmission
+// of its frames completed their stream. t.mu must be held.
+func (t *receiptTracker) compact() {
+	kept := t.packets[:0]
+	for _, p := range t.packets {
+		if t.awaitsAny(p.frames) {
+			kept = append(kept, p)
+		}
+	}
+	clear(t.packets[len(kept):])
+	t.packets = kept
+	t.compactAt = 2 * len(kept)
+}
+
+// awaitsAny reports whether a frame of fs belongs to a stream still
+// awaited. t.mu must be held.
+func (t *receiptTracker) awaitsAny(fs []sentFrame) bool {
+	for _, f := range fs {
+		if _, ok := t.streams[f.id]; ok {
+			return true
+		}
+	}
+	return false
 }
 
 // acked marks the frames of the packets ranges cover as acknowledged and

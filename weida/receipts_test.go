@@ -451,3 +451,65 @@ func TestReceiptTrackerCutsFront(t *testing.T) {
 		t.Fatalf("received %d, %d packets kept, %d awaited; want %d, 0, 1", received.Load(), len(tr.packets), tr.awaiting(), copies-1)
 	}
 }
+
+// TestReceiptTrackerPrunesUnreportedLosses: quic-go declares some packets
+// lost without a PacketLost event (a PTO probe, a path migration). Their
+// entries carry data of streams a retransmission completed since; the
+// tracker drops them once its packets reach the pruning threshold, and
+// keeps those of streams still awaited.
+func TestReceiptTrackerPrunesUnreportedLosses(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name string
+		// copies are sent, each in one packet, lost without an event
+		// and sent again in a packet that is acknowledged; open streams
+		// are then watched and sent, and never acknowledged.
+		copies, open int
+		wantMax      int // packets the tracker may hold at the end
+	}{
+		{"few losses, under the threshold", 10, 0, 10},
+		{"many losses, every stream settled", 10_000, 0, minCompactAt},
+		{"many losses, some streams open", 10_000, 300, 2 * 300},
+		{"open streams alone are all kept", 0, 1000, 1000},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			var tr receiptTracker
+			var received, lost atomic.Int64
+			pn := int64(0)
+			watch := func(id quic.StreamID) {
+				g := newReceiptGroup(func(r Receipt) { received.Add(int64(r.Received)); lost.Add(int64(r.Lost)) })
+				g.add()
+				g.release()
+				tr.watch(id, 10, g)
+			}
+			id := quic.StreamID(3)
+			for range c.copies {
+				watch(id)
+				tr.RecordEvent(sentEvent(pn, stream(id, 0, 10, true))) // lost unreported
+				tr.RecordEvent(sentEvent(pn+1, stream(id, 0, 10, true)))
+				tr.RecordEvent(ackEvent([2]int64{pn + 1, pn + 1}))
+				pn += 2
+				id += 4
+			}
+			for range c.open {
+				watch(id)
+				tr.RecordEvent(sentEvent(pn, stream(id, 0, 10, true)))
+				pn++
+				id += 4
+			}
+			if int(received.Load()) != c.copies || tr.awaiting() != c.open {
+				t.Fatalf("received %d, %d awaited; want %d, %d", received.Load(), tr.awaiting(), c.copies, c.open)
+			}
+			if len(tr.packets) > max(c.wantMax, c.open) || len(tr.packets) < c.open {
+				t.Fatalf("%d packets kept; want %d to %d", len(tr.packets), c.open, max(c.wantMax, c.open))
+			}
+			// What was kept still settles its streams.
+			tr.RecordEvent(ackEvent([2]int64{0, pn}))
+			if tr.awaiting() != 0 || len(tr.packets) != 0 || int(received.Load()) != c.copies+c.open || lost.Load() != 0 {
+				t.Fatalf("after the last ACK: received %d, lost %d, %d awaited, %d packets", received.Load(), lost.Load(), tr.awaiting(), len(tr.packets))
+			}
+		})
+	}
+}
