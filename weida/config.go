@@ -283,8 +283,9 @@ type ListenConfig struct {
 	// [Publisher.TrackReceipts] does from the moment it is called: set it
 	// when a publisher of the listener will publish with
 	// [Publisher.PublishWithReceipt], so that no subscriber connects
-	// untracked before that publisher exists. It costs every connection
-	// of the listener a trace of each packet; false costs nothing.
+	// untracked before that publisher exists, and none has to be closed
+	// when it calls Publisher.TrackReceipts. It costs every connection of
+	// the listener a trace of each packet; false costs nothing.
 	TrackReceipts bool
 
 	// Logger receives the listener's events: the generated certificate's

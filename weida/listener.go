@@ -51,8 +51,9 @@ type Listener struct {
 
 	frames framePool
 	turns  sendTurns // see sendTurns
-	// receipts is set once a Publisher tracks receipts: connections
-	// accepted from then on get a receiptTracker.
+	// receipts is set at Listen (ListenConfig.TrackReceipts) or, under
+	// mu, once a Publisher tracks receipts: connections accepted from
+	// then on get a receiptTracker, and those accepted before are closed.
 	receipts atomic.Bool
 	stats    listenerCounters
 	hooks    connHooks
@@ -273,6 +274,11 @@ func (l *Listener) admit(qc *quic.Conn) {
 	switch {
 	case l.closed:
 		refuse, code = "listener closing", Shutdown
+	case l.receipts.Load() && trackerOf(qc) == nil:
+		// Its handshake began before a Publisher tracked receipts, and
+		// trackReceipts closed the others of its kind: see
+		// Publisher.TrackReceipts.
+		refuse, code = untrackedReason, Shutdown
 	case len(l.conns) >= l.limits.MaxConnections:
 		refuse = "max_connections"
 	case peer != "" && l.perPeer[peer] >= l.limits.MaxConnectionsPerPeer:
@@ -799,9 +805,13 @@ func (w *copyWriter) write(f *frame) bool {
 		sc.q.parked(f)
 		w.parked++
 		if g != nil && !watched {
-			// Nothing records this connection's acknowledgements (it
-			// predates TrackReceipts): handed to QUIC is all it can say.
-			g.settle(true)
+			// Nothing records this connection's acknowledgements. On a
+			// listener that tracks none, handed to QUIC is all it can
+			// say; on one that tracks receipts, the connection predates
+			// tracking and is being closed (see
+			// Publisher.TrackReceipts): the copy is written and
+			// unacknowledged on a connection that ends.
+			g.settle(!sc.l.receipts.Load())
 		}
 	}
 	f.release()

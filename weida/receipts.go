@@ -67,20 +67,53 @@ func (g *receiptGroup) release() {
 	}
 }
 
-// TrackReceipts makes the connections the listener accepts from now on
-// record which stream data their subscriber acknowledged, so that
+// TrackReceipts makes every connection of the listener record which
+// stream data its subscriber acknowledged, so that
 // [Publisher.PublishWithReceipt] can tell when a copy was received. It
-// is sticky and listener-wide: once called, every new connection of the
+// is sticky and listener-wide: once called, every connection of the
 // listener pays for it (quic-go builds a trace event for each packet it
 // sends and receives, a few allocations per packet, and the connection
 // keeps the stream ranges of each packet in flight until it is
 // acknowledged or declared lost). Listeners where no Publisher calls it
 // pay nothing.
 //
-// Call it before subscribers connect: a copy written to a connection
-// accepted earlier is reported Received once it is handed to QUIC with
-// its FIN, as nothing records its acknowledgement.
-func (p *Publisher) TrackReceipts() { p.l.receipts.Store(true) }
+// A connection records acknowledgements only from its handshake on, and
+// any connection may subscribe to this publisher's path: so
+// TrackReceipts closes, with SHUTDOWN, the connections the listener
+// accepted before tracking began, as a restarted listener would, and
+// their subscribers reconnect tracked. Subscribers of the listener's
+// other paths are closed too. Call it before publishing with receipts,
+// or set [ListenConfig].TrackReceipts, which closes nobody.
+func (p *Publisher) TrackReceipts() { p.l.trackReceipts() }
+
+// trackReceipts turns tracking on for the connections accepted from now
+// on and closes those accepted without a tracker; admit closes those
+// whose handshake began before and that it admits after.
+func (l *Listener) trackReceipts() {
+	l.mu.Lock()
+	l.receipts.Store(true)
+	var untracked []*serverConn
+	for sc := range l.conns {
+		if sc.receipts == nil {
+			untracked = append(untracked, sc)
+		}
+	}
+	l.mu.Unlock()
+	if len(untracked) == 0 {
+		return
+	}
+	l.log.Info("weida: closing the connections accepted before receipt tracking began, for their subscribers to reconnect tracked",
+		"connections", len(untracked))
+	var wg sync.WaitGroup
+	for _, sc := range untracked {
+		wg.Go(func() { sc.c.close(Shutdown, untrackedReason) })
+	}
+	wg.Wait()
+}
+
+// untrackedReason is the close reason of a connection that records no
+// acknowledgements on a listener that tracks receipts.
+const untrackedReason = "receipt tracking began: reconnect"
 
 // PublishWithReceipt is [Publisher.PublishWith] that also reports, through
 // done, what became of the copies it queued: done is called exactly once
@@ -93,7 +126,9 @@ func (p *Publisher) TrackReceipts() { p.l.receipts.Store(true) }
 // call the Publisher.
 //
 // Copies are reported received only on connections that record
-// acknowledgements (see [Publisher.TrackReceipts]). A connection that
+// acknowledgements (see [Publisher.TrackReceipts]); on a listener where
+// nothing tracks receipts, a copy is reported Received once it is handed
+// to QUIC with its FIN, as nothing records more. A connection that
 // ends reports each copy still unacknowledged as Lost, whether it
 // vanished or was closed by either side; what the subscriber's stack
 // acknowledged before the end stays Received.

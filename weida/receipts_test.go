@@ -2,7 +2,9 @@ package weida
 
 import (
 	"context"
+	"errors"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -511,5 +513,62 @@ func TestReceiptTrackerPrunesUnreportedLosses(t *testing.T) {
 				t.Fatalf("after the last ACK: received %d, lost %d, %d awaited, %d packets", received.Load(), lost.Load(), tr.awaiting(), len(tr.packets))
 			}
 		})
+	}
+}
+
+// TestTrackReceiptsClosesUntracked: subscribers that connected before a
+// publisher of the listener began tracking receipts, on its path or
+// another, are closed with SHUTDOWN, since nothing records what they
+// acknowledge; once they dial again they are tracked, and their copies
+// wait for their acknowledgement.
+func TestTrackReceiptsClosesUntracked(t *testing.T) {
+	t.Parallel()
+	var logs logBuffer
+	l := listen(t, ListenConfig{Logger: logs.logger()})
+	p := publisher(t, l, "/r")
+	publisher(t, l, "/other")
+	before := dial(t, l, "/r", DialConfig{})
+	other := dial(t, l, "/other", DialConfig{})
+	subscribe(t, l, before, 1, "#")
+	subscribe(t, l, other, 2, "#")
+
+	p.TrackReceipts()
+	ctx := testCtx(t)
+	for _, s := range []*Subscriber{before, other} {
+		select {
+		case <-s.Done():
+		case <-ctx.Done():
+			t.Fatal("a subscriber accepted before tracking began is still connected")
+		}
+		var ce *CloseError
+		if !errors.As(s.Err(), &ce) || ce.Code != Shutdown || !ce.Remote {
+			t.Fatalf("ended with %v, want a remote SHUTDOWN", s.Err())
+		}
+	}
+	if !strings.Contains(logs.String(), "before receipt tracking began") {
+		t.Errorf("the closes were not logged:\n%s", logs.String())
+	}
+	waitFor(t, "the closed connections forgotten", func() bool { return l.Stats().Connections == 0 })
+
+	after := dial(t, l, "/r", DialConfig{})
+	subscribe(t, l, after, 1, "#")
+	l.mu.Lock()
+	for sc := range l.conns {
+		if sc.receipts == nil {
+			t.Error("a connection accepted after tracking began has no tracker")
+		}
+	}
+	l.mu.Unlock()
+	rl := newReceiptLog()
+	if _, err := p.PublishWithReceipt(ctx, Message{Topic: "a", Payload: []byte("x")}, nil, rl.done(0)); err != nil {
+		t.Fatal(err)
+	}
+	receive(t, after)
+	waitFor(t, "the receipt", func() bool { return rl.len() == 1 })
+	if rc, n := rl.of(0); n != 1 || rc != (Receipt{Received: 1}) {
+		t.Errorf("%+v in %d calls, want one Received", rc, n)
+	}
+	if after.Err() != nil {
+		t.Fatalf("the tracked subscriber was closed: %v", after.Err())
 	}
 }
