@@ -572,3 +572,89 @@ func TestTrackReceiptsClosesUntracked(t *testing.T) {
 		t.Fatalf("the tracked subscriber was closed: %v", after.Err())
 	}
 }
+
+// TestReceiptSlowConsumerClosed: on a connection that tracks receipts, a
+// subscriber that stops reading holds its stream credit, or its
+// flow-control credit, and the copies queued behind them would never be
+// sent nor their receipts come, though none is refused (its buffer has
+// room). Its writer waits SlowConsumerAfter for the credit and then
+// closes it as a slow consumer; every receipt arrives, Lost for the
+// copies it never got.
+func TestReceiptSlowConsumerClosed(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name    string
+		limits  Limits // the subscriber's
+		payload int
+		held    int // copies the subscriber can hold unread
+	}{
+		{"stream credit", Limits{MaxConcurrentUniStreams: 4}, 256, 4},
+		{"flow-control credit", Limits{StreamReceiveWindow: 64 << 10, ConnectionReceiveWindow: 64 << 10}, 16 << 10, 4},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			testReceiptSlowConsumerClosed(t, c.limits, c.payload, c.held)
+		})
+	}
+}
+
+func testReceiptSlowConsumerClosed(t *testing.T, limits Limits, payload, held int) {
+	const after = 250 * time.Millisecond
+	var logs logBuffer
+	l := listen(t, ListenConfig{Logger: logs.logger(), Limits: Limits{SlowConsumerAfter: after}})
+	p := publisher(t, l, "/r")
+	p.TrackReceipts()
+	slow := dial(t, l, "/r", DialConfig{Limits: limits})
+	subscribe(t, l, slow, 1, "#")
+	rl := newReceiptLog()
+	ctx := testCtx(t)
+	copies := 3 * held
+	start := time.Now()
+	for i := range copies {
+		res, err := p.PublishWithReceipt(ctx, Message{Topic: "a", Payload: numbered(i, payload)}, nil, rl.done(i))
+		if err != nil || res.Queued != 1 {
+			t.Fatalf("publish %d: %+v, %v", i, res, err)
+		}
+	}
+	select {
+	case <-slow.Done():
+	case <-ctx.Done():
+		t.Fatalf("the subscriber that stopped reading was never closed: %+v", l.Stats())
+	}
+	took := time.Since(start)
+	var ce *CloseError
+	if !errors.As(slow.Err(), &ce) || ce.Code != LimitExceeded || !ce.Remote {
+		t.Fatalf("ended with %v, want a remote LIMIT_EXCEEDED", slow.Err())
+	}
+	// The bound cannot trip early; the upper limit is generous for a
+	// loaded machine and far below the test's own timeout.
+	if took < after || took > after+5*time.Second {
+		t.Errorf("closed %v after the first publish; want between %v and %v", took, after, after+5*time.Second)
+	}
+	waitFor(t, "every receipt", func() bool { return rl.len() == copies })
+	received := 0
+	for i := range copies {
+		rc, n := rl.of(i)
+		if n != 1 || rc.Received+rc.Lost != 1 {
+			t.Fatalf("message %d: %+v in %d calls, want one receipt of one copy", i, rc, n)
+		}
+		if rc.Received == 1 {
+			if i != received {
+				t.Errorf("message %d received after a lost one", i)
+			}
+			received++
+		}
+	}
+	if received > held {
+		t.Errorf("%d received, %d lost; want at most %d received, what it can hold", received, copies-received, held)
+	}
+	waitFor(t, "the connection forgotten", func() bool { return l.Stats().Connections == 0 })
+	if st := l.Stats(); st.SlowConsumersClosed != 1 || st.Dropped.BufferFull != 0 {
+		t.Errorf("SlowConsumersClosed = %d, BufferFull = %d; want 1 and 0", st.SlowConsumersClosed, st.Dropped.BufferFull)
+	}
+	if !strings.Contains(logs.String(), "closing slow consumer: "+stallCreditWithheld) {
+		t.Errorf("the close was not logged with its cause:\n%s", logs.String())
+	}
+	t.Logf("closed after %v; %d received, %d lost", took.Round(time.Millisecond), received, copies-received)
+}
