@@ -74,8 +74,11 @@ func (b *inboundBridge) setPublisher(p Publisher) {
 		b.lv.restore() // a persisted cache is back before anything is replayed
 		b.lv.install(p, b.fenced)
 		if rp, ok := p.(receiptPublisher); ok && b.spec.AwaitReceipt {
-			// Before the Source starts: connections accepted from now
-			// on record what their subscriber acknowledged.
+			// Before the Source starts: every connection of the
+			// listener records what its subscriber acknowledged from
+			// now on; those accepted untracked (under a resource that
+			// acknowledges once queued, before a reload) are closed
+			// and reconnect tracked.
 			rp.TrackReceipts()
 		}
 	}

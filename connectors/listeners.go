@@ -168,6 +168,11 @@ func (ls *listeners) shutdown(drain time.Duration) {
 // the settings weida makes per listener must agree. The resource loader
 // checks this across one load; this check covers a reload that changes one
 // resource on a shared address while another keeps running.
+// TrackReceipts is left out: a resource that acknowledges once queued and
+// one that waits for receipts may share an address, and a listener kept
+// across a reload that turns receipts on gets them from the new
+// Publisher's TrackReceipts, which closes the connections accepted
+// untracked.
 func sameListenIdentity(a, b weida.ListenConfig) bool {
 	return a.CertFile == b.CertFile && a.KeyFile == b.KeyFile && a.StateDir == b.StateDir &&
 		slices.Equal(a.ClientFingerprints, b.ClientFingerprints) &&

@@ -148,3 +148,75 @@ func TestAwaitReceipt(t *testing.T) {
 		})
 	}
 }
+
+// TestReloadToReceivedClosesUntracked: a reload that turns a resource
+// from queued to received keeps its listener, and with it the
+// subscribers connected under queued, whose acknowledgements nothing
+// records. They are closed with SHUTDOWN; once they dial again their
+// copies settle the broker only when their QUIC stack acknowledged them.
+func TestReloadToReceivedClosesUntracked(t *testing.T) {
+	queued := inboundUnit(t, "in", "127.0.0.1:0", nil)
+	cs := newChanSource()
+	queued.NewSource = func(connectors.StateFunc) (connectors.Source, error) { return redeliveringSource{cs}, nil }
+	rt, _ := newRuntime(t, func(int) time.Duration { return time.Millisecond })
+	if err := rt.Apply(context.Background(), []connectors.Unit{queued}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the endpoint", func() bool { return statusOf(rt, "in").SubscriberURL != "" })
+	url := statusOf(rt, "in").SubscriberURL
+	before, err := weida.Dial(context.Background(), url, weida.DialConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { before.Close() })
+	if err := before.Subscribe(context.Background(), "#"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the subscription", func() bool { return statusOf(rt, "in").Counters.Subscribers == 1 })
+
+	received := queued
+	received.Revision = "rev2"
+	received.Spec.AwaitReceipt = true
+	if err := rt.Apply(context.Background(), []connectors.Unit{received}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-before.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("a subscriber connected under queued is still connected under received")
+	}
+	var ce *weida.CloseError
+	if !errors.As(before.Err(), &ce) || ce.Code != weida.Shutdown {
+		t.Fatalf("the subscriber ended with %v; want SHUTDOWN", before.Err())
+	}
+	if got := statusOf(rt, "in").SubscriberURL; got != url {
+		t.Fatalf("the reload moved the endpoint: %s, was %s", got, url)
+	}
+
+	at, slash := strings.Index(url, "@"), strings.LastIndex(url, "/")
+	relay := newAckRelay(t, url[at+1:slash])
+	after, err := weida.Dial(context.Background(), url[:at+1]+relay.front.LocalAddr().String()+url[slash:], weida.DialConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { after.Close() })
+	if err := after.Subscribe(context.Background(), "#"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the subscription again", func() bool { return statusOf(rt, "in").Counters.Subscribers == 1 })
+	env := &inboundEnv{src: cs}
+	relay.mute.Store(true)
+	env.send(t, "in.a")
+	if got := receiveTopic(t, after); got != "in.a" {
+		t.Fatalf("received %q", got)
+	}
+	time.Sleep(300 * time.Millisecond) // many round trips and ACK delays on loopback
+	if ok, err := cs.outcome("in.a"); ok {
+		t.Fatalf("in.a settled (%v) before the subscriber's acknowledgement reached the endpoint", err)
+	}
+	relay.mute.Store(false)
+	waitFor(t, "in.a settled", func() bool { ok, _ := cs.outcome("in.a"); return ok })
+	if _, err := cs.outcome("in.a"); err != nil {
+		t.Errorf("in.a settled with %v; want an acknowledgement", err)
+	}
+}

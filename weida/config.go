@@ -123,7 +123,16 @@ type Limits struct {
 	// consumer") and counted in [ListenerStats].SlowConsumersClosed. A
 	// subscriber that keeps reading, however slowly a busy endpoint
 	// serves it, hands the writer a copy now and then and only loses the
-	// copies that do not fit, counted as BufferFull. Default 10 s.
+	// copies that do not fit, counted as BufferFull.
+	//
+	// On a connection that tracks receipts (see
+	// [Publisher.TrackReceipts]) no refused copy is needed: a writer that
+	// waited that long to open a stream or write a copy (the subscriber's
+	// stream or flow-control credit) closes it the same way. There each
+	// copy the subscriber holds back keeps a broker message
+	// unacknowledged, and once the broker's flow control is used up by
+	// them nothing more is published, so no copy would ever be refused.
+	// Default 10 s.
 	SlowConsumerAfter time.Duration
 }
 
@@ -283,8 +292,9 @@ type ListenConfig struct {
 	// [Publisher.TrackReceipts] does from the moment it is called: set it
 	// when a publisher of the listener will publish with
 	// [Publisher.PublishWithReceipt], so that no subscriber connects
-	// untracked before that publisher exists. It costs every connection
-	// of the listener a trace of each packet; false costs nothing.
+	// untracked before that publisher exists, and none has to be closed
+	// when it calls Publisher.TrackReceipts. It costs every connection of
+	// the listener a trace of each packet; false costs nothing.
 	TrackReceipts bool
 
 	// Logger receives the listener's events: the generated certificate's

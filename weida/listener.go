@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"runtime"
 	"slices"
 	"sync"
@@ -51,8 +52,9 @@ type Listener struct {
 
 	frames framePool
 	turns  sendTurns // see sendTurns
-	// receipts is set once a Publisher tracks receipts: connections
-	// accepted from then on get a receiptTracker.
+	// receipts is set at Listen (ListenConfig.TrackReceipts) or, under
+	// mu, once a Publisher tracks receipts: connections accepted from
+	// then on get a receiptTracker, and those accepted before are closed.
 	receipts atomic.Bool
 	stats    listenerCounters
 	hooks    connHooks
@@ -273,6 +275,11 @@ func (l *Listener) admit(qc *quic.Conn) {
 	switch {
 	case l.closed:
 		refuse, code = "listener closing", Shutdown
+	case l.receipts.Load() && trackerOf(qc) == nil:
+		// Its handshake began before a Publisher tracked receipts, and
+		// trackReceipts closed the others of its kind: see
+		// Publisher.TrackReceipts.
+		refuse, code = untrackedReason, Shutdown
 	case len(l.conns) >= l.limits.MaxConnections:
 		refuse = "max_connections"
 	case peer != "" && l.perPeer[peer] >= l.limits.MaxConnectionsPerPeer:
@@ -503,18 +510,18 @@ func (sc *serverConn) serve() {
 }
 
 // closeSlowConsumer applies the slow-consumer policy (see
-// Limits.SlowConsumerAfter): the subscriber is over its bound and has
-// taken no copy for that long, so it is closed with LIMIT_EXCEEDED, the
-// code PROTOCOL §7 gives a local limit, logged and counted. Its queued
-// copies are then counted as ConnectionClosed, like any closed
-// connection's.
+// Limits.SlowConsumerAfter): the subscriber is over its bound, or its
+// connection tracks receipts, and it has taken no copy for that long, so
+// it is closed with LIMIT_EXCEEDED, the code PROTOCOL §7 gives a local
+// limit, logged and counted. Its queued copies are then counted as
+// ConnectionClosed, like any closed connection's.
 func (sc *serverConn) closeSlowConsumer() {
 	st := &sc.l.stats
 	st.slowConsumersClosed.Add(1)
 	sc.q.mu.Lock()
-	queued, charged := len(sc.q.items)-sc.q.head, sc.q.bytes
+	queued, charged, cause := len(sc.q.items)-sc.q.head, sc.q.bytes, sc.q.stallCause
 	sc.q.mu.Unlock()
-	sc.c.log.Warn("weida: closing slow consumer: over its buffer and no copy taken",
+	sc.c.log.Warn("weida: closing slow consumer: "+cause,
 		"remote", sc.c.qc.RemoteAddr().String(), "for", sc.l.limits.SlowConsumerAfter,
 		"queued_copies", queued, "charged_bytes", charged,
 		"subscriber_buffer_bytes", sc.l.limits.SubscriberBufferBytes)
@@ -736,7 +743,8 @@ func (w *copyWriter) give() {
 
 // write opens f's stream and writes f, handing copies to QUIC only while
 // it holds a send turn and giving the turn up before any wait; it reports
-// false once the connection is gone.
+// false once the connection is gone, or is to be closed as a slow
+// consumer (see openWaiting).
 func (w *copyWriter) write(f *frame) bool {
 	sc := w.sc
 	st := &sc.l.stats
@@ -750,7 +758,7 @@ func (w *copyWriter) write(f *frame) bool {
 		// it allows. Wait for it without a turn.
 		sc.wl.creditExhausted()
 		w.give()
-		if s, err = sc.c.qc.OpenUniStreamSync(sc.c.ctx); err != nil {
+		if s, err = w.openWaiting(); err != nil {
 			w.lost(f)
 			return false
 		}
@@ -765,6 +773,11 @@ func (w *copyWriter) write(f *frame) bool {
 	if watched {
 		sc.receipts.watch(s.StreamID(), int64(len(f.buf)), g)
 	}
+	if sc.receipts != nil {
+		// Bounded like the wait for stream credit (see openWaiting):
+		// Write waits for the subscriber's flow-control credit.
+		_ = s.SetWriteDeadline(time.Now().Add(sc.l.limits.SlowConsumerAfter))
+	}
 	wait := w.parked+1 >= maxParked || sc.q.waitingNone()
 	if wait {
 		w.give()
@@ -775,7 +788,13 @@ func (w *copyWriter) write(f *frame) bool {
 	if err == nil {
 		err = s.Close()
 	}
+	stalled := false
 	if err != nil {
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			// Only a connection that tracks receipts sets a deadline.
+			stalled = true
+			sc.q.stall()
+		}
 		var se *quic.StreamError
 		if errors.As(err, &se) && se.Remote {
 			st.copiesRefused.Add(1) // the subscriber stopped the stream
@@ -799,9 +818,13 @@ func (w *copyWriter) write(f *frame) bool {
 		sc.q.parked(f)
 		w.parked++
 		if g != nil && !watched {
-			// Nothing records this connection's acknowledgements (it
-			// predates TrackReceipts): handed to QUIC is all it can say.
-			g.settle(true)
+			// Nothing records this connection's acknowledgements. On a
+			// listener that tracks none, handed to QUIC is all it can
+			// say; on one that tracks receipts, the connection predates
+			// tracking and is being closed (see
+			// Publisher.TrackReceipts): the copy is written and
+			// unacknowledged on a connection that ends.
+			g.settle(!sc.l.receipts.Load())
 		}
 	}
 	f.release()
@@ -809,7 +832,30 @@ func (w *copyWriter) write(f *frame) bool {
 		sc.q.sent(w.parked)
 		w.parked = 0
 	}
-	return true
+	return !stalled
+}
+
+// openWaiting waits for the subscriber's stream credit to open f's
+// stream. On a connection that tracks receipts it waits at most
+// SlowConsumerAfter and then has the connection closed as a slow
+// consumer: a subscriber that stopped reading holds its credit for good,
+// the copies queued behind it would never be sent, and their broker
+// messages, never acknowledged, would use up the broker's flow control
+// and stop the resource. The default path waits as long as the
+// connection lives: there the copies that do not fit are dropped, and
+// the slow-consumer policy sees them (see sendQueue.noteStallLocked).
+func (w *copyWriter) openWaiting() (*quic.SendStream, error) {
+	sc := w.sc
+	if sc.receipts == nil {
+		return sc.c.qc.OpenUniStreamSync(sc.c.ctx)
+	}
+	ctx, cancel := context.WithTimeout(sc.c.ctx, sc.l.limits.SlowConsumerAfter)
+	defer cancel()
+	s, err := sc.c.qc.OpenUniStreamSync(ctx)
+	if err != nil && sc.c.ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+		sc.q.stall()
+	}
+	return s, err
 }
 
 // lost counts f, popped and never written, as lost with its connection.

@@ -67,20 +67,53 @@ func (g *receiptGroup) release() {
 	}
 }
 
-// TrackReceipts makes the connections the listener accepts from now on
-// record which stream data their subscriber acknowledged, so that
+// TrackReceipts makes every connection of the listener record which
+// stream data its subscriber acknowledged, so that
 // [Publisher.PublishWithReceipt] can tell when a copy was received. It
-// is sticky and listener-wide: once called, every new connection of the
+// is sticky and listener-wide: once called, every connection of the
 // listener pays for it (quic-go builds a trace event for each packet it
 // sends and receives, a few allocations per packet, and the connection
 // keeps the stream ranges of each packet in flight until it is
 // acknowledged or declared lost). Listeners where no Publisher calls it
 // pay nothing.
 //
-// Call it before subscribers connect: a copy written to a connection
-// accepted earlier is reported Received once it is handed to QUIC with
-// its FIN, as nothing records its acknowledgement.
-func (p *Publisher) TrackReceipts() { p.l.receipts.Store(true) }
+// A connection records acknowledgements only from its handshake on, and
+// any connection may subscribe to this publisher's path: so
+// TrackReceipts closes, with SHUTDOWN, the connections the listener
+// accepted before tracking began, as a restarted listener would, and
+// their subscribers reconnect tracked. Subscribers of the listener's
+// other paths are closed too. Call it before publishing with receipts,
+// or set [ListenConfig].TrackReceipts, which closes nobody.
+func (p *Publisher) TrackReceipts() { p.l.trackReceipts() }
+
+// trackReceipts turns tracking on for the connections accepted from now
+// on and closes those accepted without a tracker; admit closes those
+// whose handshake began before and that it admits after.
+func (l *Listener) trackReceipts() {
+	l.mu.Lock()
+	l.receipts.Store(true)
+	var untracked []*serverConn
+	for sc := range l.conns {
+		if sc.receipts == nil {
+			untracked = append(untracked, sc)
+		}
+	}
+	l.mu.Unlock()
+	if len(untracked) == 0 {
+		return
+	}
+	l.log.Info("weida: closing the connections accepted before receipt tracking began, for their subscribers to reconnect tracked",
+		"connections", len(untracked))
+	var wg sync.WaitGroup
+	for _, sc := range untracked {
+		wg.Go(func() { sc.c.close(Shutdown, untrackedReason) })
+	}
+	wg.Wait()
+}
+
+// untrackedReason is the close reason of a connection that records no
+// acknowledgements on a listener that tracks receipts.
+const untrackedReason = "receipt tracking began: reconnect"
 
 // PublishWithReceipt is [Publisher.PublishWith] that also reports, through
 // done, what became of the copies it queued: done is called exactly once
@@ -93,7 +126,9 @@ func (p *Publisher) TrackReceipts() { p.l.receipts.Store(true) }
 // call the Publisher.
 //
 // Copies are reported received only on connections that record
-// acknowledgements (see [Publisher.TrackReceipts]). A connection that
+// acknowledgements (see [Publisher.TrackReceipts]); on a listener where
+// nothing tracks receipts, a copy is reported Received once it is handed
+// to QUIC with its FIN, as nothing records more. A connection that
 // ends reports each copy still unacknowledged as Lost, whether it
 // vanished or was closed by either side; what the subscriber's stack
 // acknowledged before the end stays Received.
@@ -139,10 +174,15 @@ func trackerOf(qc *quic.Conn) *receiptTracker {
 //
 // quic-go records the events on the connection's own loop, one at a time;
 // the writer registers streams from another goroutine, hence the lock.
-// Only 1-RTT packets carry stream data: the rest are ignored. Memory: an
-// entry per watched stream until it is received or the connection ends,
-// and one per packet carrying watched stream data until that packet is
-// acknowledged or declared lost, which QUIC's congestion window bounds.
+// Only 1-RTT packets carry stream data: the rest are ignored.
+//
+// Memory: an entry per watched stream until it is received or the
+// connection ends, and one per packet carrying watched stream data until
+// that packet is acknowledged or declared lost. quic-go does not record
+// every loss: a packet it gives up on for a PTO probe or a path migration
+// leaves no PacketLost event, and its entry would stay until the
+// connection ends. Nothing else would bound that, so sent prunes, now and
+// then, the packets all of whose streams are settled (see compactAt).
 type receiptTracker struct {
 	mu      sync.Mutex
 	ended   bool
@@ -150,6 +190,13 @@ type receiptTracker struct {
 	// packets are the sent packets carrying watched stream data, in
 	// increasing packet number (the order quic-go sends them in).
 	packets []sentPacket
+	// compactAt is the length of packets at which sent next prunes it:
+	// twice what the last pruning kept, at least minCompactAt. A pruning
+	// walks packets once, and at least as many packets as it kept are
+	// appended before the next, so it costs O(1) per packet sent, amortised;
+	// and packets never holds more than minCompactAt entries or twice the
+	// packets of awaited streams the last pruning kept, whichever is more.
+	compactAt int
 	// completed is scratch for the groups an event settled, handed their
 	// receipts once the lock is released.
 	completed []*receiptGroup
@@ -278,15 +325,54 @@ func (t *receiptTracker) sent(pn qlog.PacketNumber, frames []qlog.Frame) {
 			watched = append(watched, sentFrame{id: sf.StreamID, off: sf.Offset, end: sf.Offset + sf.Length, fin: sf.Fin})
 		}
 	}
-	if len(watched) > 0 {
-		t.packets = append(t.packets, sentPacket{pn: pn, frames: watched})
+	if len(watched) == 0 {
+		return
 	}
+	if len(t.packets) >= max(t.compactAt, minCompactAt) {
+		t.compact()
+	}
+	t.packets = append(t.packets, sentPacket{pn: pn, frames: watched})
+}
+
+// minCompactAt is the fewest packets the tracker prunes, so that a
+// connection with few packets in flight never pays for a pruning.
+const minCompactAt = 256
+
+// compact drops the packets that carry data of no stream still awaited:
+// their streams were received, stopped or forgotten since they were
+// sent, so acknowledging them settles nothing. A packet quic-go gave up
+// on without a PacketLost event is among them once the retransmission
+// of its frames completed their stream. t.mu must be held.
+func (t *receiptTracker) compact() {
+	kept := t.packets[:0]
+	for _, p := range t.packets {
+		if t.awaitsAny(p.frames) {
+			kept = append(kept, p)
+		}
+	}
+	clear(t.packets[len(kept):])
+	t.packets = kept
+	t.compactAt = 2 * len(kept)
+}
+
+// awaitsAny reports whether a frame of fs belongs to a stream still
+// awaited. t.mu must be held.
+func (t *receiptTracker) awaitsAny(fs []sentFrame) bool {
+	for _, f := range fs {
+		if _, ok := t.streams[f.id]; ok {
+			return true
+		}
+	}
+	return false
 }
 
 // acked marks the frames of the packets ranges cover as acknowledged and
 // settles the streams that are now complete. Each range covers a run of
-// the sorted packets, found by binary search: an ACK costs its ranges and
-// the packets it acknowledges, not every packet in flight.
+// the sorted packets, found by binary search, and removed by cut. An ACK
+// usually acknowledges the oldest packets in flight, a run at the front,
+// and then costs its ranges and the packets it acknowledges, not every
+// packet in flight; a run behind a hole (a packet still unacknowledged
+// before it) also shifts the packets after it.
 func (t *receiptTracker) acked(ranges []qlog.AckRange) {
 	t.mu.Lock()
 	for _, r := range ranges {
@@ -298,7 +384,7 @@ func (t *receiptTracker) acked(ranges []qlog.AckRange) {
 			}
 			j++
 		}
-		t.packets = slices.Delete(t.packets, i, j)
+		t.cut(i, j)
 	}
 	completed := t.completed
 	t.completed = t.completed[:0]
@@ -306,6 +392,24 @@ func (t *receiptTracker) acked(ranges []qlog.AckRange) {
 	for i, g := range completed {
 		g.settle(true)
 		completed[i] = nil
+	}
+}
+
+// cut removes packets[i:j]. A run at the front is cut off by reslicing,
+// without moving the packets after it: the array's head it leaves behind
+// is dropped when append next grows the array, which copies only the
+// packets kept. t.mu must be held.
+func (t *receiptTracker) cut(i, j int) {
+	switch {
+	case i == j:
+	case j == len(t.packets) && i == 0:
+		clear(t.packets)
+		t.packets = t.packets[:0]
+	case i == 0:
+		clear(t.packets[:j])
+		t.packets = t.packets[j:]
+	default:
+		t.packets = slices.Delete(t.packets, i, j)
 	}
 }
 
@@ -373,7 +477,7 @@ func (t *receiptTracker) lost(pn qlog.PacketNumber) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if i := t.search(pn); i < len(t.packets) && t.packets[i].pn == pn {
-		t.packets = slices.Delete(t.packets, i, i+1)
+		t.cut(i, i+1)
 	}
 }
 

@@ -2,7 +2,9 @@ package weida
 
 import (
 	"context"
+	"errors"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -420,4 +422,239 @@ func TestReceiptNothingQueued(t *testing.T) {
 	if _, n := rl.of(1); n != 0 {
 		t.Error("done called for a failed publish")
 	}
+}
+
+// TestReceiptTrackerCutsFront: an ACK of the oldest packets in flight
+// removes them without moving the packets after them (the slice's array
+// keeps its place), and the rest are still found and settled.
+func TestReceiptTrackerCutsFront(t *testing.T) {
+	t.Parallel()
+	var tr receiptTracker
+	var received atomic.Int64
+	const copies = 100
+	for i := range copies {
+		id := quic.StreamID(3 + 4*i)
+		g := newReceiptGroup(func(r Receipt) { received.Add(int64(r.Received)) })
+		g.add()
+		g.release()
+		tr.watch(id, 10, g)
+		tr.RecordEvent(sentEvent(int64(i), stream(id, 0, 10, true)))
+	}
+	last := &tr.packets[copies-1]
+	tr.RecordEvent(ackEvent([2]int64{0, 9}))
+	tr.RecordEvent(lostEvent(10))
+	if len(tr.packets) != copies-11 || &tr.packets[len(tr.packets)-1] != last {
+		t.Fatalf("%d packets kept, the last moved: %v; want %d in place", len(tr.packets), &tr.packets[len(tr.packets)-1] != last, copies-11)
+	}
+	// A hole: 50 and after acknowledged, 11..49 not yet.
+	tr.RecordEvent(ackEvent([2]int64{50, 99}))
+	tr.RecordEvent(ackEvent([2]int64{11, 49}))
+	if received.Load() != copies-1 || len(tr.packets) != 0 || tr.awaiting() != 1 {
+		t.Fatalf("received %d, %d packets kept, %d awaited; want %d, 0, 1", received.Load(), len(tr.packets), tr.awaiting(), copies-1)
+	}
+}
+
+// TestReceiptTrackerPrunesUnreportedLosses: quic-go declares some packets
+// lost without a PacketLost event (a PTO probe, a path migration). Their
+// entries carry data of streams a retransmission completed since; the
+// tracker drops them once its packets reach the pruning threshold, and
+// keeps those of streams still awaited.
+func TestReceiptTrackerPrunesUnreportedLosses(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name string
+		// copies are sent, each in one packet, lost without an event
+		// and sent again in a packet that is acknowledged; open streams
+		// are then watched and sent, and never acknowledged.
+		copies, open int
+		wantMax      int // packets the tracker may hold at the end
+	}{
+		{"few losses, under the threshold", 10, 0, 10},
+		{"many losses, every stream settled", 10_000, 0, minCompactAt},
+		{"many losses, some streams open", 10_000, 300, 2 * 300},
+		{"open streams alone are all kept", 0, 1000, 1000},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			var tr receiptTracker
+			var received, lost atomic.Int64
+			pn := int64(0)
+			watch := func(id quic.StreamID) {
+				g := newReceiptGroup(func(r Receipt) { received.Add(int64(r.Received)); lost.Add(int64(r.Lost)) })
+				g.add()
+				g.release()
+				tr.watch(id, 10, g)
+			}
+			id := quic.StreamID(3)
+			for range c.copies {
+				watch(id)
+				tr.RecordEvent(sentEvent(pn, stream(id, 0, 10, true))) // lost unreported
+				tr.RecordEvent(sentEvent(pn+1, stream(id, 0, 10, true)))
+				tr.RecordEvent(ackEvent([2]int64{pn + 1, pn + 1}))
+				pn += 2
+				id += 4
+			}
+			for range c.open {
+				watch(id)
+				tr.RecordEvent(sentEvent(pn, stream(id, 0, 10, true)))
+				pn++
+				id += 4
+			}
+			if int(received.Load()) != c.copies || tr.awaiting() != c.open {
+				t.Fatalf("received %d, %d awaited; want %d, %d", received.Load(), tr.awaiting(), c.copies, c.open)
+			}
+			if len(tr.packets) > max(c.wantMax, c.open) || len(tr.packets) < c.open {
+				t.Fatalf("%d packets kept; want %d to %d", len(tr.packets), c.open, max(c.wantMax, c.open))
+			}
+			// What was kept still settles its streams.
+			tr.RecordEvent(ackEvent([2]int64{0, pn}))
+			if tr.awaiting() != 0 || len(tr.packets) != 0 || int(received.Load()) != c.copies+c.open || lost.Load() != 0 {
+				t.Fatalf("after the last ACK: received %d, lost %d, %d awaited, %d packets", received.Load(), lost.Load(), tr.awaiting(), len(tr.packets))
+			}
+		})
+	}
+}
+
+// TestTrackReceiptsClosesUntracked: subscribers that connected before a
+// publisher of the listener began tracking receipts, on its path or
+// another, are closed with SHUTDOWN, since nothing records what they
+// acknowledge; once they dial again they are tracked, and their copies
+// wait for their acknowledgement.
+func TestTrackReceiptsClosesUntracked(t *testing.T) {
+	t.Parallel()
+	var logs logBuffer
+	l := listen(t, ListenConfig{Logger: logs.logger()})
+	p := publisher(t, l, "/r")
+	publisher(t, l, "/other")
+	before := dial(t, l, "/r", DialConfig{})
+	other := dial(t, l, "/other", DialConfig{})
+	subscribe(t, l, before, 1, "#")
+	subscribe(t, l, other, 2, "#")
+
+	p.TrackReceipts()
+	ctx := testCtx(t)
+	for _, s := range []*Subscriber{before, other} {
+		select {
+		case <-s.Done():
+		case <-ctx.Done():
+			t.Fatal("a subscriber accepted before tracking began is still connected")
+		}
+		var ce *CloseError
+		if !errors.As(s.Err(), &ce) || ce.Code != Shutdown || !ce.Remote {
+			t.Fatalf("ended with %v, want a remote SHUTDOWN", s.Err())
+		}
+	}
+	if !strings.Contains(logs.String(), "before receipt tracking began") {
+		t.Errorf("the closes were not logged:\n%s", logs.String())
+	}
+	waitFor(t, "the closed connections forgotten", func() bool { return l.Stats().Connections == 0 })
+
+	after := dial(t, l, "/r", DialConfig{})
+	subscribe(t, l, after, 1, "#")
+	l.mu.Lock()
+	for sc := range l.conns {
+		if sc.receipts == nil {
+			t.Error("a connection accepted after tracking began has no tracker")
+		}
+	}
+	l.mu.Unlock()
+	rl := newReceiptLog()
+	if _, err := p.PublishWithReceipt(ctx, Message{Topic: "a", Payload: []byte("x")}, nil, rl.done(0)); err != nil {
+		t.Fatal(err)
+	}
+	receive(t, after)
+	waitFor(t, "the receipt", func() bool { return rl.len() == 1 })
+	if rc, n := rl.of(0); n != 1 || rc != (Receipt{Received: 1}) {
+		t.Errorf("%+v in %d calls, want one Received", rc, n)
+	}
+	if after.Err() != nil {
+		t.Fatalf("the tracked subscriber was closed: %v", after.Err())
+	}
+}
+
+// TestReceiptSlowConsumerClosed: on a connection that tracks receipts, a
+// subscriber that stops reading holds its stream credit, or its
+// flow-control credit, and the copies queued behind them would never be
+// sent nor their receipts come, though none is refused (its buffer has
+// room). Its writer waits SlowConsumerAfter for the credit and then
+// closes it as a slow consumer; every receipt arrives, Lost for the
+// copies it never got.
+func TestReceiptSlowConsumerClosed(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name    string
+		limits  Limits // the subscriber's
+		payload int
+		held    int // copies the subscriber can hold unread
+	}{
+		{"stream credit", Limits{MaxConcurrentUniStreams: 4}, 256, 4},
+		{"flow-control credit", Limits{StreamReceiveWindow: 64 << 10, ConnectionReceiveWindow: 64 << 10}, 16 << 10, 4},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			testReceiptSlowConsumerClosed(t, c.limits, c.payload, c.held)
+		})
+	}
+}
+
+func testReceiptSlowConsumerClosed(t *testing.T, limits Limits, payload, held int) {
+	const after = 250 * time.Millisecond
+	var logs logBuffer
+	l := listen(t, ListenConfig{Logger: logs.logger(), Limits: Limits{SlowConsumerAfter: after}})
+	p := publisher(t, l, "/r")
+	p.TrackReceipts()
+	slow := dial(t, l, "/r", DialConfig{Limits: limits})
+	subscribe(t, l, slow, 1, "#")
+	rl := newReceiptLog()
+	ctx := testCtx(t)
+	copies := 3 * held
+	start := time.Now()
+	for i := range copies {
+		res, err := p.PublishWithReceipt(ctx, Message{Topic: "a", Payload: numbered(i, payload)}, nil, rl.done(i))
+		if err != nil || res.Queued != 1 {
+			t.Fatalf("publish %d: %+v, %v", i, res, err)
+		}
+	}
+	select {
+	case <-slow.Done():
+	case <-ctx.Done():
+		t.Fatalf("the subscriber that stopped reading was never closed: %+v", l.Stats())
+	}
+	took := time.Since(start)
+	var ce *CloseError
+	if !errors.As(slow.Err(), &ce) || ce.Code != LimitExceeded || !ce.Remote {
+		t.Fatalf("ended with %v, want a remote LIMIT_EXCEEDED", slow.Err())
+	}
+	// The bound cannot trip early; the upper limit is generous for a
+	// loaded machine and far below the test's own timeout.
+	if took < after || took > after+5*time.Second {
+		t.Errorf("closed %v after the first publish; want between %v and %v", took, after, after+5*time.Second)
+	}
+	waitFor(t, "every receipt", func() bool { return rl.len() == copies })
+	received := 0
+	for i := range copies {
+		rc, n := rl.of(i)
+		if n != 1 || rc.Received+rc.Lost != 1 {
+			t.Fatalf("message %d: %+v in %d calls, want one receipt of one copy", i, rc, n)
+		}
+		if rc.Received == 1 {
+			if i != received {
+				t.Errorf("message %d received after a lost one", i)
+			}
+			received++
+		}
+	}
+	if received > held {
+		t.Errorf("%d received, %d lost; want at most %d received, what it can hold", received, copies-received, held)
+	}
+	waitFor(t, "the connection forgotten", func() bool { return l.Stats().Connections == 0 })
+	if st := l.Stats(); st.SlowConsumersClosed != 1 || st.Dropped.BufferFull != 0 {
+		t.Errorf("SlowConsumersClosed = %d, BufferFull = %d; want 1 and 0", st.SlowConsumersClosed, st.Dropped.BufferFull)
+	}
+	if !strings.Contains(logs.String(), "closing slow consumer: "+stallCreditWithheld) {
+		t.Errorf("the close was not logged with its cause:\n%s", logs.String())
+	}
+	t.Logf("closed after %v; %d received, %d lost", took.Round(time.Millisecond), received, copies-received)
 }

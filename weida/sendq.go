@@ -29,12 +29,21 @@ type sendQueue struct {
 	// poppedAt is when the writer took the copy it is writing (valid
 	// while writing); stallAfter is Limits.SlowConsumerAfter; stalled is
 	// closed once a copy was refused while the writer had been stuck on
-	// one copy for stallAfter (see push).
+	// one copy for stallAfter (see push), or once the writer of a
+	// connection that tracks receipts waited that long for its
+	// subscriber (see stall); stallCause says which.
 	poppedAt   time.Time
 	stallAfter time.Duration
 	stalled    chan struct{}
 	stallSeen  bool
+	stallCause string
 }
+
+// Why a subscriber was taken for a slow consumer (sendQueue.stallCause).
+const (
+	stallOverBuffer     = "over its buffer and no copy taken"
+	stallCreditWithheld = "its stream or flow-control credit withheld while receipts are awaited"
+)
 
 func (q *sendQueue) init(stallAfter time.Duration) {
 	q.wake = make(chan struct{}, 1)
@@ -81,7 +90,28 @@ func (q *sendQueue) noteStallLocked() {
 	if q.stallSeen || !q.writing || time.Since(q.poppedAt) < q.stallAfter {
 		return
 	}
+	q.stallLocked(stallOverBuffer)
+}
+
+// stall closes q.stalled, once, for the writer of a connection that
+// tracks receipts: it waited stallAfter for its subscriber's stream or
+// flow-control credit. There no refused copy is needed to tell a slow
+// consumer: every copy it holds keeps a broker message unacknowledged,
+// and once the broker's flow control is used up by them nothing more is
+// published, so none would ever be refused.
+func (q *sendQueue) stall() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if !q.stallSeen {
+		q.stallLocked(stallCreditWithheld)
+	}
+}
+
+// stallLocked closes q.stalled for cause. q.mu must be held, and
+// q.stallSeen false.
+func (q *sendQueue) stallLocked(cause string) {
 	q.stallSeen = true
+	q.stallCause = cause
 	close(q.stalled)
 }
 
