@@ -3,80 +3,15 @@ package connectors_test
 import (
 	"context"
 	"errors"
-	"net"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"weida.dev/connector/connectors"
+	"weida.dev/connector/internal/brokertest"
 	"weida.dev/connector/weida"
 )
-
-// ackRelay forwards UDP datagrams between one weida subscriber and a
-// listener; while muted it drops what the subscriber sends, its QUIC
-// acknowledgements among them.
-type ackRelay struct {
-	front, back *net.UDPConn
-	mu          sync.Mutex
-	peer        *net.UDPAddr
-	mute        atomic.Bool
-	wg          sync.WaitGroup
-}
-
-func newAckRelay(t *testing.T, to string) *ackRelay {
-	t.Helper()
-	ua, err := net.ResolveUDPAddr("udp", to)
-	if err != nil {
-		t.Fatal(err)
-	}
-	front, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	back, err := net.DialUDP("udp", nil, ua)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := &ackRelay{front: front, back: back}
-	r.wg.Go(func() {
-		buf := make([]byte, 64<<10)
-		for {
-			n, from, err := front.ReadFromUDP(buf)
-			if err != nil {
-				return
-			}
-			r.mu.Lock()
-			r.peer = from
-			r.mu.Unlock()
-			if !r.mute.Load() {
-				_, _ = back.Write(buf[:n])
-			}
-		}
-	})
-	r.wg.Go(func() {
-		buf := make([]byte, 64<<10)
-		for {
-			n, err := back.Read(buf)
-			if err != nil {
-				return
-			}
-			r.mu.Lock()
-			peer := r.peer
-			r.mu.Unlock()
-			if peer != nil {
-				_, _ = front.WriteToUDP(buf[:n], peer)
-			}
-		}
-	})
-	t.Cleanup(func() {
-		_ = front.Close()
-		_ = back.Close()
-		r.wg.Wait()
-	})
-	return r
-}
 
 // TestAwaitReceipt: under Spec.AwaitReceipt, a bridged message is
 // acknowledged to the broker only once its weida subscriber's QUIC stack
@@ -101,8 +36,8 @@ func TestAwaitReceipt(t *testing.T) {
 			waitFor(t, "the endpoint", func() bool { return statusOf(rt, "in").SubscriberURL != "" })
 			url := statusOf(rt, "in").SubscriberURL // weida://fp@host:port/in
 			at, slash := strings.Index(url, "@"), strings.LastIndex(url, "/")
-			relay := newAckRelay(t, url[at+1:slash])
-			sub, err := weida.Dial(context.Background(), url[:at+1]+relay.front.LocalAddr().String()+url[slash:], weida.DialConfig{})
+			relay := brokertest.NewUDPRelay(t, url[at+1:slash])
+			sub, err := weida.Dial(context.Background(), url[:at+1]+relay.Addr()+url[slash:], weida.DialConfig{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -120,7 +55,7 @@ func TestAwaitReceipt(t *testing.T) {
 				t.Fatalf("in.a settled with %v; want an acknowledgement", err)
 			}
 
-			relay.mute.Store(true)
+			relay.Mute(true)
 			env.send(t, "in.b")
 			if got := receiveTopic(t, sub); got != "in.b" {
 				t.Fatalf("received %q", got)
@@ -135,7 +70,7 @@ func TestAwaitReceipt(t *testing.T) {
 			if fence {
 				may.Store(false)
 			}
-			relay.mute.Store(false)
+			relay.Mute(false)
 			waitFor(t, "in.b settled", func() bool { ok, _ := cs.outcome("in.b"); return ok })
 			_, err = cs.outcome("in.b")
 			switch {
@@ -194,8 +129,8 @@ func TestReloadToReceivedClosesUntracked(t *testing.T) {
 	}
 
 	at, slash := strings.Index(url, "@"), strings.LastIndex(url, "/")
-	relay := newAckRelay(t, url[at+1:slash])
-	after, err := weida.Dial(context.Background(), url[:at+1]+relay.front.LocalAddr().String()+url[slash:], weida.DialConfig{})
+	relay := brokertest.NewUDPRelay(t, url[at+1:slash])
+	after, err := weida.Dial(context.Background(), url[:at+1]+relay.Addr()+url[slash:], weida.DialConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -205,7 +140,7 @@ func TestReloadToReceivedClosesUntracked(t *testing.T) {
 	}
 	waitFor(t, "the subscription again", func() bool { return statusOf(rt, "in").Counters.Subscribers == 1 })
 	env := &inboundEnv{src: cs}
-	relay.mute.Store(true)
+	relay.Mute(true)
 	env.send(t, "in.a")
 	if got := receiveTopic(t, after); got != "in.a" {
 		t.Fatalf("received %q", got)
@@ -214,7 +149,7 @@ func TestReloadToReceivedClosesUntracked(t *testing.T) {
 	if ok, err := cs.outcome("in.a"); ok {
 		t.Fatalf("in.a settled (%v) before the subscriber's acknowledgement reached the endpoint", err)
 	}
-	relay.mute.Store(false)
+	relay.Mute(false)
 	waitFor(t, "in.a settled", func() bool { ok, _ := cs.outcome("in.a"); return ok })
 	if _, err := cs.outcome("in.a"); err != nil {
 		t.Errorf("in.a settled with %v; want an acknowledgement", err)

@@ -3,7 +3,6 @@ package weida
 import (
 	"context"
 	"errors"
-	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -12,6 +11,8 @@ import (
 
 	"github.com/quic-go/quic-go"
 	"github.com/quic-go/quic-go/qlog"
+
+	"weida.dev/connector/internal/brokertest"
 )
 
 // receiptLog collects the receipts of a test's publishes, by message.
@@ -200,74 +201,13 @@ func TestReceiptTrackerFreesPackets(t *testing.T) {
 	}
 }
 
-// relay forwards UDP datagrams between a subscriber and a listener, and
-// can stop passing the subscriber's (its acknowledgements among them).
-type relay struct {
-	front *net.UDPConn // the subscriber's side
-	back  *net.UDPConn // towards the listener
-	mu    sync.Mutex
-	peer  *net.UDPAddr // the subscriber's address, once seen
-	mute  atomic.Bool  // drop what the subscriber sends
-	deaf  atomic.Bool  // drop what the listener sends
-	wg    sync.WaitGroup
-}
-
-func newRelay(t *testing.T, to net.Addr) *relay {
-	t.Helper()
-	front, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	back, err := net.DialUDP("udp", nil, to.(*net.UDPAddr))
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := &relay{front: front, back: back}
-	r.wg.Go(func() {
-		buf := make([]byte, 64<<10)
-		for {
-			n, from, err := front.ReadFromUDP(buf)
-			if err != nil {
-				return
-			}
-			r.mu.Lock()
-			r.peer = from
-			r.mu.Unlock()
-			if !r.mute.Load() {
-				_, _ = back.Write(buf[:n])
-			}
-		}
-	})
-	r.wg.Go(func() {
-		buf := make([]byte, 64<<10)
-		for {
-			n, err := back.Read(buf)
-			if err != nil {
-				return
-			}
-			r.mu.Lock()
-			peer := r.peer
-			r.mu.Unlock()
-			if peer != nil && !r.deaf.Load() {
-				_, _ = front.WriteToUDP(buf[:n], peer)
-			}
-		}
-	})
-	t.Cleanup(func() {
-		_ = front.Close()
-		_ = back.Close()
-		r.wg.Wait()
-	})
-	return r
-}
-
-func receiptSetup(t *testing.T) (*Listener, *Publisher, *relay, *Subscriber) {
+func receiptSetup(t *testing.T) (*Listener, *Publisher, *brokertest.UDPRelay, *Subscriber) {
 	t.Helper()
 	l := listen(t, ListenConfig{})
 	p := publisher(t, l, "/r")
 	p.TrackReceipts()
-	r := newRelay(t, l.Addr())
-	s, err := Dial(testCtx(t), "weida://"+l.Fingerprint()+"@"+r.front.LocalAddr().String()+"/r", DialConfig{})
+	r := brokertest.NewUDPRelay(t, l.Addr().String())
+	s, err := Dial(testCtx(t), "weida://"+l.Fingerprint()+"@"+r.Addr()+"/r", DialConfig{})
 	if err != nil {
 		t.Fatalf("Dial: %v", err)
 	}
@@ -293,7 +233,7 @@ func TestReceiptAfterPeerAck(t *testing.T) {
 	receive(t, s)
 	waitFor(t, "the first receipt", func() bool { return rl.len() == 1 })
 
-	r.mute.Store(true) // the subscriber's ACKs no longer reach the listener
+	r.Mute(true) // the subscriber's ACKs no longer reach the listener
 	if _, err := p.PublishWithReceipt(ctx, Message{Topic: "a", Payload: []byte("held")}, nil, rl.done(1)); err != nil {
 		t.Fatal(err)
 	}
@@ -305,7 +245,7 @@ func TestReceiptAfterPeerAck(t *testing.T) {
 	if _, n := rl.of(1); n != 0 {
 		t.Fatal("reported before the subscriber's acknowledgement reached the listener")
 	}
-	r.mute.Store(false)
+	r.Mute(false)
 	waitFor(t, "the second receipt", func() bool { return rl.len() == 2 })
 	for i := range 2 {
 		if rc, n := rl.of(i); n != 1 || rc != (Receipt{Received: 1}) {
@@ -338,8 +278,8 @@ func TestReceiptVanishedSubscriber(t *testing.T) {
 	l, p, r, s := receiptSetup(t)
 	rl := newReceiptLog()
 	ctx := testCtx(t)
-	r.mute.Store(true)
-	r.deaf.Store(true)
+	r.Mute(true)
+	r.Deafen(true)
 	const copies = 50
 	queued := 0
 	for i := range copies {

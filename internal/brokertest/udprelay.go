@@ -17,6 +17,7 @@ type UDPRelay struct {
 	front, back *net.UDPConn
 	client      atomic.Pointer[net.UDPAddr]
 	cut         atomic.Bool
+	mute, deaf  atomic.Bool  // see Mute and Deafen
 	delay       atomic.Int64 // nanoseconds each datagram is held, each way
 	wg          sync.WaitGroup
 }
@@ -79,6 +80,13 @@ func (r *UDPRelay) Addr() string { return r.front.LocalAddr().String() }
 // Cut drops every later datagram, both ways.
 func (r *UDPRelay) Cut() { r.cut.Store(true) }
 
+// Mute drops, while on, what the client sends to the target; Deafen what
+// the target sends back. Unlike Cut they can be undone: one direction of
+// a path failing for a while, such as a subscriber whose QUIC
+// acknowledgements stop reaching the listener.
+func (r *UDPRelay) Mute(on bool)   { r.mute.Store(on) }
+func (r *UDPRelay) Deafen(on bool) { r.deaf.Store(on) }
+
 func (r *UDPRelay) forward() {
 	buf := make([]byte, 65536)
 	for {
@@ -87,7 +95,7 @@ func (r *UDPRelay) forward() {
 			return
 		}
 		r.client.Store(from)
-		if !r.cut.Load() {
+		if !r.cut.Load() && !r.mute.Load() {
 			r.send(buf[:n], func(b []byte) { _, _ = r.back.Write(b) })
 		}
 	}
@@ -100,7 +108,7 @@ func (r *UDPRelay) backward() {
 		if err != nil {
 			return
 		}
-		if to := r.client.Load(); to != nil && !r.cut.Load() {
+		if to := r.client.Load(); to != nil && !r.cut.Load() && !r.deaf.Load() {
 			r.send(buf[:n], func(b []byte) { _, _ = r.front.WriteToUDP(b, to) })
 		}
 	}
