@@ -163,13 +163,19 @@ func TestRequireToken(t *testing.T) {
 	if !doc.Process.AdminTokenRequired {
 		t.Error("/status does not say the listener asks for a token")
 	}
+	if _, page := do(t, srv, "/", "Bearer "+testToken); !strings.Contains(page, ">token required<") {
+		t.Error("the status page does not say the listener asks for a token")
+	}
 }
 
-// TestStatusSaysOpen: without a token /status says so.
+// TestStatusSaysOpen: without a token /status and the page say so.
 func TestStatusSaysOpen(t *testing.T) {
 	_, body := get(t, Handler(twoResources(), prometheus.NewRegistry(), Options{}), "/status")
 	if !strings.Contains(body, `"adminTokenRequired": false`) {
 		t.Errorf("/status of an open listener lacks adminTokenRequired false:\n%s", body)
+	}
+	if _, page := get(t, Handler(twoResources(), prometheus.NewRegistry(), Options{}), "/"); !strings.Contains(page, ">open: no token<") {
+		t.Error("the status page of an open listener does not say so")
 	}
 }
 
