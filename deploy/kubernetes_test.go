@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path"
@@ -36,6 +37,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"weida.dev/connector/resources"
+	serviceadmin "weida.dev/connector/service/admin"
 )
 
 const (
@@ -571,6 +573,8 @@ func TestKubernetes(t *testing.T) {
 		}
 	})
 
+	t.Run("AdminToken", func(t *testing.T) { checkAdminToken(t, m, a, c, pod, args) })
+
 	t.Run("SecurityContext", func(t *testing.T) {
 		ps, cs := pod.Spec.SecurityContext, c.SecurityContext
 		if ps == nil {
@@ -866,4 +870,106 @@ func providedFile(m *manifests, mounts map[string]*corev1.Volume, file string) b
 		}
 	}
 	return false
+}
+
+// checkAdminToken holds the admin listener's token to what the pod and the
+// ServiceMonitor provide: --admin-token-file names a key of a mounted
+// Secret that secret.example.yaml shows, every ServiceMonitor endpoint
+// sends that same key as a Bearer token, and, behind the token, the probes
+// still answer the kubelet while the scraped path answers only with it.
+func checkAdminToken(t *testing.T, m *manifests, a *admin, c *corev1.Container, pod *corev1.PodTemplateSpec, args map[string][]string) {
+	if len(args["admin-token-file"]) != 1 {
+		t.Fatalf("want one --admin-token-file, got %q: the admin listener listens beyond loopback, and would serve /metrics and /status to anyone", args["admin-token-file"])
+	}
+	file := path.Clean(args["admin-token-file"][0])
+	var secret, key string
+	for _, vm := range c.VolumeMounts {
+		rel, ok := strings.CutPrefix(file, path.Clean(vm.MountPath)+"/")
+		if !ok {
+			continue
+		}
+		if vm.SubPath != "" {
+			t.Errorf("--admin-token-file %s: volume mount %s uses subPath, so a rotated token never reaches the file", file, vm.Name)
+		}
+		for _, v := range pod.Spec.Volumes {
+			if v.Name != vm.Name || v.Secret == nil {
+				continue
+			}
+			secret, key = v.Secret.SecretName, rel
+			for _, it := range v.Secret.Items {
+				if it.Path == rel {
+					key = it.Key
+				}
+			}
+		}
+	}
+	if secret == "" {
+		t.Fatalf("--admin-token-file %s does not lie in a mounted Secret", file)
+	}
+	if !secretHasKey(m, secret, key) {
+		t.Errorf("--admin-token-file %s reads key %q of Secret %q, which %s does not show", file, key, secret, secretExample)
+	}
+
+	for _, sm := range m.serviceMonitors {
+		for _, ep := range sm.Spec.Endpoints {
+			au := ep.Authorization
+			switch {
+			case au == nil || au.Credentials == nil:
+				t.Errorf("ServiceMonitor %s endpoint %s sends no authorization: its scrapes would be refused", sm.Name, ep.Port)
+			case au.Type != "" && !strings.EqualFold(au.Type, "Bearer"):
+				t.Errorf("ServiceMonitor %s endpoint %s authorization type %q, want Bearer", sm.Name, ep.Port, au.Type)
+			case au.Credentials.Name != secret || au.Credentials.Key != key:
+				t.Errorf("ServiceMonitor %s endpoint %s sends key %q of Secret %q; the pod reads key %q of Secret %q",
+					sm.Name, ep.Port, au.Credentials.Key, au.Credentials.Name, key, secret)
+			}
+		}
+	}
+
+	// The handler as `run --admin-token-file` serves it.
+	const token = "manifest-test-token"
+	tf := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(tf, []byte(token), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f, err := serviceadmin.OpenTokenFile(tf, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := serviceadmin.RequireToken(a.handler, f)
+	get := func(p, auth string) int {
+		rec := httptest.NewRecorder()
+		req := httptest.NewRequest(http.MethodGet, p, nil)
+		if auth != "" {
+			req.Header.Set("Authorization", auth)
+		}
+		h.ServeHTTP(rec, req)
+		return rec.Code
+	}
+	for _, pr := range []*corev1.Probe{c.ReadinessProbe, c.LivenessProbe, c.StartupProbe} {
+		if pr == nil || pr.HTTPGet == nil {
+			continue
+		}
+		if code := get(pr.HTTPGet.Path, ""); code == http.StatusUnauthorized {
+			t.Errorf("probe path %s asks for the token: the kubelet sends none", pr.HTTPGet.Path)
+		}
+		for _, hd := range pr.HTTPGet.HTTPHeaders {
+			if strings.EqualFold(hd.Name, "Authorization") {
+				t.Errorf("probe path %s sends an Authorization header: the token would sit in the Deployment", pr.HTTPGet.Path)
+			}
+		}
+	}
+	for _, sm := range m.serviceMonitors {
+		for _, ep := range sm.Spec.Endpoints {
+			p := ep.Path
+			if p == "" {
+				p = "/metrics"
+			}
+			if code := get(p, ""); code != http.StatusUnauthorized {
+				t.Errorf("scrape path %s without the token answers %d, want 401", p, code)
+			}
+			if code := get(p, "Bearer "+token); code != http.StatusOK {
+				t.Errorf("scrape path %s with the token answers %d, want 200", p, code)
+			}
+		}
+	}
 }

@@ -85,10 +85,16 @@ type Config struct {
 	Watch bool
 	// WatchDebounce is [WatchOptions.Debounce] when Watch is set.
 	WatchDebounce time.Duration
+	// AdminTokenFile, when not empty, is a file holding the admin
+	// listener's token: every path but the probes then asks for it (see
+	// [admin.RequireToken]), and it is read again when the file changes.
+	// "" serves every path to whoever reaches the listener.
+	AdminTokenFile string
 	// Pprof serves net/http/pprof's profiles under /debug/pprof/ on the
 	// admin listener. They show the program's insides (goroutine stacks,
 	// command line) and a CPU profile costs CPU while it runs, so they
-	// are off unless asked for.
+	// are off unless asked for, and Run refuses them on a listener
+	// reachable beyond loopback unless AdminTokenFile protects them.
 	Pprof bool
 	// Build names the running build in the weida_connector_build_info
 	// series of /metrics.
@@ -130,8 +136,9 @@ func (b Build) collector() prometheus.Collector {
 	return g
 }
 
-// AdminError is returned by [Run] when the admin listener cannot listen.
-// Nothing was started.
+// AdminError is returned by [Run] when the admin listener cannot listen,
+// its token file holds no usable token, or it would serve pprof beyond
+// loopback without one. Nothing was started.
 type AdminError struct {
 	Addr string
 	Err  error
@@ -268,34 +275,59 @@ func Reload(ctx context.Context, rt *connectors.Runtime, cfg Config) {
 	reloadOnce(ctx, rt, cfg, nil, "")
 }
 
-// reloadOnce is [Reload], recording the outcome in history (when not nil)
 // serveAdmin starts the admin listener when cfg names one: it returns the
 // server (nil without one) and the group its Serve runs in, or an
-// [*AdminError] when the address cannot be bound.
+// [*AdminError] when the address cannot be bound, the token file holds no
+// usable token, or pprof would be served beyond loopback without a token.
 func serveAdmin(cfg Config, view admin.Runtime, reg *prometheus.Registry, opts admin.Options) (*http.Server, *sync.WaitGroup, error) {
 	var serving sync.WaitGroup
 	if cfg.Admin == "" {
 		return nil, &serving, nil
 	}
 	log := cfg.logger()
+	var token *admin.TokenFile
+	if cfg.AdminTokenFile != "" {
+		var err error
+		if token, err = admin.OpenTokenFile(cfg.AdminTokenFile, log); err != nil {
+			return nil, &serving, &AdminError{Addr: cfg.Admin, Err: err}
+		}
+		opts.TokenRequired = true
+	}
 	ln, err := net.Listen("tcp", cfg.Admin)
 	if err != nil {
 		return nil, &serving, &AdminError{Addr: cfg.Admin, Err: err}
 	}
-	srv := &http.Server{Handler: adminHandler(view, reg, opts, cfg.Pprof), ReadHeaderTimeout: 5 * time.Second}
+	// Judged on the bound address, not the flag's text: "localhost:9090"
+	// binds loopback, ":9090" and a host name of this machine do not.
+	local := loopbackOnly(ln.Addr())
+	if cfg.Pprof && token == nil && !local {
+		_ = ln.Close()
+		return nil, &serving, &AdminError{Addr: cfg.Admin, Err: ErrPprofExposed}
+	}
+	h := adminHandler(view, reg, opts, cfg.Pprof)
+	if token != nil {
+		h = admin.RequireToken(h, token)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
 	serving.Go(func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error("admin listener stopped", "err", err)
 		}
 	})
-	log.Info("admin listener up", "addr", ln.Addr().String())
-	if !loopbackOnly(ln.Addr()) {
+	log.Info("admin listener up", "addr", ln.Addr().String(), "token_required", token != nil)
+	if !local && token == nil {
 		log.Warn("the admin listener is reachable beyond this host: it serves /metrics, /status and the status page "+
-			"without authentication (and pprof when --pprof is set); bind it to 127.0.0.1 unless a network policy "+
-			"or a proxy restricts who reaches it", "addr", ln.Addr().String())
+			"without authentication; set --admin-token-file to ask for a token on everything but the probes, "+
+			"or bind it to 127.0.0.1 unless a network policy or a proxy restricts who reaches it", "addr", cfg.Admin, "bound", ln.Addr().String())
 	}
 	return srv, &serving, nil
 }
+
+// ErrPprofExposed, in an [*AdminError], refuses a start that would serve
+// pprof's profiles (goroutine stacks, the command line, CPU on demand) to
+// anyone who reaches a listener beyond loopback.
+var ErrPprofExposed = errors.New("--pprof on an admin listener reachable beyond this host needs --admin-token-file " +
+	"(a file holding a token that pprof and everything but the probes then ask for), or --admin on 127.0.0.1")
 
 // reloadBy reloads the files for trigger: through the placement when the
 // replica places its resources by lease, straight into rt otherwise.
@@ -307,6 +339,7 @@ func reloadBy(ctx context.Context, rt *connectors.Runtime, pl *placed, cfg Confi
 	reloadOnce(ctx, rt, cfg, history, trigger)
 }
 
+// reloadOnce is [Reload], recording the outcome in history (when not nil)
 // as asked for by trigger.
 func reloadOnce(ctx context.Context, rt *connectors.Runtime, cfg Config, history *reloads, trigger string) {
 	log := cfg.logger()

@@ -30,7 +30,10 @@ type runOptions struct {
 	stateDir  string // "" when none could be chosen
 	watch     bool
 	pprof     bool
-	placement service.Placement
+	// adminTokenFile is --admin-token-file; "" serves the admin
+	// listener without authentication.
+	adminTokenFile string
+	placement      service.Placement
 	// resetKeyFile is --reset-key-file, checked; "" : the key is kept in
 	// the state directory.
 	resetKeyFile string
@@ -42,7 +45,7 @@ type runOptions struct {
 // again and, only when all of them are valid, the difference is applied.
 // With --watch, a change to the files does the same, without a signal.
 func cmdRun(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) int {
-	fs := newFlagSet("run", "connector run -f PATH [-f PATH...] [--admin ADDR] [--log-format text|json] [--log-level LEVEL] [--instance NAME] [--drain DURATION] [--retry-initial DURATION] [--retry-max DURATION] [--state-dir DIR] [--watch] [--pprof] [--placement etcd|kubernetes --replica-id ID (--etcd-endpoints URLS | --lease-namespace NS) ...]", stderr)
+	fs := newFlagSet("run", "connector run -f PATH [-f PATH...] [--admin ADDR] [--log-format text|json] [--log-level LEVEL] [--instance NAME] [--drain DURATION] [--retry-initial DURATION] [--retry-max DURATION] [--state-dir DIR] [--watch] [--admin-token-file PATH] [--pprof] [--placement etcd|kubernetes --replica-id ID (--etcd-endpoints URLS | --lease-namespace NS) ...]", stderr)
 	var paths stringList
 	fs.Var(&paths, "f", "a resource file, or a directory whose *.yaml and *.yml files are read (not recursively); repeatable")
 	admin := fs.String("admin", "127.0.0.1:9090", "address of the admin HTTP listener (/metrics, /healthz, /readyz, /status); empty disables it")
@@ -55,7 +58,10 @@ func cmdRun(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.W
 	stateDir := fs.String("state-dir", "", "where hosted endpoints without certFile/keyFile keep their generated identity, so that its fingerprint survives restarts "+
 		"(default: $STATE_DIRECTORY, else "+systemStateDir+" when writable, else $XDG_STATE_HOME/weida-connector or ~/.local/state/weida-connector)")
 	watch := fs.Bool("watch", false, "reload when the resource files change (an edit, or a Kubernetes ConfigMap update), as SIGHUP does")
-	pprof := fs.Bool("pprof", false, "serve Go's profiles (net/http/pprof) under /debug/pprof/ on the admin listener")
+	adminTokenFile := fs.String("admin-token-file", "", "a file holding a token the admin listener asks for on every path but the probes (/healthz, /readyz): "+
+		"Authorization: Bearer TOKEN, or HTTP Basic with the token as password; read again when the file changes")
+	pprof := fs.Bool("pprof", false, "serve Go's profiles (net/http/pprof) under /debug/pprof/ on the admin listener; "+
+		"beyond loopback only with --admin-token-file")
 	placementFlags := addPlacementFlags(fs)
 	if code, done := parseFlags(fs, args, stdout); done {
 		return code
@@ -70,7 +76,7 @@ func cmdRun(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.W
 		fmt.Fprintf(stderr, "connector run: refusing to start; nothing was started: %v\n", rerr)
 		return exitUsage
 	}
-	opts := runOptions{placement: pl, pprof: *pprof, paths: paths, admin: *admin, logFormat: *logFormat, instance: *instance, drain: *drain,
+	opts := runOptions{placement: pl, pprof: *pprof, adminTokenFile: *adminTokenFile, paths: paths, admin: *admin, logFormat: *logFormat, instance: *instance, drain: *drain,
 		retry: connectors.Backoff{Initial: *retryInitial, Max: *retryMax}, stateDir: *stateDir, watch: *watch, resetKeyFile: resetKeyFile}
 	stateSource := "--state-dir"
 	if opts.stateDir == "" {
@@ -151,15 +157,16 @@ func runService(ctx context.Context, opts runOptions, stateSource string, stdout
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
 	err := service.Run(ctx, service.Config{
-		Env:       service.Env{Drivers: programDrivers(), LoopMarker: opts.instance, Logger: log, StateDir: opts.stateDir, ResetKeyFile: opts.resetKeyFile},
-		Paths:     opts.paths,
-		Admin:     opts.admin,
-		Drain:     opts.drain,
-		Retry:     opts.retry,
-		Watch:     opts.watch,
-		Pprof:     opts.pprof,
-		Build:     buildOf(version, buildInfo()),
-		Placement: opts.placement,
+		Env:            service.Env{Drivers: programDrivers(), LoopMarker: opts.instance, Logger: log, StateDir: opts.stateDir, ResetKeyFile: opts.resetKeyFile},
+		Paths:          opts.paths,
+		Admin:          opts.admin,
+		Drain:          opts.drain,
+		Retry:          opts.retry,
+		Watch:          opts.watch,
+		Pprof:          opts.pprof,
+		AdminTokenFile: opts.adminTokenFile,
+		Build:          buildOf(version, buildInfo()),
+		Placement:      opts.placement,
 		Describe: func(set *resources.Set) string {
 			var b strings.Builder
 			writeCheckText(&b, set)

@@ -65,8 +65,9 @@ var allowed = map[string][]string{
 	"service/placement": {},
 	// The service knows drivers only through their common interface.
 	"service": {"service/admin", "service/placement", "connectors", "resources", "policy", "weida", "weida/topic", "weida/address", "internal/safefile"},
-	// The admin listener reads the runtime it reports on.
-	"service/admin": {"connectors"},
+	// The admin listener reads the runtime it reports on, and its token
+	// from a file it reads again when it changes.
+	"service/admin": {"connectors", "internal/filestamp", "internal/safefile"},
 	// The commands wire flags to the service and the driver list.
 	"cmd/connector":      {"internal/cli", "internal/safefile", driverList, "service", "service/placement", "resources", "policy", "connectors", "weida", "weida/weidacli"},
 	"cmd/internal/demo":  {driverList, "service", "resources", "policy", "connectors", "weida"},

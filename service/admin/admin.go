@@ -48,6 +48,9 @@ type Options struct {
 	LastReload func() (Reload, bool)
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
+	// TokenRequired tells /status that the listener asks for a token
+	// (see [RequireToken]); Handler itself does not check one.
+	TokenRequired bool
 }
 
 func (o *Options) fill() {
@@ -199,6 +202,9 @@ type Process struct {
 	Instance      string    `json:"instance,omitempty"`
 	StartTime     time.Time `json:"startTime"`
 	UptimeSeconds float64   `json:"uptimeSeconds"`
+	// AdminTokenRequired is whether the admin listener asks for its
+	// token on every path but the probes ([Options.TokenRequired]).
+	AdminTokenRequired bool `json:"adminTokenRequired"`
 }
 
 // resourceDoc is one resource in /status: its Status, whether it is ready
@@ -232,6 +238,8 @@ func statusDoc(rt Runtime, o Options, rates *rateTracker) document {
 			Instance:      o.Instance,
 			StartTime:     o.Started.UTC(),
 			UptimeSeconds: now.Sub(o.Started).Seconds(),
+
+			AdminTokenRequired: o.TokenRequired,
 		},
 		Resources: make([]resourceDoc, len(st)),
 	}
