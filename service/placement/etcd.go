@@ -97,8 +97,9 @@ func (e *Etcd) leaseDuration() time.Duration { return time.Duration(e.ttl) * tim
 // Replicas of releases before this scheme renewed with a keep-alive and
 // a read alone, so their keys never change; during a rolling upgrade
 // from such a release, judging them would take every lease of the old
-// replicas while they still act. Their keys, and a new holding's key
-// before its first renewal, are left to etcd's own expiry, as before.
+// replicas while they still act. Their keys are left to etcd's own
+// expiry, as before; a new holding writes its key twice (see TryAcquire),
+// so only a replica that dies between the two writes is.
 func (e *Etcd) stale(kv *mvccpb.KeyValue, now time.Time) bool {
 	if kv.Version < 2 {
 		return false
@@ -179,7 +180,15 @@ func (e *Etcd) TryAcquire(ctx context.Context, name, holder string) (Claim, erro
 	}
 	// The put is the transaction's only write, so the key's create
 	// revision is the transaction's revision.
-	return &etcdClaim{e: e, name: name, key: key, holder: holder, lease: grant.ID, epoch: txn.Header.Revision}, nil
+	c := &etcdClaim{e: e, name: name, key: key, holder: holder, lease: grant.ID, epoch: txn.Header.Revision}
+	// Write the key once more at once, so that it shows at version 2 that
+	// its holder renews by writing (see stale) from the start, not only
+	// from its first renewal a retry period later: a replica that dies in
+	// between would otherwise be left to etcd's expiry, which an etcd
+	// election lengthens by a lease. If this write fails, the first
+	// renewal does it.
+	_ = c.rewrite(ctx)
+	return c, nil
 }
 
 // Holder implements Backend.
@@ -260,6 +269,13 @@ func (c *etcdClaim) Renew(ctx context.Context) error {
 		}
 		return fmt.Errorf("placement: etcd: renewing lease %q: %w", c.name, err)
 	}
+	return c.rewrite(ctx)
+}
+
+// rewrite puts the key again, the same value under the same etcd lease,
+// only while it is still this holding's (same create revision and lease),
+// which gives it a new mod revision for the other replicas to see.
+func (c *etcdClaim) rewrite(ctx context.Context) error {
 	txn, err := c.e.client.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(c.key), "=", c.epoch),
 			clientv3.Compare(clientv3.LeaseValue(c.key), "=", c.lease)).
