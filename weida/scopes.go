@@ -95,6 +95,10 @@ func (l *Listener) SetScopes(path string, s Scopes) error {
 		delete(l.scopes, path)
 	} else {
 		l.scopes[path] = cp
+		if l.scopeStats[path] == nil {
+			// Present at zero from now on, for the metrics built on it.
+			l.scopeStats[path] = &ScopeStats{Clients: make(map[string]uint64)}
+		}
 	}
 	conns := make([]*serverConn, 0, len(l.conns))
 	for sc := range l.conns {

@@ -31,9 +31,9 @@ type ListenerStats struct {
 	// SlowConsumersClosed counts subscriber connections closed with
 	// LIMIT_EXCEEDED by the slow-consumer policy (Limits.SlowConsumerAfter).
 	SlowConsumersClosed uint64
-	// Scopes counts, per path restricted by [Listener.SetScopes], the
-	// SUBSCRIBEs refused and the subscriptions revoked; nil while no path
-	// has refused anything.
+	// Scopes counts, per path that [Listener.SetScopes] has restricted
+	// (at zero from then on), the SUBSCRIBEs refused and the
+	// subscriptions revoked; nil while no path was ever restricted.
 	Scopes map[string]ScopeStats
 }
 
