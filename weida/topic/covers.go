@@ -98,9 +98,9 @@ func interval(scope, filter string) (lo, hi int, ok bool) {
 // covers any segment, a literal in the scope only that literal, and a
 // final '#' in the scope any further segments, none included; a '*' in
 // the filter is covered only by a '*' in the scope, since it matches
-// segments no literal names. '*' matches the empty segment too: "a.*"
-// does not cover "a.#", whose topic "a" has no second segment, but
-// "a.#" covers "a.*".
+// segments no literal names. '*' takes exactly one segment, which may be
+// empty: "a.*" matches "a." but not "a", so it does not cover "a.#",
+// while "a.#" covers "a.*".
 //
 // Covers allocates nothing. [CoveredBy] answers for several scopes.
 func Covers(scope, filter string) bool {
