@@ -45,6 +45,7 @@ type hosting struct {
 	listeners    *listeners
 	listen, path string
 	cfg          weida.ListenConfig
+	scopes       weida.Scopes
 }
 
 func newInboundBridge(c *core, newSource SourceFactory, host *hosting) *inboundBridge {
@@ -101,7 +102,7 @@ func (b *inboundBridge) prepare(ctx context.Context) error {
 	if b.host == nil || b.hosted() != nil {
 		return nil
 	}
-	h, err := b.host.listeners.acquire(ctx, b.host.listen, b.host.path, b.host.cfg, b.spec.Name)
+	h, err := b.host.listeners.acquire(ctx, b.host.listen, b.host.path, b.host.cfg, b.host.scopes, b.spec.Name)
 	if err != nil {
 		return err
 	}

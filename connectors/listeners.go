@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -26,6 +27,9 @@ type sharedListener struct {
 	l    *weida.Listener
 	cfg  weida.ListenConfig
 	refs int // publisher paths held on it
+	// resources names the resource holding each path, for the scope
+	// metrics, which the listener counts by path.
+	resources map[string]string
 }
 
 // hostedPath is one publisher path an inbound bridge holds on a shared
@@ -41,8 +45,11 @@ func newListeners(log *slog.Logger) *listeners {
 }
 
 // acquire hosts path for resource on the listener of listen, starting it
-// with cfg when none serves the address yet.
-func (ls *listeners) acquire(ctx context.Context, listen, path string, cfg weida.ListenConfig, resource string) (*hostedPath, error) {
+// with cfg when none serves the address yet, and restricts the path's
+// subscriptions to scopes (nil: no restriction). On a listener kept
+// across a reload, the new scopes replace the previous resource's, and
+// the subscriptions they no longer cover are dropped (weida's SetScopes).
+func (ls *listeners) acquire(ctx context.Context, listen, path string, cfg weida.ListenConfig, scopes weida.Scopes, resource string) (*hostedPath, error) {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
 	sl := ls.byAddr[listen]
@@ -56,12 +63,20 @@ func (ls *listeners) acquire(ctx context.Context, listen, path string, cfg weida
 			return nil, fmt.Errorf("weida listen %s: %w", listen, err)
 		}
 		ls.log.Info("weida listener up", "listen", l.Addr().String(), "fingerprint", l.Fingerprint())
-		sl = &sharedListener{l: l, cfg: cfg}
+		sl = &sharedListener{l: l, cfg: cfg, resources: make(map[string]string)}
 		ls.byAddr[listen] = sl
 	} else if !sameListenIdentity(sl.cfg, cfg) {
 		return nil, fmt.Errorf("weida listen %s: already serving other resources with a different certificate or client allowlist", listen)
 	}
 	pub, err := sl.l.Publisher(path)
+	if err == nil {
+		// After Publisher, so that a path held by another resource keeps
+		// its scopes; before the bridge has the publisher, so that
+		// nothing is published or replayed under the previous ones.
+		if err = sl.l.SetScopes(path, scopes); err != nil {
+			pub.Close()
+		}
+	}
 	if err != nil {
 		if sl.refs == 0 {
 			sl.l.Close()
@@ -70,6 +85,7 @@ func (ls *listeners) acquire(ctx context.Context, listen, path string, cfg weida
 		return nil, fmt.Errorf("weida publisher %s%s: %w", listen, path, err)
 	}
 	sl.refs++
+	sl.resources[path] = resource
 	ls.log.Info("weida endpoint hosted", "resource", resource, "subscriberURL", subscriberURL(listen, path, sl.l))
 	return &hostedPath{pub: pub, l: sl.l, listen: listen}, nil
 }
@@ -89,6 +105,7 @@ func (ls *listeners) release(h *hostedPath, keep map[string]weida.ListenConfig, 
 		return
 	}
 	sl.refs--
+	delete(sl.resources, h.pub.Path())
 	if cfg, ok := keep[h.listen]; ok && sameListenIdentity(sl.cfg, cfg) {
 		ls.mu.Unlock()
 		return
@@ -128,15 +145,18 @@ func (ls *listeners) closeUnused() {
 	}
 }
 
-// stats returns each listener's counters, by address.
-func (ls *listeners) stats() map[string]weida.ListenerStats {
+// stats returns each listener's counters, by address, and the resource
+// holding each path, by address and path.
+func (ls *listeners) stats() (map[string]weida.ListenerStats, map[string]map[string]string) {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
 	st := make(map[string]weida.ListenerStats, len(ls.byAddr))
+	held := make(map[string]map[string]string, len(ls.byAddr))
 	for addr, sl := range ls.byAddr {
 		st[addr] = sl.l.Stats()
+		held[addr] = maps.Clone(sl.resources)
 	}
-	return st
+	return st, held
 }
 
 // shutdown shuts every listener down, each within drain, and forgets them.

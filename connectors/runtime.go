@@ -33,7 +33,12 @@ type Unit struct {
 	Listen       string
 	Path         string
 	ListenConfig weida.ListenConfig
-	NewSource    SourceFactory
+	// Scopes restrict what each client may subscribe to on Path (see
+	// weida.Listener.SetScopes); nil restricts nothing. Unlike
+	// ListenConfig they belong to the path, so resources sharing a
+	// listener may scope their clients differently.
+	Scopes    weida.Scopes
+	NewSource SourceFactory
 
 	// Outbound.
 	Dial    DialFunc
@@ -208,7 +213,7 @@ func (r *Runtime) newBridge(u Unit) *Bridge {
 	if u.Spec.Direction == policy.Outbound {
 		return &Bridge{core: c, side: newOutboundBridge(c, u.Dial, u.NewSink)}
 	}
-	host := &hosting{listeners: r.listeners, listen: u.Listen, path: u.Path, cfg: u.ListenConfig}
+	host := &hosting{listeners: r.listeners, listen: u.Listen, path: u.Path, cfg: u.ListenConfig, scopes: u.Scopes}
 	return &Bridge{core: c, side: newInboundBridge(c, u.NewSource, host)}
 }
 
@@ -447,6 +452,8 @@ var (
 		"Weida copies a hosted listener dropped, by reason (including after Publish returned).", []string{"listen", "reason"}, nil)
 	descListenerEvents = prometheus.NewDesc("weida_connector_weida_listener_events_total",
 		"Connection-level events on a hosted listener: refused connections, clients refused by the allowlist, refused streams, protocol violations, failed negotiations.", []string{"listen", "event"}, nil)
+	descScopeRefusals = prometheus.NewDesc("weida_connector_weida_scope_refusals_total",
+		"Subscriptions a resource's client scopes (spec.weida.allowedClients[].scopes) refused (not-covered, unlisted) or dropped on a reload that narrowed them (revoked); the client's fingerprint is in the log line.", []string{"resource", "reason"}, nil)
 )
 
 func (c listenerCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -454,10 +461,11 @@ func (c listenerCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descListenerSubs
 	ch <- descListenerDropped
 	ch <- descListenerEvents
+	ch <- descScopeRefusals
 }
 
 func (c listenerCollector) Collect(ch chan<- prometheus.Metric) {
-	stats := c.r.listeners.stats()
+	stats, held := c.r.listeners.stats()
 	c.r.mu.Lock()
 	bridges := make([]*Bridge, 0, len(c.r.running))
 	for _, ru := range c.r.running {
@@ -488,6 +496,22 @@ func (c listenerCollector) Collect(ch chan<- prometheus.Metric) {
 			"negotiation-failure": st.NegotiationFailures,
 		} {
 			ch <- prometheus.MustNewConstMetric(descListenerEvents, prometheus.CounterValue, float64(n), addr, event)
+		}
+		// Labelled by resource and reason only: the clients are bounded
+		// by the configuration, but a series per client would still
+		// multiply every resource's; the log line names the client.
+		for path, ss := range st.Scopes {
+			resource, ok := held[addr][path]
+			if !ok {
+				continue // no resource holds the path now
+			}
+			for reason, n := range map[string]uint64{
+				weida.ScopeNotCovered: ss.NotCovered,
+				weida.ScopeUnlisted:   ss.Unlisted,
+				weida.ScopeRevoked:    ss.Revoked,
+			} {
+				ch <- prometheus.MustNewConstMetric(descScopeRefusals, prometheus.CounterValue, float64(n), resource, reason)
+			}
 		}
 	}
 }

@@ -240,7 +240,7 @@ func (b *binder) bindWeida(rw *rawWeida) {
 			return
 		}
 		w.Endpoint = a
-		w.AllowedClients = rw.AllowedClients
+		w.AllowedClients, w.Scopes = b.allowedClients(base+".allowedClients", rw.AllowedClients)
 	case "outbound":
 		b.directionOnly(base+".listen", rw.Listen != "", "inbound", "an outbound resource dials a publisher: write dial: weida://sha256:<fingerprint>@host:port/path")
 		b.directionOnly(base+".allowedClients", len(rw.AllowedClients) > 0, "inbound", "an outbound resource is the client; it presents certFile/keyFile if the endpoint asks")

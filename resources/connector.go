@@ -235,6 +235,13 @@ type Weida struct {
 	// the client certificates that may subscribe. Empty means anyone who
 	// can reach the address may subscribe and receive every bridged message.
 	AllowedClients []string
+	// Scopes (inbound only) restrict what some of AllowedClients may
+	// subscribe to on this endpoint's path: the weida filters listed for
+	// a fingerprint, within which every SUBSCRIBE filter must lie (see
+	// topic.CoveredBy). A client in AllowedClients without an entry here
+	// may subscribe to everything. Nil when no entry has scopes. (The tag
+	// keeps Revision unchanged for resources without it.)
+	Scopes map[string][]string `json:",omitempty"`
 }
 
 // DialURLs returns, outbound, every address of the endpoint in the order

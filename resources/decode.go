@@ -175,6 +175,7 @@ var (
 	typeDuration  = reflect.TypeFor[Duration]()
 	typeByteSize  = reflect.TypeFor[ByteSize]()
 	typeRawBroker = reflect.TypeFor[rawBroker]()
+	typeRawClient = reflect.TypeFor[rawClient]()
 )
 
 // decode stores the YAML value n into v, which must be settable.
@@ -214,6 +215,16 @@ func (d *decoder) decode(path string, key Position, n ast.Node, v reflect.Value)
 		return
 	case typeRawCredentials:
 		d.decodeCredentials(path, at, n, v)
+		return
+	case typeRawClient:
+		if _, mapping := n.(*ast.MappingNode); mapping {
+			d.decodeStruct(path, at, n, v)
+			return
+		}
+		if s, ok := d.scalarString(path, at, n, `a fingerprint "sha256:<hex>", or a mapping {client, scopes}`); ok {
+			rc := v.Addr().Interface().(*rawClient)
+			rc.Client, rc.bare = s, true
+		}
 		return
 	}
 

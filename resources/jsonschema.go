@@ -235,6 +235,15 @@ func (g *schemaGen) typ(t reflect.Type, path string, elem, keys []tag) (map[stri
 			"additionalProperties": false,
 			"oneOf":                []any{map[string]any{"required": []string{"env"}}, map[string]any{"required": []string{"file"}}},
 		}, nil
+	case typeRawClient:
+		obj, err := g.object(t, path)
+		if err != nil {
+			return nil, err
+		}
+		return map[string]any{"anyOf": []any{
+			map[string]any{"type": "string", "pattern": `^(?:sha256:[0-9a-f]{64})$`, "description": "admitted to everything"},
+			obj,
+		}}, nil
 	case typeDuration:
 		return map[string]any{"type": "string", "examples": []string{"30s", "1h"}}, nil
 	case typeByteSize:

@@ -29,6 +29,7 @@ func TestValidBaselines(t *testing.T) {
 // else, and pins which field and which rule the error names.
 func TestRules(t *testing.T) {
 	const fp = "sha256:9091e5f37dc3e870fcce55bf2721bd5db9e7ba9067b3b8067fd12f0153a52b98"
+	fp2 := "sha256:" + strings.Repeat("0f", 32)
 	manyRoutes := "routes:\n"
 	for i := range 257 {
 		manyRoutes += fmt.Sprintf("    - filter: s/%d\n", i)
@@ -201,6 +202,20 @@ func TestRules(t *testing.T) {
 		{"allowed clients", mqttIn, []string{"7001/sensors", "7001/sensors\n    allowedClients: [" + fp + "]"}, nil},
 		{"allowed client malformed", mqttIn, []string{"7001/sensors", "7001/sensors\n    allowedClients: [sha256:ABC]"}, []diag{{"spec.weida.allowedClients[0]", "fingerprint"}}},
 		{"allowed client twice", mqttIn, []string{"7001/sensors", "7001/sensors\n    allowedClients: [" + fp + ", " + fp + "]"}, []diag{{"spec.weida.allowedClients", "unique"}}},
+		{"allowed client with scopes", mqttIn, []string{"7001/sensors", "7001/sensors\n    allowedClients:\n      - {client: " + fp + ", scopes: [plant.a.#, 'plant.*.temp', '']}"}, nil},
+		{"allowed clients mixed forms", mqttIn, []string{"7001/sensors", "7001/sensors\n    allowedClients:\n      - " + fp2 + "\n      - client: " + fp + "\n        scopes: [plant.a.#]"}, nil},
+		{"allowed client twice, two forms", mqttIn, []string{"7001/sensors", "7001/sensors\n    allowedClients: [" + fp + ", {client: " + fp + ", scopes: [a]}]"}, []diag{{"spec.weida.allowedClients", "unique"}}},
+		{"scoped client malformed", mqttIn, []string{"7001/sensors", "7001/sensors\n    allowedClients: [{client: sha256:ABC, scopes: [a]}]"}, []diag{{"spec.weida.allowedClients[0].client", "fingerprint"}}},
+		{"scoped client missing", mqttIn, []string{"7001/sensors", "7001/sensors\n    allowedClients: [{scopes: [a]}]"}, []diag{{"spec.weida.allowedClients[0].client", "required"}}},
+		{"scopes empty", mqttIn, []string{"7001/sensors", "7001/sensors\n    allowedClients: [{client: " + fp + ", scopes: []}]"}, []diag{{"spec.weida.allowedClients[0].scopes", "min"}}},
+		{"scope hash not final", mqttIn, []string{"7001/sensors", "7001/sensors\n    allowedClients: [{client: " + fp + ", scopes: [ok, 'plant.#.x']}]"}, []diag{{"spec.weida.allowedClients[0].scopes[1]", "hash-not-final"}}},
+		{"scope star not alone", mqttIn, []string{"7001/sensors", "7001/sensors\n    allowedClients: [{client: " + fp + ", scopes: ['plant.a*']}]"}, []diag{{"spec.weida.allowedClients[0].scopes[0]", "star-not-alone"}}},
+		{"scope hash not alone", mqttIn, []string{"7001/sensors", "7001/sensors\n    allowedClients: [{client: " + fp + ", scopes: ['plant.a#']}]"}, []diag{{"spec.weida.allowedClients[0].scopes[0]", "hash-not-alone"}}},
+		{"scope too long", mqttIn, []string{"7001/sensors", "7001/sensors\n    allowedClients: [{client: " + fp + ", scopes: [" + strings.Repeat("x", 257) + "]}]"}, []diag{{"spec.weida.allowedClients[0].scopes[0]", "too-long"}}},
+		{"scope twice", mqttIn, []string{"7001/sensors", "7001/sensors\n    allowedClients: [{client: " + fp + ", scopes: [a, a]}]"}, []diag{{"spec.weida.allowedClients[0].scopes[1]", "unique"}}},
+		{"scoped client unknown field", mqttIn, []string{"7001/sensors", "7001/sensors\n    allowedClients: [{client: " + fp + ", scope: [a]}]"}, []diag{{"spec.weida.allowedClients[0].scope", "unknown-field"}}},
+		{"allowed client a number", mqttIn, []string{"7001/sensors", "7001/sensors\n    allowedClients: [12]"}, []diag{{"spec.weida.allowedClients[0]", "type"}}},
+		{"outbound with scoped clients", mqttOut, []string{"7002/orders", "7002/orders\n    allowedClients: [{client: " + fp + ", scopes: [a]}]"}, []diag{{"spec.weida.allowedClients", "direction-field"}}},
 		{"outbound without dial", mqttOut, []string{"    dial: weida://" + fp + "@127.0.0.1:7002/orders\n", "    caFile: ca.pem\n"}, []diag{{"spec.weida.dial", "required"}}},
 		{"outbound with listen", mqttOut, []string{"dial:", "listen:"}, []diag{{"spec.weida.listen", "direction-field"}}},
 		{"outbound with allowed clients", mqttOut, []string{"7002/orders", "7002/orders\n    allowedClients: [" + fp + "]"}, []diag{{"spec.weida.allowedClients", "direction-field"}}},

@@ -73,13 +73,25 @@ type rawTLS struct {
 }
 
 type rawWeida struct {
-	Listen         string   `yaml:"listen" validate:"omitempty,weidaurl" doc:"inbound: the endpoint to host, weida://host:port/path"`
-	Dial           string   `yaml:"dial" validate:"omitempty,weidaurl" doc:"outbound: the endpoint to subscribe to, weida://sha256:<fingerprint>@host:port/path"`
-	Failover       []string `yaml:"failover" validate:"max=16,unique,dive,weidaurl" doc:"outbound: more addresses of the same endpoint (its other replicas), dialled in turn when dial's does not answer or is lost (an address that publishes nothing at the path counts as not answering); the same path and pin as dial"`
-	CertFile       string   `yaml:"certFile" validate:"required_with=KeyFile" doc:"the endpoint's PEM certificate, with keyFile; a self-signed one is generated when both are left out"`
-	KeyFile        string   `yaml:"keyFile" validate:"required_with=CertFile" doc:"the endpoint certificate's PEM private key"`
-	CAFile         string   `yaml:"caFile" doc:"outbound: PEM trust anchors, when the dial URL pins no fingerprint"`
-	AllowedClients []string `yaml:"allowedClients" validate:"max=1024,unique,dive,fingerprint" doc:"inbound: the certificate fingerprints of the subscribers admitted; empty admits anyone"`
+	Listen         string      `yaml:"listen" validate:"omitempty,weidaurl" doc:"inbound: the endpoint to host, weida://host:port/path"`
+	Dial           string      `yaml:"dial" validate:"omitempty,weidaurl" doc:"outbound: the endpoint to subscribe to, weida://sha256:<fingerprint>@host:port/path"`
+	Failover       []string    `yaml:"failover" validate:"max=16,unique,dive,weidaurl" doc:"outbound: more addresses of the same endpoint (its other replicas), dialled in turn when dial's does not answer or is lost (an address that publishes nothing at the path counts as not answering); the same path and pin as dial"`
+	CertFile       string      `yaml:"certFile" validate:"required_with=KeyFile" doc:"the endpoint's PEM certificate, with keyFile; a self-signed one is generated when both are left out"`
+	KeyFile        string      `yaml:"keyFile" validate:"required_with=CertFile" doc:"the endpoint certificate's PEM private key"`
+	CAFile         string      `yaml:"caFile" doc:"outbound: PEM trust anchors, when the dial URL pins no fingerprint"`
+	AllowedClients []rawClient `yaml:"allowedClients" validate:"max=1024" doc:"inbound: the subscribers admitted, by certificate fingerprint, each to everything (a bare fingerprint) or within its scopes ({client, scopes}); empty admits anyone"`
+}
+
+// rawClient is one entry of spec.weida.allowedClients: a bare fingerprint
+// (bare, admitted to everything) or the mapping {client, scopes}. The
+// loader checks both forms by hand (see binder.allowedClients), so that a
+// bare fingerprint's fault is reported at the entry, as before scopes
+// existed; the validate tags here only describe the mapping in the JSON
+// Schema.
+type rawClient struct {
+	Client string   `yaml:"client" validate:"required,fingerprint" doc:"the subscriber's certificate fingerprint"`
+	Scopes []string `yaml:"scopes" validate:"omitempty,min=1,max=64,unique,dive,max=256" doc:"weida filters the subscriber may subscribe within: a SUBSCRIBE is admitted only when every topic its filter can match is matched by one of them; left out, everything"`
+	bare   bool
 }
 
 type rawConversion struct {

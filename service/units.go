@@ -176,8 +176,29 @@ func unit(c *resources.Connector, env Env) (connectors.Unit, error) {
 		// without it; its Publisher's TrackReceipts covers that case.
 		TrackReceipts: c.Delivery.AwaitReceipt(),
 	}
+	u.Scopes = endpointScopes(c.Weida)
 	u.NewSource = perAttempt(tlsErr, bc, again, d.Source)
 	return u, nil
+}
+
+// endpointScopes turns an endpoint's allowedClients into weida scopes: nil
+// when no client has scopes (the allowlist alone decides, as before
+// scopes existed); otherwise every allowed client, a bare one with "#",
+// everything, so that each listed client stays admitted to what the
+// resource says.
+func endpointScopes(w resources.Weida) weida.Scopes {
+	if len(w.Scopes) == 0 {
+		return nil
+	}
+	s := make(weida.Scopes, len(w.AllowedClients))
+	for _, fp := range w.AllowedClients {
+		if fs, ok := w.Scopes[fp]; ok {
+			s[fp] = fs
+		} else {
+			s[fp] = []string{"#"}
+		}
+	}
+	return s
 }
 
 // withClientID returns c, or a copy of it with the ${NAME} references of

@@ -26,8 +26,9 @@ type role interface {
 	// are preamble and header, the payload follows. d is passed by value
 	// so that it does not escape on the hot path.
 	data(c *conn, st *quic.ReceiveStream, n int, d wire.Data)
-	// subscription handles a decoded SUBSCRIBE (add) or UNSUBSCRIBE.
-	subscription(c *conn, s *wire.Subscribe, add bool)
+	// subscription handles a decoded SUBSCRIBE (add) or UNSUBSCRIBE. A
+	// code other than NoError refuses the stream with STOP_SENDING.
+	subscription(c *conn, s *wire.Subscribe, add bool) Code
 	// serves reports whether something is registered at path on this side
 	// (a publisher, or the subscriber's own path), which decides between
 	// UNSUPPORTED and UNKNOWN_ENDPOINT for a bidi exchange.
@@ -346,7 +347,10 @@ func (c *conn) dispatchUni(st *quic.ReceiveStream, sb *streamBuf, k wire.Kind, h
 			c.violation("%v", err)
 			return
 		}
-		c.role.subscription(c, &s, k == wire.KindSubscribe)
+		if code := c.role.subscription(c, &s, k == wire.KindSubscribe); code != NoError {
+			c.refuse(st, code)
+			return
+		}
 		c.finishHeaderOnly(st, sb, n, wait)
 	case wire.KindCredit:
 		// A peer without queues ignores credit (PROTOCOL §4).

@@ -83,7 +83,7 @@ func TestFanoutProperty(t *testing.T) {
 				conns[i].unsubscribe(k.path, k.filter)
 				delete(model[i], k)
 			} else {
-				if !conns[i].subscribe(k.path, k.filter) {
+				if _, ok := conns[i].subscribe(k.path, k.filter); !ok {
 					t.Fatalf("subscribe %v refused under the limit", k)
 				}
 				model[i][k] = true

@@ -49,6 +49,11 @@ type Listener struct {
 	paths   map[string]*pathState
 	conns   map[*serverConn]struct{}
 	perPeer map[string]int
+	// scopes are the SetScopes of each restricted path; scopeStats count
+	// their refusals, per path, for as long as the listener lives.
+	scopes     map[string]Scopes
+	scopeStats map[string]*ScopeStats
+	scopeLog   scopeLog
 
 	frames framePool
 	turns  sendTurns // see sendTurns
@@ -115,6 +120,9 @@ func Listen(ctx context.Context, addr string, cfg ListenConfig) (*Listener, erro
 		conns:   make(map[*serverConn]struct{}),
 		perPeer: make(map[string]int),
 		turns:   newSendTurns(),
+
+		scopes:     make(map[string]Scopes),
+		scopeStats: make(map[string]*ScopeStats),
 	}
 	l.receipts.Store(cfg.TrackReceipts)
 	l.proofs = newProofs(log, &l.stats.clientsRefused)
@@ -561,37 +569,55 @@ func (sc *serverConn) data(c *conn, st *quic.ReceiveStream, _ int, d wire.Data) 
 
 func (sc *serverConn) serves(path string) bool { return sc.l.publisherAt(path) }
 
-// subscription applies SUBSCRIBE and UNSUBSCRIBE (PROTOCOL §6.4).
-func (sc *serverConn) subscription(c *conn, s *wire.Subscribe, add bool) {
+// subscription applies SUBSCRIBE and UNSUBSCRIBE (PROTOCOL §6.4). It
+// returns Rejected for a SUBSCRIBE the path's Scopes do not admit: the
+// caller stops the stream with it (PROTOCOL §9.4, see SetScopes).
+func (sc *serverConn) subscription(c *conn, s *wire.Subscribe, add bool) Code {
 	if err := topic.ValidateFilter(s.Filter); err != nil {
 		c.violation("SUBSCRIBE filter: %v", err)
-		return
+		return NoError
 	}
-	if add {
-		if !sc.subscribe(s.Endpoint, s.Filter) {
-			c.log.Warn("weida: closing connection: max_subscriptions exceeded", "max_subscriptions", sc.l.limits.MaxSubscriptions)
-			c.close(LimitExceeded, "max_subscriptions")
-		}
-		return
+	if !add {
+		sc.unsubscribe(s.Endpoint, s.Filter)
+		return NoError
 	}
-	sc.unsubscribe(s.Endpoint, s.Filter)
+	switch refused, ok := sc.subscribe(s.Endpoint, s.Filter); {
+	case !ok:
+		c.log.Warn("weida: closing connection: max_subscriptions exceeded", "max_subscriptions", sc.l.limits.MaxSubscriptions)
+		c.close(LimitExceeded, "max_subscriptions")
+	case refused != "":
+		sc.l.scopeLog.log(sc, s.Endpoint, s.Filter, refused)
+		return Rejected
+	}
+	return NoError
 }
 
-// subscribe records (path, filter); it reports false when that would exceed
-// max_subscriptions. A held subscription, or a closed connection, is a no-op.
-func (sc *serverConn) subscribe(path, filter string) bool {
+// subscribe records (path, filter); ok is false when that would exceed
+// max_subscriptions, and refused names why the path's scopes do not admit
+// it. A held subscription, or a closed connection, is a no-op.
+func (sc *serverConn) subscribe(path, filter string) (refused string, ok bool) {
 	sc.subMu.Lock()
 	defer sc.subMu.Unlock()
 	k := subKey{path, filter}
 	if _, ok := sc.subs[k]; ok || sc.closed {
-		return true
+		return "", true
 	}
-	if len(sc.subs) >= sc.l.limits.MaxSubscriptions {
-		return false
+	// Checked under subMu, which SetScopes's revocation takes after the
+	// swap, so a filter admitted by old scopes cannot outlive new ones.
+	l := sc.l
+	l.mu.Lock()
+	if refused = l.admitsLocked(path, sc.peer, filter); refused != "" {
+		l.countScopeLocked(path, sc.peer, refused)
+	}
+	l.mu.Unlock()
+	if refused != "" {
+		return refused, true
+	}
+	if len(sc.subs) >= l.limits.MaxSubscriptions {
+		return "", false
 	}
 	cp := sc.paths[path]
 	if cp == nil {
-		l := sc.l
 		l.mu.Lock()
 		ps := l.pathLocked(path)
 		ps.refs++
@@ -602,24 +628,32 @@ func (sc *serverConn) subscribe(path, filter string) bool {
 	cp.ps.fan.Lock()
 	err := cp.ps.idx.Insert(filter, cp)
 	if err == nil {
+		// Only an admitted filter is replayed, and a Replayer's copies are
+		// matched against it (see replay): scopes that cover the filter
+		// cover every topic replayed to it.
 		sc.replay(cp.ps, filter)
 	}
 	cp.ps.fan.Unlock()
 	if err != nil {
-		return true // unreachable: the filter was validated
+		return "", true // unreachable: the filter was validated
 	}
 	cp.filters++
 	sc.subs[k] = struct{}{}
-	sc.l.stats.subscriptions.Add(1)
-	sc.l.mu.Lock()
+	l.stats.subscriptions.Add(1)
+	l.mu.Lock()
 	cp.ps.subscribedLocked()
-	sc.l.mu.Unlock()
-	return true
+	l.mu.Unlock()
+	return "", true
 }
 
 func (sc *serverConn) unsubscribe(path, filter string) {
 	sc.subMu.Lock()
 	defer sc.subMu.Unlock()
+	sc.unsubscribeLocked(path, filter)
+}
+
+// unsubscribeLocked drops (path, filter) if held. sc.subMu must be held.
+func (sc *serverConn) unsubscribeLocked(path, filter string) {
 	k := subKey{path, filter}
 	if _, ok := sc.subs[k]; !ok {
 		return // unknown: ignored (PROTOCOL §6.4)

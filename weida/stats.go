@@ -25,12 +25,16 @@ type ListenerStats struct {
 	Dropped        DropCounts
 
 	StreamsParked       uint64 // streams that arrived before the peer's HELLO and waited for it
-	StreamsRefused      uint64 // streams refused per PROTOCOL §9.4 (UNSUPPORTED, UNKNOWN_ENDPOINT)
+	StreamsRefused      uint64 // streams refused per PROTOCOL §9.4 (UNSUPPORTED, UNKNOWN_ENDPOINT; REJECTED for a SUBSCRIBE outside its scopes)
 	ProtocolViolations  uint64 // connections closed with PROTOCOL_VIOLATION
 	NegotiationFailures uint64 // connections closed with NEGOTIATION_FAILED (incl. hello_timeout)
 	// SlowConsumersClosed counts subscriber connections closed with
 	// LIMIT_EXCEEDED by the slow-consumer policy (Limits.SlowConsumerAfter).
 	SlowConsumersClosed uint64
+	// Scopes counts, per path that [Listener.SetScopes] has restricted
+	// (at zero from then on), the SUBSCRIBEs refused and the
+	// subscriptions revoked; nil while no path was ever restricted.
+	Scopes map[string]ScopeStats
 }
 
 // DropCounts counts copies that were matched but not sent, by reason.
@@ -66,6 +70,7 @@ type listenerCounters struct {
 func (l *Listener) Stats() ListenerStats {
 	l.mu.Lock()
 	conns := len(l.conns)
+	scopes := l.scopeStatsLocked()
 	l.mu.Unlock()
 	c := &l.stats
 	return ListenerStats{
@@ -90,5 +95,6 @@ func (l *Listener) Stats() ListenerStats {
 		ProtocolViolations:  c.protocolViolations.Load(),
 		NegotiationFailures: c.negotiationFailures.Load(),
 		SlowConsumersClosed: c.slowConsumersClosed.Load(),
+		Scopes:              scopes,
 	}
 }

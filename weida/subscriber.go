@@ -856,6 +856,6 @@ func (q *recvQueue) clear() int {
 
 // subscription ignores SUBSCRIBE and UNSUBSCRIBE: a subscriber registers no
 // publisher (PROTOCOL §6.4 lets such a peer ignore them).
-func (s *Subscriber) subscription(*conn, *wire.Subscribe, bool) {}
+func (s *Subscriber) subscription(*conn, *wire.Subscribe, bool) Code { return NoError }
 
 func (s *Subscriber) serves(path string) bool { return path == s.addr.Path }

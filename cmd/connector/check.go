@@ -197,6 +197,9 @@ func weidaSummary(c *resources.Connector) []string {
 		who := fmt.Sprintf("OPEN: anyone who can reach %s may subscribe", wd.Endpoint.HostPort())
 		if !wd.Open() {
 			who = "only " + plural(len(wd.AllowedClients), "client fingerprint") + " may subscribe"
+			if n := len(wd.Scopes); n > 0 {
+				who += fmt.Sprintf(", %d of them within their scopes only", n)
+			}
 		}
 		lines := []string{"hosts " + wd.Endpoint.String(), cert + "; " + who}
 		if lv := c.LastValue; lv.Mode != "" {
@@ -273,7 +276,10 @@ type weidaJSON struct {
 	Open           bool     `json:"open,omitempty"`
 	Certificate    string   `json:"certificate,omitempty"` // a file, or "generated"
 	AllowedClients []string `json:"allowedClients,omitempty"`
-	CAFile         string   `json:"caFile,omitempty"`
+	// Scopes are the filters some allowed clients are limited to, by
+	// fingerprint.
+	Scopes map[string][]string `json:"scopes,omitempty"`
+	CAFile string              `json:"caFile,omitempty"`
 	// Failover are the dialled endpoint's further addresses, in order.
 	Failover []string `json:"failover,omitempty"`
 }
@@ -331,7 +337,7 @@ func weidaOf(c *resources.Connector) *weidaJSON {
 		if wd.Generated() {
 			cert = "generated"
 		}
-		return &weidaJSON{Role: "listen", Endpoint: wd.Endpoint.String(), Open: wd.Open(), Certificate: cert, AllowedClients: wd.AllowedClients}
+		return &weidaJSON{Role: "listen", Endpoint: wd.Endpoint.String(), Open: wd.Open(), Certificate: cert, AllowedClients: wd.AllowedClients, Scopes: wd.Scopes}
 	}
 	j := &weidaJSON{Role: "dial", Endpoint: wd.Endpoint.String(), Certificate: wd.CertFile, CAFile: wd.CAFile}
 	if urls := wd.DialURLs()[1:]; len(urls) > 0 {

@@ -100,3 +100,20 @@ func ExampleStore() {
 	// Output:
 	// [room.kitchen.temp=21.5] 2
 }
+
+func ExampleCovers() {
+	for _, filter := range []string{"plant.a.x", "plant.a.*.temp", "plant.a", "plant.#", "#", "plant.*.x"} {
+		fmt.Printf("%-16q %v\n", filter, topic.Covers("plant.a.#", filter))
+	}
+	// The union can cover what no single scope does: "a" takes the topic
+	// "a", "a.*.#" every longer one.
+	fmt.Println(topic.CoveredBy("a.#", []string{"a", "a.*.#"}))
+	// Output:
+	// "plant.a.x"      true
+	// "plant.a.*.temp" true
+	// "plant.a"        true
+	// "plant.#"        false
+	// "#"              false
+	// "plant.*.x"      false
+	// true
+}
