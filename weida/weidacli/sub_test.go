@@ -96,3 +96,41 @@ func TestSettled(t *testing.T) {
 		}
 	}
 }
+
+// TestWeidaSubRefusedForALimit: a publisher that refuses the connection
+// for one of its limits admitted the client, so sub names the limit and
+// gives no --cert hint (issue 25: a full endpoint told an anonymous
+// subscriber to give a certificate).
+func TestWeidaSubRefusedForALimit(t *testing.T) {
+	for _, c := range []struct {
+		flag, want string
+	}{
+		{"--max-connections", "max_connections), from all its clients"},
+		{"--max-connections-per-address", "this client's address (for IPv6, its /64)"},
+	} {
+		t.Run(c.flag, func(t *testing.T) {
+			pub, url := startPub(t, "--path", "/p", c.flag, "1", "--quiet")
+			defer func() {
+				_ = pub.stdin.Close()
+				pub.wait()
+			}()
+			ctx, cancel := context.WithTimeout(context.Background(), guard)
+			defer cancel()
+			held, err := weida.Dial(ctx, url, weida.DialConfig{})
+			if err != nil {
+				t.Fatalf("the first connection: %v", err)
+			}
+			defer held.Close()
+			code, _, errOut := runCLI(t, "", "sub", url, "--filter", "", "--dial-timeout", "10s")
+			if code != cli.ExitFailure {
+				t.Errorf("code %d, want %d; stderr %q", code, cli.ExitFailure, errOut)
+			}
+			if !strings.Contains(errOut, "LIMIT_EXCEEDED") || !strings.Contains(errOut, c.want) {
+				t.Errorf("stderr %q does not say which limit refused it (%q)", errOut, c.want)
+			}
+			if strings.Contains(errOut, "--cert") {
+				t.Errorf("stderr %q gives the --cert hint for a limit", errOut)
+			}
+		})
+	}
+}
