@@ -134,3 +134,35 @@ func TestWeidaSubRefusedForALimit(t *testing.T) {
 		})
 	}
 }
+
+// TestDialHint: the hint follows what refused the dial; only a refused
+// client certificate earns --cert.
+func TestDialHint(t *testing.T) {
+	limit := func(reason string) error {
+		return fmt.Errorf("weida: dial: %w", &weida.CloseError{Code: weida.LimitExceeded, Reason: reason, Remote: true})
+	}
+	refused := fmt.Errorf("weida: dial: %w", weida.ErrClientRefused)
+	for _, c := range []struct {
+		name     string
+		err      error
+		certFile string
+		want     string
+	}{
+		{"refused, no certificate", refused, "", "give --cert and --key"},
+		{"refused, a certificate", refused, "c.pem", "does not list this certificate"},
+		{"max_connections", limit(weida.RefusedMaxConnections), "", "(max_connections), from all its clients"},
+		{"per address", limit(weida.RefusedMaxConnectionsPerAddr), "", "(max_connections_per_address)"},
+		{"per peer", limit(weida.RefusedMaxConnectionsPerPeer), "c.pem", "(max_connections_per_peer)"},
+		{"another limit", limit("max_something"), "", "one of its limits (max_something)"},
+		{"local close", &weida.CloseError{Code: weida.LimitExceeded, Reason: "max_connections"}, "", ""},
+		{"shutting down", &weida.CloseError{Code: weida.Shutdown, Reason: "listener closing", Remote: true}, "", ""},
+	} {
+		got := dialHint(c.err, subOptions{certFile: c.certFile})
+		if (c.want == "") != (got == "") || !strings.Contains(got, c.want) {
+			t.Errorf("%s: hint %q, want one with %q", c.name, got, c.want)
+		}
+		if c.want != "" && !strings.Contains(c.want, "--cert") && strings.Contains(got, "--cert") {
+			t.Errorf("%s: hint %q names --cert", c.name, got)
+		}
+	}
+}
