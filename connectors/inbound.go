@@ -420,7 +420,7 @@ func (b *inboundBridge) deliver(ctx context.Context, pub Publisher, route Route,
 			b.uncache(m, wm.Topic, evict)
 			return false, nil
 		}
-		b.stats.copies(route.Name, res.Queued, res.Dropped, res.Closing, m.Redelivered)
+		b.stats.copies(route.Name, res.Queued, res.Dropped, res.Closing, res.OwnReplay, m.Redelivered)
 		switch {
 		case res.Queued > 0:
 			b.stats.bridged(route.Name, m.ReceivedUnixNano, b.deps.Now())

@@ -42,6 +42,14 @@ const (
 	// QoS 0, an exclusive AMQP queue). Inbound messages a broker does
 	// deliver again are left with it, for the new holder, uncounted.
 	ReasonFenced = "fenced"
+	// ReasonOwnReplay counts weida copies (not messages) a subscriber's
+	// buffer could not take because of a last-value replay that
+	// subscriber asked for: a replayed copy that did not fit, or a live
+	// one that arrived while replayed copies still waited for it. Its own
+	// SUBSCRIBEs (a client re-subscribing in a loop on a large cache)
+	// filled its buffer: counted apart, so that subscriber-buffer-full
+	// keeps meaning a subscriber too slow for the traffic.
+	ReasonOwnReplay = "subscriber-own-replay"
 )
 
 // Metrics holds the Prometheus collectors shared by every bridge of a

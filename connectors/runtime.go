@@ -451,7 +451,7 @@ var (
 	descListenerDropped = prometheus.NewDesc("weida_connector_weida_listener_copies_dropped_total",
 		"Weida copies a hosted listener dropped, by reason (including after Publish returned).", []string{"listen", "reason"}, nil)
 	descListenerEvents = prometheus.NewDesc("weida_connector_weida_listener_events_total",
-		"Connection-level events on a hosted listener: refused connections, clients refused by the allowlist, refused streams, protocol violations, failed negotiations.", []string{"listen", "event"}, nil)
+		"Connection-level events on a hosted listener: refused connections (also by limit), clients refused by the allowlist, refused streams, protocol violations, failed negotiations, SUBSCRIBEs not replayed for the connection's replay limit.", []string{"listen", "event"}, nil)
 	descScopeRefusals = prometheus.NewDesc("weida_connector_weida_scope_refusals_total",
 		"Subscriptions a resource's client scopes (spec.weida.allowedClients[].scopes) refused (not-covered, unlisted) or dropped on a reload that narrowed them (revoked); the client's fingerprint is in the log line.", []string{"resource", "reason"}, nil)
 )
@@ -485,12 +485,20 @@ func (c listenerCollector) Collect(ch chan<- prometheus.Metric) {
 			ReasonSubscriberBuf: st.Dropped.BufferFull,
 			"header-too-large":  st.Dropped.HeaderTooLarge,
 			"connection-closed": st.Dropped.ConnectionClosed,
+			ReasonOwnReplay:     st.Dropped.OwnReplay,
 		} {
 			ch <- prometheus.MustNewConstMetric(descListenerDropped, prometheus.CounterValue, float64(n), addr, reason)
 		}
 		for event, n := range map[string]uint64{
-			"connection-refused":  st.ConnectionsRefused,
-			"client-refused":      st.ClientsRefused,
+			"connection-refused": st.ConnectionsRefused,
+			"client-refused":     st.ClientsRefused,
+			// connection-refused again, by the limit that refused it.
+			"refused-max-connections":             st.RefusedBy.MaxConnections,
+			"refused-max-connections-per-peer":    st.RefusedBy.MaxConnectionsPerPeer,
+			"refused-max-connections-per-address": st.RefusedBy.MaxConnectionsPerAddr,
+			// SUBSCRIBEs applied without their replay (weida's
+			// Limits.ReplayBurst).
+			"replay-limited":      st.ReplaysLimited,
 			"stream-refused":      st.StreamsRefused,
 			"protocol-violation":  st.ProtocolViolations,
 			"negotiation-failure": st.NegotiationFailures,

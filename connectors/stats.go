@@ -66,6 +66,7 @@ func (s *stats) routeCounts(routes []Route) []RouteStatus {
 // per message costs more than the count itself.
 type series struct {
 	received, acked, copiesQueued, copiesDropped prometheus.Counter
+	copiesOwnReplay                              prometheus.Counter
 	held, gaps, gapSeconds, unconfirmed          prometheus.Counter
 	sessionsLost                                 prometheus.Counter
 	inFlight, holding, awaitingReceipt           prometheus.Gauge
@@ -85,6 +86,7 @@ func newStats(m *Metrics, resource string, routes []Route, rlog *RateLogger) *st
 			acked:           m.Acknowledged.WithLabelValues(resource),
 			copiesQueued:    m.CopiesQueued.WithLabelValues(resource, "queued"),
 			copiesDropped:   m.CopiesQueued.WithLabelValues(resource, "dropped"),
+			copiesOwnReplay: m.CopiesQueued.WithLabelValues(resource, "own-replay"),
 			inFlight:        m.InFlight.WithLabelValues(resource),
 			awaitingReceipt: m.AwaitingReceipt.WithLabelValues(resource),
 			holding:         m.Holding.WithLabelValues(resource),
@@ -137,7 +139,12 @@ func (s *stats) drop(route, reason string, n int, level slog.Level, msg string, 
 // The copies of a redelivered message are counted under
 // ReasonRedeliveryDropped instead, the reason in the log line: an earlier
 // delivery may have given that subscriber its copy.
-func (s *stats) copies(route string, queued, dropped, closing int, redelivered bool) {
+//
+// Copies a subscriber's own replay crowded out (ownReplay, among dropped)
+// are counted under ReasonOwnReplay alone: that subscriber caused them,
+// so they are neither the route's drops nor weida copies dropped, which
+// measure what the traffic lost.
+func (s *stats) copies(route string, queued, dropped, closing, ownReplay int, redelivered bool) {
 	reasonFor := func(reason string, msg string) (string, string, []slog.Attr) {
 		if !redelivered {
 			return reason, msg, nil
@@ -145,7 +152,15 @@ func (s *stats) copies(route string, queued, dropped, closing int, redelivered b
 		return ReasonRedeliveryDropped, msg + "; the broker delivered the message again, and an earlier delivery may have reached it",
 			[]slog.Attr{slog.String("dropped_for", reason)}
 	}
-	full := dropped - closing
+	if ownReplay > 0 {
+		s.m.copiesOwnReplay.Add(float64(ownReplay))
+		s.count.drop(ReasonOwnReplay, uint64(ownReplay))
+		s.metrics.Dropped.WithLabelValues(s.resource, route, ReasonOwnReplay).Add(float64(ownReplay))
+		s.rlog.Log(slog.LevelInfo, "drop:"+ReasonOwnReplay,
+			"a weida subscriber's buffer is taken by a replay it asked for; its copies are dropped",
+			slog.String("reason", ReasonOwnReplay), slog.String("route", route), slog.Int("copies", ownReplay))
+	}
+	full := dropped - closing - ownReplay
 	if full > 0 {
 		s.m.copiesDropped.Add(float64(full))
 		reason, msg, attrs := reasonFor(ReasonSubscriberBuf, "a weida subscriber is too slow; its copies are dropped")

@@ -149,7 +149,7 @@ func TestIdleSubscribers(t *testing.T) {
 func idleListenerChild(t *testing.T) {
 	n := envInt(t, "WEIDA_IDLE_SUBSCRIBERS", 10000)
 	l, err := weida.Listen(context.Background(), "127.0.0.1:0", weida.ListenConfig{
-		Limits: weida.Limits{MaxConnections: n + 16, MaxConnectionsPerPeer: n + 16},
+		Limits: weida.Limits{MaxConnections: n + 16, MaxConnectionsPerPeer: n + 16, MaxConnectionsPerAddress: n + 16},
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -78,7 +78,9 @@ func TestWeidaSaturation(t *testing.T) {
 	if os.Getenv("WEIDA_SATURATION_IDLE_TIMEOUT") != "" {
 		idle = envDuration(t, "WEIDA_SATURATION_IDLE_TIMEOUT", 0)
 	}
-	l, err := weida.Listen(ctx, "127.0.0.1:0", weida.ListenConfig{Limits: weida.Limits{SubscriberBufferBytes: budget, IdleTimeout: idle}})
+	l, err := weida.Listen(ctx, "127.0.0.1:0", weida.ListenConfig{Limits: weida.Limits{SubscriberBufferBytes: budget, IdleTimeout: idle,
+		// Every subscriber dials from 127.0.0.1.
+		MaxConnectionsPerAddress: max(subs, weida.DefaultMaxConnectionsPerAddress)}})
 	if err != nil {
 		t.Fatal(err)
 	}

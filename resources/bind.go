@@ -221,6 +221,7 @@ func (b *binder) bindWeida(rw *rawWeida) {
 		b.directionOnly(base+".dial", rw.Dial != "", "outbound", "an inbound resource hosts its endpoint: write listen: weida://host:port/path")
 		b.directionOnly(base+".caFile", rw.CAFile != "", "outbound", "an inbound endpoint admits clients by fingerprint: use allowedClients")
 		b.directionOnly(base+".failover", len(rw.Failover) > 0, "outbound", "an inbound resource hosts one address; its subscribers list the replicas' addresses")
+		b.bindConnectionLimits(rw)
 		if rw.Listen == "" {
 			if rw.Dial == "" {
 				b.fail(base+".listen", b.lookupPos(base+".listen", true), "", "required",
@@ -243,6 +244,8 @@ func (b *binder) bindWeida(rw *rawWeida) {
 		w.AllowedClients, w.Scopes = b.allowedClients(base+".allowedClients", rw.AllowedClients)
 	case "outbound":
 		b.directionOnly(base+".listen", rw.Listen != "", "inbound", "an outbound resource dials a publisher: write dial: weida://sha256:<fingerprint>@host:port/path")
+		b.directionOnly(base+".maxConnections", rw.MaxConnections != nil, "inbound", "an outbound resource holds one connection to the endpoint it dials")
+		b.directionOnly(base+".maxConnectionsPerAddress", rw.MaxConnectionsPerAddress != nil, "inbound", "an outbound resource holds one connection to the endpoint it dials")
 		b.directionOnly(base+".allowedClients", len(rw.AllowedClients) > 0, "inbound", "an outbound resource is the client; it presents certFile/keyFile if the endpoint asks")
 		if rw.Dial == "" {
 			if rw.Listen == "" {
@@ -269,6 +272,36 @@ func (b *binder) bindWeida(rw *rawWeida) {
 				"is set, but the URL pins a fingerprint, which takes precedence: caFile would be ignored",
 				"remove caFile, or the sha256:...@ part of the URL")
 		}
+	}
+}
+
+// weidaMaxConnections is weida.DefaultMaxConnections, which resources does
+// not import: the endpoint's limit when maxConnections is left out.
+const weidaMaxConnections = 1024
+
+// bindConnectionLimits binds spec.weida.maxConnections and
+// maxConnectionsPerAddress, whose ranges the schema checked. A
+// per-address limit above the endpoint's own would never apply, so it is
+// refused rather than ignored.
+func (b *binder) bindConnectionLimits(rw *rawWeida) {
+	const base = "spec.weida"
+	w := &b.c.Weida
+	if rw.MaxConnections != nil && b.ok(base+".maxConnections") {
+		w.MaxConnections = *rw.MaxConnections
+	}
+	if rw.MaxConnectionsPerAddress == nil || !b.ok(base+".maxConnectionsPerAddress") {
+		return
+	}
+	w.MaxConnectionsPerAddress = *rw.MaxConnectionsPerAddress
+	maxConns := weidaMaxConnections
+	if w.MaxConnections != 0 {
+		maxConns = w.MaxConnections
+	}
+	if w.MaxConnectionsPerAddress > maxConns {
+		path := base + ".maxConnectionsPerAddress"
+		b.fail(path, b.at(path), strconv.Itoa(w.MaxConnectionsPerAddress), "weida-connections",
+			fmt.Sprintf("is above the endpoint's maxConnections (%d): it would never apply", maxConns),
+			"lower maxConnectionsPerAddress, or raise maxConnections")
 	}
 }
 

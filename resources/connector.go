@@ -224,6 +224,14 @@ type Weida struct {
 	// host:port repeats. Nil when the endpoint has one address. (The tag
 	// keeps Revision unchanged for resources without it.)
 	Failover []address.Address `json:",omitempty"`
+	// MaxConnections and MaxConnectionsPerAddress (inbound only) are the
+	// endpoint's weida Limits of those names: the connections it serves
+	// at once, and those one client address may hold unless
+	// AllowedClients admits its certificate. Zero means weida's default
+	// (1024 and 64); the tags keep Revision unchanged for resources that
+	// set neither.
+	MaxConnections           int `json:",omitempty"`
+	MaxConnectionsPerAddress int `json:",omitempty"`
 	// CertFile and KeyFile: inbound, the endpoint's certificate (both ""
 	// means generate one at start); outbound, an optional client
 	// certificate.

@@ -245,6 +245,16 @@ func listenConflicts(docs []*Document) {
 				},
 				"give every resource on this address the same allowedClients, or put them on different ports")
 		}
+		connLimits := func(d *Document) string {
+			return fmt.Sprintf("maxConnections %d, maxConnectionsPerAddress %d", d.partial.Weida.MaxConnections, d.partial.Weida.MaxConnectionsPerAddress)
+		}
+		if !allSame(g, connLimits) {
+			conflict(g, fixed("spec.weida.maxConnections"), connLimits, "weida-listen-limits",
+				func(others string) string {
+					return "differs from " + others + " on the same listen address; weida counts connections per listener (0 is the default)"
+				},
+				"use the same maxConnections and maxConnectionsPerAddress in every resource on this address")
+		}
 		if !allSame(g, func(d *Document) string { return strconv.FormatInt(d.partial.Limits.BufferBytes, 10) }) {
 			conflict(g, fixed("spec.limits.bufferBytes"), func(d *Document) string { return strconv.FormatInt(d.partial.Limits.BufferBytes, 10) },
 				"weida-listen-limits",

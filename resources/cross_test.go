@@ -49,6 +49,14 @@ func TestCrossResource(t *testing.T) {
 			mqttIn2(t, "a", "  routes:\n", "  limits: {bufferBytes: 16MiB}\n  routes:\n"),
 			mqttIn2(t, "b", "/sensors", "/other"),
 		}, []diag{{"spec.limits.bufferBytes", "weida-listen-limits"}}},
+		{"same address, other connection limits", []string{
+			mqttIn2(t, "a", "/sensors", "/one\n    maxConnectionsPerAddress: 8"),
+			mqttIn2(t, "b", "/sensors", "/other"),
+		}, []diag{{"spec.weida.maxConnections", "weida-listen-limits"}}},
+		{"same address, same connection limits", []string{
+			mqttIn2(t, "a", "/sensors", "/one\n    maxConnections: 4096\n    maxConnectionsPerAddress: 8"),
+			mqttIn2(t, "b", "/sensors", "/other\n    maxConnections: 4096\n    maxConnectionsPerAddress: 8"),
+		}, nil},
 		{"wildcard and loopback on one port", []string{
 			mqttIn2(t, "a", "127.0.0.1:7001", "0.0.0.0:7001", "/sensors", "/one\n    allowedClients: ["+fp+"]"),
 			mqttIn2(t, "b", "/sensors", "/other"),

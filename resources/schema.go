@@ -80,6 +80,11 @@ type rawWeida struct {
 	KeyFile        string      `yaml:"keyFile" validate:"required_with=CertFile" doc:"the endpoint certificate's PEM private key"`
 	CAFile         string      `yaml:"caFile" doc:"outbound: PEM trust anchors, when the dial URL pins no fingerprint"`
 	AllowedClients []rawClient `yaml:"allowedClients" validate:"max=1024" doc:"inbound: the subscribers admitted, by certificate fingerprint, each to everything (a bare fingerprint) or within its scopes ({client, scopes}); empty admits anyone"`
+
+	// The endpoint's connection limits (issue 25: one host held every
+	// slot of an open endpoint).
+	MaxConnections           *int `yaml:"maxConnections" validate:"omitempty,min=1,max=65536" doc:"inbound: connections the endpoint serves at once, from all clients; default 1024"`
+	MaxConnectionsPerAddress *int `yaml:"maxConnectionsPerAddress" validate:"omitempty,min=1,max=65536" doc:"inbound: connections one client address may hold (an IPv4 address, an IPv6 /64; clients behind one NAT share it), unless allowedClients admits its certificate; at most maxConnections; default 64"`
 }
 
 // rawClient is one entry of spec.weida.allowedClients: a bare fingerprint

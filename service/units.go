@@ -165,7 +165,11 @@ func unit(c *resources.Connector, env Env) (connectors.Unit, error) {
 		CertFile:           c.Weida.CertFile,
 		KeyFile:            c.Weida.KeyFile,
 		ClientFingerprints: c.Weida.AllowedClients,
-		Limits:             weida.Limits{SubscriberBufferBytes: c.Limits.BufferBytes},
+		Limits: weida.Limits{
+			SubscriberBufferBytes:    c.Limits.BufferBytes,
+			MaxConnections:           c.Weida.MaxConnections,
+			MaxConnectionsPerAddress: c.Weida.MaxConnectionsPerAddress,
+		},
 		// With certFile and keyFile the directory holds only the reset
 		// key: the certificate is the operator's to keep. Without it, a
 		// restarted process could not reset its predecessor's connections,

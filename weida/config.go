@@ -16,6 +16,9 @@ const (
 	DefaultSubscriberBufferBytes    = 8 << 20
 	DefaultMaxConnections           = 1024
 	DefaultMaxConnectionsPerPeer    = 64
+	DefaultMaxConnectionsPerAddress = 64
+	DefaultReplayBurst              = 32
+	DefaultReplayInterval           = time.Second
 	DefaultHelloTimeout             = 10 * time.Second
 	DefaultIdleTimeout              = 30 * time.Second
 	DefaultKeepAlive                = 10 * time.Second
@@ -62,9 +65,37 @@ type Limits struct {
 
 	// MaxConnectionsPerPeer is the number of connections one client
 	// fingerprint may hold on one listener; the excess is closed with
-	// LIMIT_EXCEEDED. Connections without a client certificate are each
-	// their own peer and bounded only by MaxConnections. Default 64.
+	// LIMIT_EXCEEDED ("max_connections_per_peer"). Connections without a
+	// client certificate are bounded by MaxConnectionsPerAddress instead.
+	// Default 64.
 	MaxConnectionsPerPeer int
+
+	// MaxConnectionsPerAddress is the number of connections one source
+	// address may hold on one listener, counted for every connection
+	// whose peer is not proved by ClientFingerprints: anonymous ones, and
+	// those presenting a certificate on a listener that admits anyone
+	// (where a fingerprint costs nothing: a client can make a new one for
+	// every connection). The excess is closed with LIMIT_EXCEEDED
+	// ("max_connections_per_address"), so that one host cannot take
+	// every one of MaxConnections. An IPv4 address counts alone; IPv6
+	// addresses count per /64, the prefix a single host or site usually
+	// gets whole and can pick addresses from at will. Subscribers behind
+	// one NAT share the count. Default 64; it should stay well below
+	// MaxConnections.
+	MaxConnectionsPerAddress int
+
+	// ReplayBurst and ReplayInterval bound the replays (see
+	// [Publisher.SetReplayer]) one connection gets: a token bucket
+	// holding ReplayBurst replays, one more every ReplayInterval. A
+	// SUBSCRIBE that finds the bucket empty is applied without a replay,
+	// logged (at most once per connection every 10 s) and counted in
+	// [ListenerStats].ReplaysLimited. A subscriber that sets up its
+	// filters once gets them all replayed; one that subscribes and
+	// unsubscribes in a loop, which would make the endpoint encode and
+	// queue the whole cache at every turn, gets one replay per interval.
+	// Defaults 32 and 1 s.
+	ReplayBurst    int
+	ReplayInterval time.Duration
 
 	// HelloTimeout is how long a connection may exist without a processed
 	// peer HELLO before it is closed with NEGOTIATION_FAILED. Default 10 s.
@@ -154,6 +185,9 @@ func (l Limits) withDefaults(listening bool) (Limits, error) {
 		{"SubscriberBufferBytes", l.SubscriberBufferBytes},
 		{"MaxConnections", int64(l.MaxConnections)},
 		{"MaxConnectionsPerPeer", int64(l.MaxConnectionsPerPeer)},
+		{"MaxConnectionsPerAddress", int64(l.MaxConnectionsPerAddress)},
+		{"ReplayBurst", int64(l.ReplayBurst)},
+		{"ReplayInterval", int64(l.ReplayInterval)},
 		{"HelloTimeout", int64(l.HelloTimeout)},
 		{"IdleTimeout", int64(l.IdleTimeout)},
 		{"KeepAlive", int64(l.KeepAlive)},
@@ -191,6 +225,9 @@ func (l Limits) withDefaults(listening bool) (Limits, error) {
 	def(&l.SubscriberBufferBytes, DefaultSubscriberBufferBytes)
 	defInt(&l.MaxConnections, DefaultMaxConnections)
 	defInt(&l.MaxConnectionsPerPeer, DefaultMaxConnectionsPerPeer)
+	defInt(&l.MaxConnectionsPerAddress, DefaultMaxConnectionsPerAddress)
+	defInt(&l.ReplayBurst, DefaultReplayBurst)
+	defDur(&l.ReplayInterval, DefaultReplayInterval)
 	defDur(&l.HelloTimeout, DefaultHelloTimeout)
 	if listening {
 		defDur(&l.IdleTimeout, DefaultListenerIdleTimeout)
@@ -282,7 +319,8 @@ type ListenConfig struct {
 	// (decrypt_error) after the allowlist admitted it, and the refusal is
 	// logged once the handshake has not completed within 10 s. When empty,
 	// a client certificate is requested but not required; one that is
-	// presented still proves the peer's identity for MaxConnectionsPerPeer.
+	// presented still counts for MaxConnectionsPerPeer, but proves
+	// nothing that would spare it MaxConnectionsPerAddress.
 	ClientFingerprints []string
 
 	Limits Limits

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"runtime"
 	"slices"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/quic-go/quic-go"
+	"golang.org/x/time/rate"
 
 	"weida.dev/connector/weida/address"
 	"weida.dev/connector/weida/topic"
@@ -49,6 +51,15 @@ type Listener struct {
 	paths   map[string]*pathState
 	conns   map[*serverConn]struct{}
 	perPeer map[string]int
+	// perAddr counts the connections MaxConnectionsPerAddress bounds, by
+	// addressKey.
+	perAddr map[netip.Addr]int
+	// allowlist is set when ClientFingerprints admit clients: only then
+	// does a fingerprint prove a peer that MaxConnectionsPerPeer alone
+	// bounds.
+	allowlist bool
+	// warn rate-limits the lines of refusals a peer can cause at will.
+	warn *rateLog
 	// scopes are the SetScopes of each restricted path; scopeStats count
 	// their refusals, per path, for as long as the listener lives.
 	scopes     map[string]Scopes
@@ -119,8 +130,11 @@ func Listen(ctx context.Context, addr string, cfg ListenConfig) (*Listener, erro
 		paths:   make(map[string]*pathState),
 		conns:   make(map[*serverConn]struct{}),
 		perPeer: make(map[string]int),
+		perAddr: make(map[netip.Addr]int),
 		turns:   newSendTurns(),
+		warn:    newRateLog(log),
 
+		allowlist:  len(cfg.ClientFingerprints) > 0,
 		scopes:     make(map[string]Scopes),
 		scopeStats: make(map[string]*ScopeStats),
 	}
@@ -277,30 +291,46 @@ func (l *Listener) admit(qc *quic.Conn) {
 	if len(state.PeerCertificates) > 0 {
 		peer = Fingerprint(state.PeerCertificates[0])
 	}
+	// Connections a fingerprint does not prove (see Limits.
+	// MaxConnectionsPerAddress) are counted by their source address.
+	byAddr := peer == "" || !l.allowlist
+	addr := addressKey(qc.RemoteAddr())
 	l.mu.Lock()
 	var refuse string
 	code := LimitExceeded
 	switch {
 	case l.closed:
-		refuse, code = "listener closing", Shutdown
+		refuse, code = refusedClosing, Shutdown
 	case l.receipts.Load() && trackerOf(qc) == nil:
 		// Its handshake began before a Publisher tracked receipts, and
 		// trackReceipts closed the others of its kind: see
 		// Publisher.TrackReceipts.
 		refuse, code = untrackedReason, Shutdown
 	case len(l.conns) >= l.limits.MaxConnections:
-		refuse = "max_connections"
+		refuse = RefusedMaxConnections
 	case peer != "" && l.perPeer[peer] >= l.limits.MaxConnectionsPerPeer:
-		refuse = "max_connections_per_peer"
+		refuse = RefusedMaxConnectionsPerPeer
+	case byAddr && l.perAddr[addr] >= l.limits.MaxConnectionsPerAddress:
+		refuse = RefusedMaxConnectionsPerAddr
 	}
 	if refuse != "" {
 		l.mu.Unlock()
-		l.stats.connectionsRefused.Add(1)
-		l.log.Warn("weida: refusing connection", "remote", qc.RemoteAddr().String(), "fingerprint", peer, "reason", refuse)
-		_ = qc.CloseWithError(quic.ApplicationErrorCode(code), refuse)
+		l.stats.refused(refuse)
+		l.warn.warn("refused:"+refuse, "weida: refusing connection", "remote", qc.RemoteAddr().String(), "fingerprint", peer, "reason", refuse)
+		// CloseWithError waits for the connection's loop to end; the
+		// accept loop must not. quic-go holds at most 32 handshaken
+		// connections for Accept and refuses the next with a bare
+		// CONNECTION_REFUSED, so a flood refused one at a time here
+		// would crowd out the subscribers behind it (issue 25).
+		l.wg.Go(func() { _ = qc.CloseWithError(quic.ApplicationErrorCode(code), refuse) })
 		return
 	}
 	sc := &serverConn{l: l, peer: peer, subs: make(map[subKey]struct{}), paths: make(map[string]*connPath)}
+	if byAddr {
+		sc.addr, sc.byAddr = addr, true
+		l.perAddr[addr]++
+	}
+	sc.replays = rate.NewLimiter(rate.Every(l.limits.ReplayInterval), l.limits.ReplayBurst)
 	log := l.log
 	if peer != "" {
 		log = log.With("fingerprint", peer)
@@ -468,6 +498,12 @@ type serverConn struct {
 	l    *Listener
 	c    *conn
 	peer string // proved client fingerprint, "" when anonymous
+	// addr is the connection's count in Listener.perAddr, when byAddr.
+	addr   netip.Addr
+	byAddr bool
+	// replays bounds the replays the connection's SUBSCRIBEs get
+	// (Limits.ReplayBurst); used under the path's fan lock.
+	replays *rate.Limiter
 
 	subMu  sync.Mutex
 	subs   map[subKey]struct{}
@@ -511,6 +547,11 @@ func (sc *serverConn) serve() {
 	if sc.peer != "" {
 		if l.perPeer[sc.peer]--; l.perPeer[sc.peer] <= 0 {
 			delete(l.perPeer, sc.peer)
+		}
+	}
+	if sc.byAddr {
+		if l.perAddr[sc.addr]--; l.perAddr[sc.addr] <= 0 {
+			delete(l.perAddr, sc.addr)
 		}
 	}
 	l.mu.Unlock()
@@ -674,7 +715,8 @@ func (sc *serverConn) unsubscribeLocked(path, filter string) {
 
 // enqueue offers one copy to the connection's writer; anything but pushOK
 // means dropped (and counted): pushClosed when nobody is left to take it,
-// pushFull when the subscriber cannot (its buffer, its header limit).
+// pushFull when the subscriber cannot (its buffer, its header limit),
+// pushOwnReplay when its buffer is taken by a replay it asked for.
 func (sc *serverConn) enqueue(f *frame) pushResult {
 	st := &sc.l.stats
 	if !sc.c.negotiated() { // unreachable: a subscription exists only after HELLO
@@ -689,6 +731,8 @@ func (sc *serverConn) enqueue(f *frame) pushResult {
 	switch r {
 	case pushFull:
 		st.dropped.bufferFull.Add(1)
+	case pushOwnReplay:
+		st.dropped.ownReplay.Add(1)
 	case pushClosed:
 		st.dropped.connectionClosed.Add(1)
 	}

@@ -97,6 +97,10 @@ type Result struct {
 	// already closing: nobody was there to take them, as opposed to a
 	// subscriber too slow or too small for them.
 	Closing int
+	// OwnReplay counts the copies of Dropped that did not fit because
+	// their subscriber's buffer still held copies of a replay it asked
+	// for (see [DropCounts].OwnReplay): it filled its own buffer.
+	OwnReplay int
 }
 
 // Publisher is one publisher path registered on a [Listener]. Its methods
@@ -395,6 +399,9 @@ func (fo *fanout) visit(cp *connPath) bool {
 	case pushClosed:
 		fo.r.Dropped++
 		fo.r.Closing++
+	case pushOwnReplay:
+		fo.r.Dropped++
+		fo.r.OwnReplay++
 	default:
 		fo.r.Dropped++
 	}
@@ -416,6 +423,9 @@ type frame struct {
 	// group waits for the receipts of the frame's copies; nil unless it
 	// was published with PublishWithReceipt.
 	group *receiptGroup
+	// replayed marks the copy of a replay, queued on one connection only
+	// (see sendQueue.replayed).
+	replayed bool
 }
 
 // charge is the frame's bytes, header and payload; what a copy of it
@@ -492,7 +502,7 @@ func (fp *framePool) encode(path string, m *Message, marks wire.ReplayMarks) (*f
 }
 
 func (fp *framePool) put(f *frame) {
-	f.pub, f.group = nil, nil
+	f.pub, f.group, f.replayed = nil, nil, false
 	if cap(f.buf) > maxPooledFrame {
 		f.buf = nil
 	}

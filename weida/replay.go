@@ -41,8 +41,12 @@ type Replayer interface {
 //
 // Replayed copies are charged to the connection's buffer like live ones: a
 // replay larger than Limits.SubscriberBufferBytes has its excess dropped
-// and counted in [ListenerStats].Dropped, and the replay of a SUBSCRIBE
-// already held (a repeated one) does not happen. A connection holding
+// and counted in [ListenerStats].Dropped as OwnReplay, as are the live
+// copies that find the buffer still taken by replayed ones; the replay of
+// a SUBSCRIBE already held (a repeated one) does not happen. A connection
+// gets at most Limits.ReplayBurst replays at once and one more per
+// Limits.ReplayInterval: a SUBSCRIBE beyond that is applied without a
+// replay and counted in [ListenerStats].ReplaysLimited. A connection holding
 // several filters receives a replayed copy per SUBSCRIBE whose filter
 // matches, where live traffic sends it one copy per message.
 //
@@ -80,6 +84,15 @@ func (sc *serverConn) replay(ps *pathState, filter string) {
 		return
 	}
 	l := sc.l
+	if !sc.replays.Allow() {
+		// The subscription stands: only its replay is withheld (see
+		// Limits.ReplayBurst).
+		l.stats.replaysLimited.Add(1)
+		l.warn.warn("replay-limited", "weida: SUBSCRIBE not replayed: the connection used up its replays",
+			"remote", sc.c.qc.RemoteAddr().String(), "path", ps.path, "filter", filter,
+			"replay_burst", l.limits.ReplayBurst, "replay_interval", l.limits.ReplayInterval)
+		return
+	}
 	r.Replay(filter, func(m Message) bool {
 		if sc.c.ctx.Err() != nil {
 			return false
@@ -98,8 +111,9 @@ func (sc *serverConn) replay(ps *pathState, filter string) {
 		// A replayed copy lost after queueing is the publisher's to count,
 		// as a live one is.
 		f.pub = ps.replayPub
+		f.replayed = true
 		if f.queuedCharge() > l.limits.SubscriberBufferBytes {
-			l.stats.dropped.bufferFull.Add(1)
+			l.stats.dropped.ownReplay.Add(1)
 		} else if sc.enqueue(f) == pushOK {
 			l.stats.copiesReplayed.Add(1)
 		}

@@ -12,6 +12,10 @@ const (
 	pushOK pushResult = iota
 	pushFull
 	pushClosed
+	// pushOwnReplay is pushFull while the copy is replayed or copies of a
+	// replay wait in the queue: the subscriber's own SUBSCRIBE filled its
+	// buffer (see DropCounts.OwnReplay).
+	pushOwnReplay
 )
 
 // sendQueue is one subscriber connection's fan-out queue: frames waiting
@@ -25,6 +29,10 @@ type sendQueue struct {
 	writing bool
 	closed  bool
 	wake    chan struct{} // capacity 1: "items may be waiting"
+	// replayed is how many of items[head:] are replayed copies: while
+	// any wait, a copy that does not fit is one the subscriber's own
+	// replay crowded out.
+	replayed int
 
 	// poppedAt is when the writer took the copy it is writing (valid
 	// while writing); stallAfter is Limits.SlowConsumerAfter; stalled is
@@ -66,10 +74,17 @@ func (q *sendQueue) push(f *frame, budget int64) pushResult {
 		return pushClosed
 	case q.bytes+c > budget:
 		q.noteStallLocked()
+		own := f.replayed || q.replayed > 0
 		q.mu.Unlock()
+		if own {
+			return pushOwnReplay
+		}
 		return pushFull
 	}
 	q.bytes += c
+	if f.replayed {
+		q.replayed++
+	}
 	f.retain()
 	q.items = append(q.items, f)
 	q.mu.Unlock()
@@ -144,6 +159,9 @@ func (q *sendQueue) tryPop() (f *frame, closed bool) {
 	f = q.items[q.head]
 	q.items[q.head] = nil
 	q.head++
+	if f.replayed {
+		q.replayed--
+	}
 	switch {
 	case q.head == len(q.items):
 		q.head = 0
@@ -203,7 +221,7 @@ func (q *sendQueue) close(st *listenerCounters) {
 		f.release()
 	}
 	st.dropped.connectionClosed.Add(uint64(len(waiting)))
-	q.items, q.head = nil, 0
+	q.items, q.head, q.replayed = nil, 0, 0
 	q.mu.Unlock()
 }
 

@@ -36,7 +36,11 @@ func NewWeida(ctx context.Context, subscribers int, opts Options) (*Weida, error
 	if subscribers < 1 {
 		return nil, fmt.Errorf("bench: %d subscribers; need at least one", subscribers)
 	}
-	l, err := weida.Listen(ctx, "127.0.0.1:0", weida.ListenConfig{})
+	// Every subscriber dials from 127.0.0.1: the per-address limit would
+	// refuse all but the first 64.
+	l, err := weida.Listen(ctx, "127.0.0.1:0", weida.ListenConfig{Limits: weida.Limits{
+		MaxConnectionsPerAddress: max(subscribers, weida.DefaultMaxConnectionsPerAddress),
+	}})
 	if err != nil {
 		return nil, fmt.Errorf("bench: %w", err)
 	}

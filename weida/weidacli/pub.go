@@ -23,7 +23,8 @@ import (
 )
 
 const pubSynopsis = `connector weida pub --path P [--path Q...] [--listen ADDR] [--cert FILE --key FILE]
-           [--allow sha256:<hex>...] [--wait-subscribers N] [--quiet] [--strict]
+           [--allow sha256:<hex>...] [--max-connections N] [--max-connections-per-address N]
+           [--wait-subscribers N] [--quiet] [--strict]
 
 Hosts a weida publisher endpoint: binds ADDR (UDP), registers each --path,
 prints the endpoint's fingerprint and a ready-to-paste 'connector weida sub'
@@ -70,6 +71,8 @@ func cmdPub(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	certFile := fs.String("cert", "", "certificate chain (PEM); without it a self-signed certificate is generated")
 	keyFile := fs.String("key", "", "the certificate's private key (PEM)")
 	fs.Var(&allow, "allow", "admit only clients presenting a certificate with this fingerprint (sha256:<hex>); repeatable")
+	maxConns := fs.Int("max-connections", 0, "connections the endpoint serves at once; 0 means weida's default (1024)")
+	maxPerAddr := fs.Int("max-connections-per-address", 0, "connections one client address (an IPv6 /64) may hold, unless --allow lists its certificate; 0 means weida's default (64)")
 	wait := fs.Int("wait-subscribers", 0, "before reading stdin, wait until this many subscriber connections hold a subscription")
 	quiet := fs.Bool("quiet", false, "print only a summary at the end, not a report per line")
 	strict := fs.Bool("strict", false, "stop at the first invalid line, with status 1")
@@ -89,6 +92,8 @@ func cmdPub(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 		return bad("--cert and --key go together")
 	case *wait < 0:
 		return bad("--wait-subscribers must be 0 or more, not %d", *wait)
+	case *maxConns < 0 || *maxPerAddr < 0:
+		return bad("--max-connections and --max-connections-per-address must be 0 (the default) or more")
 	case *drain <= 0 || *linger < 0:
 		return bad("--drain must be positive and --linger not negative")
 	}
@@ -110,6 +115,7 @@ func cmdPub(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 
 	l, err := weida.Listen(ctx, *listen, weida.ListenConfig{
 		CertFile: *certFile, KeyFile: *keyFile, ClientFingerprints: allow,
+		Limits: weida.Limits{MaxConnections: *maxConns, MaxConnectionsPerAddress: *maxPerAddr},
 		Logger: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	})
 	if err != nil {

@@ -295,12 +295,38 @@ func dialSub(ctx context.Context, o subOptions, f *weida.Failover, stderr io.Wri
 		fmt.Fprintf(stderr, "connector weida sub: no weida publisher answered at %s (UDP): %v\n", hostPorts(o), err)
 	default:
 		fmt.Fprintf(stderr, "connector weida sub: %v\n", err)
-		var ce *weida.CloseError
-		if errors.As(err, &ce) && o.certFile == "" {
-			fmt.Fprintln(stderr, "connector weida sub: if the publisher admits listed clients only (pub --allow), give --cert and --key")
+		if hint := dialHint(err, o); hint != "" {
+			fmt.Fprintln(stderr, "connector weida sub: "+hint)
 		}
 	}
 	return nil, false
+}
+
+// dialHint says what to do about a failed dial, or "" when the error says
+// it all. Only a refused client certificate earns the --cert hint: a
+// publisher that refused the connection for one of its limits (issue 25:
+// every slot taken by one host) admitted the client, and a certificate
+// would change nothing.
+func dialHint(err error, o subOptions) string {
+	var ce *weida.CloseError
+	switch {
+	case errors.Is(err, weida.ErrClientRefused):
+		if o.certFile == "" {
+			return "the publisher admits listed clients only (pub --allow): give --cert and --key"
+		}
+		return "the publisher does not list this certificate's fingerprint: ask its operator to admit it"
+	case !errors.As(err, &ce) || !ce.Remote || ce.Code != weida.LimitExceeded:
+		return ""
+	}
+	switch ce.Reason {
+	case weida.RefusedMaxConnections:
+		return "the publisher serves as many connections as it allows (max_connections), from all its clients: try again later, or ask its operator to raise the limit (spec.weida.maxConnections)"
+	case weida.RefusedMaxConnectionsPerAddr:
+		return "this client's address (for IPv6, its /64) holds as many connections to the publisher as it allows (max_connections_per_address): close some, or ask its operator to raise the limit (spec.weida.maxConnectionsPerAddress) or to admit this client by certificate (allowedClients)"
+	case weida.RefusedMaxConnectionsPerPeer:
+		return "this client certificate holds as many connections to the publisher as it allows (max_connections_per_peer): close some of them"
+	}
+	return "the publisher refused the connection for one of its limits (" + ce.Reason + ")"
 }
 
 // receiveSub prints messages until --count, an interrupt (after the drain

@@ -96,3 +96,73 @@ func TestSettled(t *testing.T) {
 		}
 	}
 }
+
+// TestWeidaSubRefusedForALimit: a publisher that refuses the connection
+// for one of its limits admitted the client, so sub names the limit and
+// gives no --cert hint (issue 25: a full endpoint told an anonymous
+// subscriber to give a certificate).
+func TestWeidaSubRefusedForALimit(t *testing.T) {
+	for _, c := range []struct {
+		flag, want string
+	}{
+		{"--max-connections", "max_connections), from all its clients"},
+		{"--max-connections-per-address", "this client's address (for IPv6, its /64)"},
+	} {
+		t.Run(c.flag, func(t *testing.T) {
+			pub, url := startPub(t, "--path", "/p", c.flag, "1", "--quiet")
+			defer func() {
+				_ = pub.stdin.Close()
+				pub.wait()
+			}()
+			ctx, cancel := context.WithTimeout(context.Background(), guard)
+			defer cancel()
+			held, err := weida.Dial(ctx, url, weida.DialConfig{})
+			if err != nil {
+				t.Fatalf("the first connection: %v", err)
+			}
+			defer held.Close()
+			code, _, errOut := runCLI(t, "", "sub", url, "--filter", "", "--dial-timeout", "10s")
+			if code != cli.ExitFailure {
+				t.Errorf("code %d, want %d; stderr %q", code, cli.ExitFailure, errOut)
+			}
+			if !strings.Contains(errOut, "LIMIT_EXCEEDED") || !strings.Contains(errOut, c.want) {
+				t.Errorf("stderr %q does not say which limit refused it (%q)", errOut, c.want)
+			}
+			if strings.Contains(errOut, "--cert") {
+				t.Errorf("stderr %q gives the --cert hint for a limit", errOut)
+			}
+		})
+	}
+}
+
+// TestDialHint: the hint follows what refused the dial; only a refused
+// client certificate earns --cert.
+func TestDialHint(t *testing.T) {
+	limit := func(reason string) error {
+		return fmt.Errorf("weida: dial: %w", &weida.CloseError{Code: weida.LimitExceeded, Reason: reason, Remote: true})
+	}
+	refused := fmt.Errorf("weida: dial: %w", weida.ErrClientRefused)
+	for _, c := range []struct {
+		name     string
+		err      error
+		certFile string
+		want     string
+	}{
+		{"refused, no certificate", refused, "", "give --cert and --key"},
+		{"refused, a certificate", refused, "c.pem", "does not list this certificate"},
+		{"max_connections", limit(weida.RefusedMaxConnections), "", "(max_connections), from all its clients"},
+		{"per address", limit(weida.RefusedMaxConnectionsPerAddr), "", "(max_connections_per_address)"},
+		{"per peer", limit(weida.RefusedMaxConnectionsPerPeer), "c.pem", "(max_connections_per_peer)"},
+		{"another limit", limit("max_something"), "", "one of its limits (max_something)"},
+		{"local close", &weida.CloseError{Code: weida.LimitExceeded, Reason: "max_connections"}, "", ""},
+		{"shutting down", &weida.CloseError{Code: weida.Shutdown, Reason: "listener closing", Remote: true}, "", ""},
+	} {
+		got := dialHint(c.err, subOptions{certFile: c.certFile})
+		if (c.want == "") != (got == "") || !strings.Contains(got, c.want) {
+			t.Errorf("%s: hint %q, want one with %q", c.name, got, c.want)
+		}
+		if c.want != "" && !strings.Contains(c.want, "--cert") && strings.Contains(got, "--cert") {
+			t.Errorf("%s: hint %q names --cert", c.name, got)
+		}
+	}
+}
