@@ -239,6 +239,9 @@ func listenConflicts(docs []*Document) {
 				if len(d.partial.Weida.AllowedClients) == 0 {
 					return "anyone"
 				}
+				if ca := d.partial.Weida.ClientCAFile; ca != "" {
+					return fmt.Sprintf("%d clients, client CA %s", len(d.partial.Weida.AllowedClients), ca)
+				}
 				return fmt.Sprintf("%d fingerprints", len(d.partial.Weida.AllowedClients))
 			}, "weida-listen-clients",
 				func(others string) string {

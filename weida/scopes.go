@@ -128,18 +128,20 @@ func (l *Listener) admitsLocked(path string, sc *serverConn, filter string) stri
 		return ""
 	}
 	scopes, listed := s[sc.peer]
-	if len(sc.names) > 0 {
-		// The union of every key the client is known under: one certificate
-		// may carry several listed identities, each granting part.
-		scopes = slices.Clone(scopes)
-		for _, n := range sc.names {
-			if n == sc.peer {
-				continue
-			}
-			if fs, ok := s[n]; ok {
-				scopes, listed = append(scopes, fs...), true
-			}
+	// The union of every key the client is known under: one certificate
+	// may carry several listed identities, each granting part. Copied
+	// only when a second key adds to the first, so that a client known
+	// by its fingerprint alone costs nothing.
+	copied := false
+	for _, n := range sc.names {
+		fs, ok := s[n]
+		if n == sc.peer || !ok {
+			continue
 		}
+		if !copied && listed {
+			scopes, copied = slices.Clone(scopes), true
+		}
+		scopes, listed = append(scopes, fs...), true
 	}
 	switch {
 	case !listed:
