@@ -289,3 +289,28 @@ func TestCertIdentities(t *testing.T) {
 		t.Errorf("certIdentities = %q, want %q", got, want)
 	}
 }
+
+// TestClientCAFingerprintAndIdentity: a CA-issued certificate whose
+// fingerprint is also pinned gets the union of the fingerprint's scopes
+// and its identity's; another client pinned beside it keeps its own.
+func TestClientCAFingerprintAndIdentity(t *testing.T) {
+	ca := newCert(t, "ca", nil)
+	dash := issueClient(t, ca, "dash", withURI(t, "spiffe://plant-a/dash"))
+	other := issueClient(t, ca, "other", nil)
+	l := listen(t, ListenConfig{
+		ClientFingerprints: []string{Fingerprint(dash.cert), Fingerprint(other.cert)},
+		ClientIdentities:   []string{idDash},
+		ClientCAFile:       ca.certFile,
+	})
+	p := publisher(t, l, "/p")
+	r := &storeReplayer{}
+	p.SetReplayer(r)
+	for _, tp := range []string{"plant.a.x", "plant.c.z"} {
+		r.publish(t, p, tp, tp)
+	}
+	if err := l.SetScopes("/p", Scopes{Fingerprint(dash.cert): {"plant.c.#"}, idDash: {"plant.a.#"}, Fingerprint(other.cert): {"plant.c.#"}}); err != nil {
+		t.Fatal(err)
+	}
+	expectScopes(t, l, dash, map[string]string{"plant.a.#": "plant.a.x", "plant.c.#": "plant.c.z"}, "plant.#")
+	expectScopes(t, l, other, map[string]string{"plant.c.#": "plant.c.z"}, "plant.a.#")
+}
