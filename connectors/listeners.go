@@ -196,5 +196,6 @@ func (ls *listeners) shutdown(drain time.Duration) {
 func sameListenIdentity(a, b weida.ListenConfig) bool {
 	return a.CertFile == b.CertFile && a.KeyFile == b.KeyFile && a.StateDir == b.StateDir &&
 		slices.Equal(a.ClientFingerprints, b.ClientFingerprints) &&
+		slices.Equal(a.ClientIdentities, b.ClientIdentities) && a.ClientCAFile == b.ClientCAFile &&
 		a.Limits == b.Limits
 }

@@ -219,7 +219,7 @@ func (b *binder) bindWeida(rw *rawWeida) {
 	switch b.raw.Spec.Direction {
 	case "inbound":
 		b.directionOnly(base+".dial", rw.Dial != "", "outbound", "an inbound resource hosts its endpoint: write listen: weida://host:port/path")
-		b.directionOnly(base+".caFile", rw.CAFile != "", "outbound", "an inbound endpoint admits clients by fingerprint: use allowedClients")
+		b.directionOnly(base+".caFile", rw.CAFile != "", "outbound", "an inbound endpoint admits clients by allowedClients: clientCAFile holds the CA of the clients it names by san or commonName")
 		b.directionOnly(base+".failover", len(rw.Failover) > 0, "outbound", "an inbound resource hosts one address; its subscribers list the replicas' addresses")
 		b.bindConnectionLimits(rw)
 		if rw.Listen == "" {
@@ -242,11 +242,13 @@ func (b *binder) bindWeida(rw *rawWeida) {
 		}
 		w.Endpoint = a
 		w.AllowedClients, w.Scopes = b.allowedClients(base+".allowedClients", rw.AllowedClients)
+		b.bindClientCA(rw, w)
 	case "outbound":
 		b.directionOnly(base+".listen", rw.Listen != "", "inbound", "an outbound resource dials a publisher: write dial: weida://sha256:<fingerprint>@host:port/path")
 		b.directionOnly(base+".maxConnections", rw.MaxConnections != nil, "inbound", "an outbound resource holds one connection to the endpoint it dials")
 		b.directionOnly(base+".maxConnectionsPerAddress", rw.MaxConnectionsPerAddress != nil, "inbound", "an outbound resource holds one connection to the endpoint it dials")
 		b.directionOnly(base+".allowedClients", len(rw.AllowedClients) > 0, "inbound", "an outbound resource is the client; it presents certFile/keyFile if the endpoint asks")
+		b.directionOnly(base+".clientCAFile", rw.ClientCAFile != "", "inbound", "an outbound resource is the client; caFile holds the anchors for the endpoint it dials")
 		if rw.Dial == "" {
 			if rw.Listen == "" {
 				b.fail(base+".dial", b.lookupPos(base+".dial", true), "", "required",
@@ -693,4 +695,29 @@ func (b *binder) bindLastValue(rl *rawLastValue) {
 	}
 	c.LastValue = lv
 	c.PolicyOptions.LastValue = true
+}
+
+// bindClientCA checks spec.weida.clientCAFile against the allowedClients
+// just bound into w: the file and the entries naming CA-issued clients
+// need each other, since either alone admits nobody it names.
+func (b *binder) bindClientCA(rw *rawWeida, w *Weida) {
+	const field = "spec.weida.clientCAFile"
+	identities := 0
+	for _, n := range w.AllowedClients {
+		if !strings.HasPrefix(n, "sha256:") {
+			identities++
+		}
+	}
+	switch {
+	case identities > 0 && rw.ClientCAFile == "":
+		b.fail(field, b.lookupPos(field, true), "", "required",
+			fmt.Sprintf("is required: allowedClients names %d client(s) by san or commonName, which only a certificate from a client CA can prove", identities),
+			"clientCAFile: client-ca.pem (PEM CA certificates, relative to the resource file)")
+	case identities == 0 && rw.ClientCAFile != "":
+		b.fail(field, b.at(field), rw.ClientCAFile, "client-ca-unused",
+			"admits nobody: no allowedClients entry names a client by san or commonName",
+			"add entries such as {san: dns:dash-7.plant-a.example} for the clients this CA issues, or remove clientCAFile")
+	default:
+		w.ClientCAFile = b.relTo(rw.ClientCAFile)
+	}
 }

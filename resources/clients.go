@@ -3,6 +3,7 @@ package resources
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"weida.dev/connector/weida/address"
 	"weida.dev/connector/weida/topic"
@@ -12,11 +13,13 @@ import (
 // is checked against all of them.
 const maxScopes = 64
 
-// allowedClients checks spec.weida.allowedClients (at path) and returns the
-// fingerprints it admits, in order, and the scopes of the entries that
-// have some (nil when none has). Every fault is recorded.
+// allowedClients checks spec.weida.allowedClients (at path) and returns
+// the names it admits, in order: fingerprints ("sha256:<hex>") and
+// CA-issued identities ("dns:…", "uri:…", "email:…" from san, "cn:…" from
+// commonName), and the scopes of the entries that have some (nil when
+// none has). Every fault is recorded.
 func (b *binder) allowedClients(path string, raw []rawClient) ([]string, map[string][]string) {
-	var fps []string
+	var names []string
 	var scopes map[string][]string
 	seen := make(map[string]int, len(raw))
 	for i, rc := range raw {
@@ -24,30 +27,18 @@ func (b *binder) allowedClients(path string, raw []rawClient) ([]string, map[str
 		if !b.ok(entry) {
 			continue // the decoder said what is wrong with it
 		}
-		fpath := entry
-		if !rc.bare {
-			fpath = entry + ".client"
-		}
-		switch {
-		case !rc.bare && rc.Client == "":
-			b.fail(fpath, b.lookupPos(fpath, true), "", "required",
-				"is required: an entry with scopes names its client",
-				"client: sha256:<64 hex digits> (`connector weida` prints a certificate's fingerprint)")
-			continue
-		case address.ValidateFingerprint(rc.Client) != nil:
-			b.fail(fpath, b.at(fpath), rc.Client, "fingerprint",
-				`must be "sha256:" followed by 64 lowercase hexadecimal digits`,
-				"`connector weida` prints a certificate's fingerprint")
+		name, ok := b.clientName(entry, rc)
+		if !ok {
 			continue
 		}
-		if j, dup := seen[rc.Client]; dup {
-			b.fail(path, b.at(entry), rc.Client, "unique",
-				fmt.Sprintf("lists %s twice, in entries %d and %d", rc.Client, j, i),
+		if j, dup := seen[name]; dup {
+			b.fail(path, b.at(entry), name, "unique",
+				fmt.Sprintf("lists %s twice, in entries %d and %d", name, j, i),
 				"list each client once; give it all its scopes in one entry")
 			continue
 		}
-		seen[rc.Client] = i
-		fps = append(fps, rc.Client)
+		seen[name] = i
+		names = append(names, name)
 		if rc.bare || rc.Scopes == nil {
 			continue // admitted to everything
 		}
@@ -55,10 +46,83 @@ func (b *binder) allowedClients(path string, raw []rawClient) ([]string, map[str
 			if scopes == nil {
 				scopes = make(map[string][]string)
 			}
-			scopes[rc.Client] = s
+			scopes[name] = s
 		}
 	}
-	return fps, scopes
+	return names, scopes
+}
+
+// clientName checks how one allowedClients entry names its client and
+// returns the name weida admits it under.
+func (b *binder) clientName(entry string, rc rawClient) (string, bool) {
+	if rc.bare {
+		if address.ValidateFingerprint(rc.Client) != nil {
+			b.fail(entry, b.at(entry), rc.Client, "fingerprint",
+				`must be "sha256:" followed by 64 lowercase hexadecimal digits`,
+				"`connector weida` prints a certificate's fingerprint")
+			return "", false
+		}
+		return rc.Client, true
+	}
+	var set []string
+	for _, f := range []struct{ key, value string }{{"client", rc.Client}, {"san", rc.SAN}, {"commonName", rc.CommonName}} {
+		if f.value != "" {
+			set = append(set, f.key)
+		}
+	}
+	switch len(set) {
+	case 0:
+		b.fail(entry+".client", b.lookupPos(entry+".client", true), "", "required",
+			"is required: an entry names its client by client (a fingerprint), san or commonName",
+			"client: sha256:<64 hex digits> (`connector weida` prints a certificate's fingerprint), or san: dns:<name> for a certificate clientCAFile issued")
+		return "", false
+	case 1:
+	default:
+		b.fail(entry, b.lookupPos(entry, true), strings.Join(set, ", "), "client-one-name",
+			"names its client "+strings.Join(set, " and ")+": one entry names one client, one way",
+			"keep one of them; a client known both ways may have two entries, whose scopes add up")
+		return "", false
+	}
+	switch {
+	case rc.Client != "":
+		fpath := entry + ".client"
+		if address.ValidateFingerprint(rc.Client) != nil {
+			b.fail(fpath, b.at(fpath), rc.Client, "fingerprint",
+				`must be "sha256:" followed by 64 lowercase hexadecimal digits`,
+				"`connector weida` prints a certificate's fingerprint")
+			return "", false
+		}
+		return rc.Client, true
+	case rc.SAN != "":
+		fpath := entry + ".san"
+		kind, _, _ := strings.Cut(rc.SAN, ":")
+		if err := address.ValidateIdentity(rc.SAN); err != nil || kind == "cn" {
+			msg := `must be "dns:", "uri:" or "email:" and the name, exactly as the certificate carries it`
+			if err != nil && kind != "cn" {
+				msg = "is not a subject alternative name: " + err.Error()
+			}
+			b.fail(fpath, b.at(fpath), rc.SAN, "client-san", msg,
+				"san: dns:dash-7.plant-a.example, san: uri:spiffe://plant-a/dash or san: email:ops@plant-a.example; a subject's CommonName goes in commonName")
+			return "", false
+		}
+		return rc.SAN, true
+	default:
+		fpath := entry + ".commonName"
+		name := "cn:" + rc.CommonName
+		if err := address.ValidateIdentity(name); err != nil {
+			b.fail(fpath, b.at(fpath), rc.CommonName, "client-common-name",
+				"is not a CommonName weida can match: "+err.Error(),
+				"write the CommonName alone, exactly as the certificate carries it: commonName: dash-7, not CN=dash-7,O=plant-a")
+			return "", false
+		}
+		if strings.HasPrefix(strings.ToUpper(rc.CommonName), "CN=") {
+			b.fail(fpath, b.at(fpath), rc.CommonName, "client-common-name",
+				"is a distinguished name; only the CommonName is compared",
+				"write the CommonName alone: commonName: "+strings.TrimPrefix(strings.SplitN(rc.CommonName[3:], ",", 2)[0], " "))
+			return "", false
+		}
+		return name, true
+	}
 }
 
 // clientScopes checks one client's scopes, each a weida filter.

@@ -239,13 +239,22 @@ type Weida struct {
 	// CAFile (outbound only) holds the trust anchors for the endpoint's
 	// certificate when the URL pins no fingerprint.
 	CAFile string
-	// AllowedClients (inbound only) are the "sha256:<hex>" fingerprints of
-	// the client certificates that may subscribe. Empty means anyone who
-	// can reach the address may subscribe and receive every bridged message.
+	// AllowedClients (inbound only) name the clients that may subscribe:
+	// "sha256:<hex>" fingerprints of their certificates, and names that a
+	// certificate issued by ClientCAFile carries ("dns:…", "uri:…",
+	// "email:…" subject alternative names, "cn:…" the subject's
+	// CommonName; see weida.ListenConfig.ClientIdentities). Empty means
+	// anyone who can reach the address may subscribe and receive every
+	// bridged message.
 	AllowedClients []string
+	// ClientCAFile (inbound only) holds the CA certificates that issue the
+	// clients AllowedClients names by identity; set exactly when it names
+	// one. (The tag keeps Revision unchanged for resources without it.)
+	ClientCAFile string `json:",omitempty"`
 	// Scopes (inbound only) restrict what some of AllowedClients may
 	// subscribe to on this endpoint's path: the weida filters listed for
-	// a fingerprint, within which every SUBSCRIBE filter must lie (see
+	// a name of AllowedClients (a client known under several gets their
+	// union), within which every SUBSCRIBE filter must lie (see
 	// topic.CoveredBy). A client in AllowedClients without an entry here
 	// may subscribe to everything. Nil when no entry has scopes. (The tag
 	// keeps Revision unchanged for resources without it.)

@@ -227,7 +227,8 @@ func listenConflicts(docs []*Document) {
 		if !allSame(g, func(d *Document) string {
 			fps := slices.Clone(d.partial.Weida.AllowedClients)
 			slices.Sort(fps)
-			return strings.Join(fps, ",")
+			// The CA proves the identities listed: another CA admits others.
+			return strings.Join(fps, ",") + "\x00" + d.partial.Weida.ClientCAFile
 		}) {
 			conflict(g, func(d *Document) string {
 				if len(d.partial.Weida.AllowedClients) == 0 {
@@ -237,6 +238,9 @@ func listenConflicts(docs []*Document) {
 			}, func(d *Document) string {
 				if len(d.partial.Weida.AllowedClients) == 0 {
 					return "anyone"
+				}
+				if ca := d.partial.Weida.ClientCAFile; ca != "" {
+					return fmt.Sprintf("%d clients, client CA %s", len(d.partial.Weida.AllowedClients), ca)
 				}
 				return fmt.Sprintf("%d fingerprints", len(d.partial.Weida.AllowedClients))
 			}, "weida-listen-clients",

@@ -45,6 +45,14 @@ func TestCrossResource(t *testing.T) {
 			mqttIn2(t, "a", "/sensors", "/one\n    allowedClients: ["+fp+"]"),
 			mqttIn2(t, "b", "/sensors", "/other"),
 		}, []diag{{"", "weida-listen-clients"}}},
+		{"same address, same clients, other client CA", []string{
+			mqttIn2(t, "a", "/sensors", "/one\n    clientCAFile: ca1.pem\n    allowedClients: [{san: 'dns:a.example'}]"),
+			mqttIn2(t, "b", "/sensors", "/other\n    clientCAFile: ca2.pem\n    allowedClients: [{san: 'dns:a.example'}]"),
+		}, []diag{{"spec.weida.allowedClients", "weida-listen-clients"}}},
+		{"same address, same clients, same client CA", []string{
+			mqttIn2(t, "a", "/sensors", "/one\n    clientCAFile: ca.pem\n    allowedClients: [{san: 'dns:a.example', scopes: [a.#]}]"),
+			mqttIn2(t, "b", "/sensors", "/other\n    clientCAFile: ca.pem\n    allowedClients: [{san: 'dns:a.example'}]"),
+		}, nil},
 		{"same address, other buffer", []string{
 			mqttIn2(t, "a", "  routes:\n", "  limits: {bufferBytes: 16MiB}\n  routes:\n"),
 			mqttIn2(t, "b", "/sensors", "/other"),

@@ -221,7 +221,7 @@ func (d *decoder) decode(path string, key Position, n ast.Node, v reflect.Value)
 			d.decodeStruct(path, at, n, v)
 			return
 		}
-		if s, ok := d.scalarString(path, at, n, `a fingerprint "sha256:<hex>", or a mapping {client, scopes}`); ok {
+		if s, ok := d.scalarString(path, at, n, `a fingerprint "sha256:<hex>", or a mapping {client|san|commonName, scopes}`); ok {
 			rc := v.Addr().Interface().(*rawClient)
 			rc.Client, rc.bare = s, true
 		}

@@ -240,6 +240,14 @@ func (g *schemaGen) typ(t reflect.Type, path string, elem, keys []tag) (map[stri
 		if err != nil {
 			return nil, err
 		}
+		// Exactly one of the three names the client.
+		delete(obj, "required")
+		obj["oneOf"] = []any{
+			map[string]any{"required": []string{"client"}},
+			map[string]any{"required": []string{"san"}},
+			map[string]any{"required": []string{"commonName"}},
+		}
+		obj["properties"].(map[string]any)["san"].(map[string]any)["pattern"] = `^(?:dns|uri|email):\S`
 		return map[string]any{"anyOf": []any{
 			map[string]any{"type": "string", "pattern": `^(?:sha256:[0-9a-f]{64})$`, "description": "admitted to everything"},
 			obj,

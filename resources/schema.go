@@ -79,7 +79,8 @@ type rawWeida struct {
 	CertFile       string      `yaml:"certFile" validate:"required_with=KeyFile" doc:"the endpoint's PEM certificate, with keyFile; a self-signed one is generated when both are left out"`
 	KeyFile        string      `yaml:"keyFile" validate:"required_with=CertFile" doc:"the endpoint certificate's PEM private key"`
 	CAFile         string      `yaml:"caFile" doc:"outbound: PEM trust anchors, when the dial URL pins no fingerprint"`
-	AllowedClients []rawClient `yaml:"allowedClients" validate:"max=1024" doc:"inbound: the subscribers admitted, by certificate fingerprint, each to everything (a bare fingerprint) or within its scopes ({client, scopes}); empty admits anyone"`
+	AllowedClients []rawClient `yaml:"allowedClients" validate:"max=1024" doc:"inbound: the subscribers admitted, by certificate fingerprint or by a name their clientCAFile-issued certificate carries, each to everything (a bare fingerprint, or an entry without scopes) or within its scopes ({client|san|commonName, scopes}); empty admits anyone"`
+	ClientCAFile   string      `yaml:"clientCAFile" doc:"inbound: PEM CA certificates issuing the client certificates that allowedClients entries with san or commonName name; read again when it changes"`
 
 	// The endpoint's connection limits (issue 25: one host held every
 	// slot of an open endpoint).
@@ -88,15 +89,19 @@ type rawWeida struct {
 }
 
 // rawClient is one entry of spec.weida.allowedClients: a bare fingerprint
-// (bare, admitted to everything) or the mapping {client, scopes}. The
-// loader checks both forms by hand (see binder.allowedClients), so that a
-// bare fingerprint's fault is reported at the entry, as before scopes
-// existed; the validate tags here only describe the mapping in the JSON
-// Schema.
+// (bare, admitted to everything) or a mapping naming the client by exactly
+// one of client (a fingerprint), san or commonName (a name of a
+// certificate clientCAFile issued), with optional scopes. The loader
+// checks both forms by hand (see binder.allowedClients), so that a bare
+// fingerprint's fault is reported at the entry, as before scopes existed;
+// the validate tags here only describe the mapping in the JSON Schema,
+// which adds the one-of rule (see schemaGen.typ).
 type rawClient struct {
-	Client string   `yaml:"client" validate:"required,fingerprint" doc:"the subscriber's certificate fingerprint"`
-	Scopes []string `yaml:"scopes" validate:"omitempty,min=1,max=64,unique,dive,max=256" doc:"weida filters the subscriber may subscribe within: a SUBSCRIBE is admitted only when every topic its filter can match is matched by one of them; left out, everything"`
-	bare   bool
+	Client     string   `yaml:"client" validate:"omitempty,fingerprint" doc:"the subscriber's certificate fingerprint"`
+	SAN        string   `yaml:"san" validate:"omitempty,max=1024" doc:"instead of client: a subject alternative name its certificate carries, exactly: dns:<name>, uri:<uri> or email:<address>; the certificate must chain to clientCAFile"`
+	CommonName string   `yaml:"commonName" validate:"omitempty,max=1024" doc:"instead of client: its certificate's subject CommonName, exactly; the certificate must chain to clientCAFile"`
+	Scopes     []string `yaml:"scopes" validate:"omitempty,min=1,max=64,unique,dive,max=256" doc:"weida filters the subscriber may subscribe within: a SUBSCRIBE is admitted only when every topic its filter can match is matched by one of them; left out, everything"`
+	bare       bool
 }
 
 type rawConversion struct {

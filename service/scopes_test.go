@@ -26,3 +26,19 @@ func TestEndpointScopes(t *testing.T) {
 		t.Errorf("endpointScopes = %v, want %v", got, want)
 	}
 }
+
+// TestSplitClients: fingerprints go to ClientFingerprints, identities to
+// ClientIdentities, each in order; scopes keyed by an identity list every
+// client as fingerprints alone do.
+func TestSplitClients(t *testing.T) {
+	a := "sha256:aa"
+	fps, ids := splitClients([]string{"dns:x.example", a, "cn:ops"})
+	if !slices.Equal(fps, []string{a}) || !slices.Equal(ids, []string{"dns:x.example", "cn:ops"}) {
+		t.Errorf("splitClients = %q, %q", fps, ids)
+	}
+	got := endpointScopes(resources.Weida{AllowedClients: []string{a, "cn:ops"}, Scopes: map[string][]string{"cn:ops": {"plant.a.#"}}})
+	want := weida.Scopes{a: {"#"}, "cn:ops": {"plant.a.#"}}
+	if !maps.EqualFunc(got, want, slices.Equal) {
+		t.Errorf("endpointScopes = %v, want %v", got, want)
+	}
+}

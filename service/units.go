@@ -159,12 +159,15 @@ func unit(c *resources.Connector, env Env) (connectors.Unit, error) {
 		u.NewSink = perAttempt(tlsErr, bc, again, d.Sink)
 		return u, nil
 	}
+	fps, ids := splitClients(c.Weida.AllowedClients)
 	u.Listen = c.Weida.Endpoint.HostPort()
 	u.Path = c.Weida.Endpoint.Path
 	u.ListenConfig = weida.ListenConfig{
 		CertFile:           c.Weida.CertFile,
 		KeyFile:            c.Weida.KeyFile,
-		ClientFingerprints: c.Weida.AllowedClients,
+		ClientFingerprints: fps,
+		ClientIdentities:   ids,
+		ClientCAFile:       c.Weida.ClientCAFile,
 		Limits: weida.Limits{
 			SubscriberBufferBytes:    c.Limits.BufferBytes,
 			MaxConnections:           c.Weida.MaxConnections,
@@ -185,11 +188,26 @@ func unit(c *resources.Connector, env Env) (connectors.Unit, error) {
 	return u, nil
 }
 
+// splitClients takes allowedClients, which lists fingerprints and
+// CA-issued identities in one list, apart into the two weida admits
+// differently (ListenConfig.ClientFingerprints, ClientIdentities).
+func splitClients(names []string) (fps, ids []string) {
+	for _, n := range names {
+		if strings.HasPrefix(n, "sha256:") {
+			fps = append(fps, n)
+		} else {
+			ids = append(ids, n)
+		}
+	}
+	return fps, ids
+}
+
 // endpointScopes turns an endpoint's allowedClients into weida scopes: nil
 // when no client has scopes (the allowlist alone decides, as before
-// scopes existed); otherwise every allowed client, a bare one with "#",
-// everything, so that each listed client stays admitted to what the
-// resource says.
+// scopes existed); otherwise every allowed client, by fingerprint or
+// identity, one without scopes with "#", everything, so that each listed
+// client stays admitted to what the resource says (weida gives a client
+// known under several names the union of their scopes).
 func endpointScopes(w resources.Weida) weida.Scopes {
 	if len(w.Scopes) == 0 {
 		return nil

@@ -323,6 +323,31 @@ type ListenConfig struct {
 	// nothing that would spare it MaxConnectionsPerAddress.
 	ClientFingerprints []string
 
+	// ClientIdentities and ClientCAFile admit clients by a name their
+	// certificate carries instead of by its key, so that a new client
+	// needs a certificate from the CA rather than an edit of this list.
+	// Each identity is "dns:<name>", "uri:<uri>" or "email:<address>", a
+	// subject alternative name of that type, or "cn:<name>", the
+	// subject's CommonName (see address.ValidateIdentity). A client is
+	// admitted under an identity when its certificate chains to a
+	// certificate of ClientCAFile (PEM, CA certificates only) for client
+	// authentication (extended key usage clientAuth, or none) at the time
+	// of the handshake, and carries the identity exactly, byte for byte:
+	// no wildcard, no case folding. Revocation is not checked.
+	//
+	// The two are set together, or neither. With ClientFingerprints, a
+	// client listed by either is admitted; one refused by both is refused
+	// as ClientFingerprints refuses it, with the reason logged. The names
+	// a client is admitted under (its listed fingerprint, each listed
+	// identity it carries) are all keys of [Scopes] that apply to it.
+	//
+	// ClientCAFile is read again when it changes, as CertFile is (see
+	// [CertCheckInterval]): new handshakes are verified against the new
+	// anchors, connections already open stay. A file that does not load
+	// is logged, and the previous anchors kept.
+	ClientIdentities []string
+	ClientCAFile     string
+
 	Limits Limits
 
 	// TrackReceipts makes the listener record, on every connection it

@@ -11,7 +11,9 @@
 // generates a self-signed one at start and logs its fingerprint; a
 // subscriber pins it in the URL, weida://sha256:<hex>@host:port/path, or
 // trusts a CA file instead. A listener can admit only listed client
-// fingerprints ([ListenConfig].ClientFingerprints); others fail the TLS
+// fingerprints ([ListenConfig].ClientFingerprints) and clients whose
+// certificate a client CA issued with a listed name
+// ([ListenConfig].ClientIdentities, ClientCAFile); others fail the TLS
 // handshake.
 //
 // # Delivery

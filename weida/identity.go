@@ -222,13 +222,14 @@ func (r *certReloader) getCertificate(*tls.ClientHelloInfo) (*tls.Certificate, e
 // serverTLS builds the TLS configuration of a listener on addr and returns
 // its fingerprint and whether the certificate is self-signed by this
 // package (generated now or kept in cfg.StateDir), and, with CertFile and
-// KeyFile, the reloader serving them. Clients refused by
-// cfg.ClientFingerprints are logged and counted in refused.
+// KeyFile, the reloader serving them. Clients refused by auth (built from
+// cfg.ClientFingerprints, ClientIdentities and ClientCAFile) are logged
+// and counted in refused.
 //
 // Its steps (where the identity comes from, how clients are verified,
 // what reloads the files) build one tls.Config and decide together what a
 // restarted listener presents, so they read in one place.
-func serverTLS(addr string, cfg *ListenConfig, log *slog.Logger, refused *atomic.Uint64, proofs *proofs) (*tls.Config, string, bool, *certReloader, error) {
+func serverTLS(addr string, cfg *ListenConfig, auth *clientAuth, log *slog.Logger, refused *atomic.Uint64, proofs *proofs) (*tls.Config, string, bool, *certReloader, error) {
 	var reload *certReloader
 	if cfg.CertFile != "" || cfg.KeyFile != "" {
 		if cfg.CertFile == "" || cfg.KeyFile == "" {
@@ -262,20 +263,15 @@ func serverTLS(addr string, cfg *ListenConfig, log *slog.Logger, refused *atomic
 	if err != nil {
 		return nil, "", false, nil, err
 	}
-	allowed := make(map[string]bool, len(cfg.ClientFingerprints))
-	for _, f := range cfg.ClientFingerprints {
-		if err := address.ValidateFingerprint(f); err != nil {
-			return nil, "", false, nil, fmt.Errorf("weida: ListenConfig.ClientFingerprints: %q: %w", f, err)
-		}
-		allowed[f] = true
-	}
 	base := &tls.Config{
 		MinVersion:   tls.VersionTLS13,
 		Certificates: []tls.Certificate{cert},
 		NextProtos:   []string{ALPN},
 		// Request a certificate so that one presented proves an identity;
-		// its chain is not verified, because weida identifies a peer by its
-		// key (the CertificateVerify message proves possession of it).
+		// crypto/tls does not verify its chain, because weida identifies a
+		// peer by its key (the CertificateVerify message proves possession
+		// of it). A chain to ClientCAFile is verified by admitClient, for
+		// the clients that are admitted by a CA-issued identity only.
 		//
 		// An allowlist does not change this to RequireAnyClientCert:
 		// crypto/tls would then refuse a client without a certificate
@@ -284,7 +280,7 @@ func serverTLS(addr string, cfg *ListenConfig, log *slog.Logger, refused *atomic
 		// instead, so every refusal passes through admitClient.
 		ClientAuth: tls.RequestClientCert,
 	}
-	if len(allowed) > 0 {
+	if auth.enabled() {
 		// GetConfigForClient gives the verification callback the remote
 		// address to log.
 		base.GetConfigForClient = func(hello *tls.ClientHelloInfo) (*tls.Config, error) {
@@ -295,7 +291,7 @@ func serverTLS(addr string, cfg *ListenConfig, log *slog.Logger, refused *atomic
 				remote = hello.Conn.RemoteAddr().String()
 			}
 			c.VerifyConnection = func(cs tls.ConnectionState) error {
-				err := admitClient(cs.PeerCertificates, allowed, remote, log, refused)
+				err := admitClient(cs.PeerCertificates, auth, remote, log, refused)
 				if err == nil {
 					proofs.await(remote, Fingerprint(cs.PeerCertificates[0]))
 				}
@@ -388,24 +384,25 @@ func (p *proofs) close() {
 	}
 }
 
-// admitClient decides whether a client presenting certs (leaf first) is in
-// allowed. A refusal is logged and counted, and its error fails the TLS
-// handshake: crypto/tls sends the bad_certificate alert (42) for any error
-// of VerifyConnection, so the client learns nothing but that it was
-// refused, and no weida frame of it is ever read.
-func admitClient(certs []*x509.Certificate, allowed map[string]bool, remote string, log *slog.Logger, refused *atomic.Uint64) error {
+// admitClient decides whether a client presenting certs (leaf first) is
+// admitted by auth, by a listed fingerprint or a listed identity of a
+// certificate the client CA issued. A refusal is logged and counted, and
+// its error fails the TLS handshake: crypto/tls sends the bad_certificate
+// alert (42) for any error of VerifyConnection, so the client learns
+// nothing but that it was refused, and no weida frame of it is ever read.
+func admitClient(certs []*x509.Certificate, auth *clientAuth, remote string, log *slog.Logger, refused *atomic.Uint64) error {
+	names, reason := auth.identify(certs, time.Now())
+	if len(names) > 0 {
+		return nil
+	}
+	refused.Add(1)
 	if len(certs) == 0 {
-		refused.Add(1)
-		log.Warn("weida: refused client", "reason", "no certificate", "remote", remote)
+		log.Warn("weida: refused client", "reason", reason, "remote", remote)
 		return errors.New("weida: a client certificate is required")
 	}
 	got := Fingerprint(certs[0])
-	if !allowed[got] {
-		refused.Add(1)
-		log.Warn("weida: refused client", "reason", "fingerprint not listed", "fingerprint", got, "remote", remote)
-		return fmt.Errorf("weida: client %s is not admitted", got)
-	}
-	return nil
+	log.Warn("weida: refused client", "reason", reason, "fingerprint", got, "remote", remote)
+	return fmt.Errorf("weida: client %s is not admitted", got)
 }
 
 // clientTLS builds the dialler's TLS configuration for a parsed address,

@@ -58,6 +58,8 @@ type Listener struct {
 	// does a fingerprint prove a peer that MaxConnectionsPerPeer alone
 	// bounds.
 	allowlist bool
+	// auth admits clients and names them for Scopes.
+	auth *clientAuth
 	// warn rate-limits the lines of refusals a peer can cause at will.
 	warn *rateLog
 	// scopes are the SetScopes of each restricted path; scopeStats count
@@ -134,13 +136,18 @@ func Listen(ctx context.Context, addr string, cfg ListenConfig) (*Listener, erro
 		turns:   newSendTurns(),
 		warn:    newRateLog(log),
 
-		allowlist:  len(cfg.ClientFingerprints) > 0,
+		allowlist:  len(cfg.ClientFingerprints) > 0 || len(cfg.ClientIdentities) > 0,
 		scopes:     make(map[string]Scopes),
 		scopeStats: make(map[string]*ScopeStats),
 	}
 	l.receipts.Store(cfg.TrackReceipts)
 	l.proofs = newProofs(log, &l.stats.clientsRefused)
-	tlsConf, fp, generated, reload, err := serverTLS(addr, &cfg, log, &l.stats.clientsRefused, l.proofs)
+	auth, err := newClientAuth(&cfg, log)
+	if err != nil {
+		return nil, err
+	}
+	l.auth = auth
+	tlsConf, fp, generated, reload, err := serverTLS(addr, &cfg, auth, log, &l.stats.clientsRefused, l.proofs)
 	if err != nil {
 		return nil, err
 	}
@@ -188,7 +195,7 @@ func Listen(ctx context.Context, addr string, cfg ListenConfig) (*Listener, erro
 		refused:    &l.stats.streamsRefused,
 	}
 	log.Info("weida: listening", "addr", udp.LocalAddr().String(), "fingerprint", fp,
-		"self_signed", generated, "state_dir", cfg.StateDir, "client_auth", len(cfg.ClientFingerprints) > 0)
+		"self_signed", generated, "state_dir", cfg.StateDir, "client_auth", auth.enabled(), "client_ca_file", cfg.ClientCAFile)
 	actx, cancel := context.WithCancel(context.Background())
 	l.cancel = cancel
 	l.wg.Go(func() { l.accept(actx) })
@@ -288,8 +295,13 @@ func (l *Listener) admit(qc *quic.Conn) {
 		return
 	}
 	peer := ""
+	var names []string
 	if len(state.PeerCertificates) > 0 {
 		peer = Fingerprint(state.PeerCertificates[0])
+		// The names the handshake admitted it under, again: the CA file
+		// may have changed in between, and then the new one decides
+		// what the connection may subscribe to.
+		names, _ = l.auth.identify(state.PeerCertificates, time.Now())
 	}
 	// Connections a fingerprint does not prove (see Limits.
 	// MaxConnectionsPerAddress) are counted by their source address.
@@ -325,7 +337,7 @@ func (l *Listener) admit(qc *quic.Conn) {
 		l.wg.Go(func() { _ = qc.CloseWithError(quic.ApplicationErrorCode(code), refuse) })
 		return
 	}
-	sc := &serverConn{l: l, peer: peer, subs: make(map[subKey]struct{}), paths: make(map[string]*connPath)}
+	sc := &serverConn{l: l, peer: peer, names: names, subs: make(map[subKey]struct{}), paths: make(map[string]*connPath)}
 	if byAddr {
 		sc.addr, sc.byAddr = addr, true
 		l.perAddr[addr]++
@@ -498,6 +510,10 @@ type serverConn struct {
 	l    *Listener
 	c    *conn
 	peer string // proved client fingerprint, "" when anonymous
+	// names are those auth admitted the client under (its listed
+	// fingerprint, its listed CA-issued identities), sorted: the keys of
+	// Scopes that apply to it. Nil when the listener lists no clients.
+	names []string
 	// addr is the connection's count in Listener.perAddr, when byAddr.
 	addr   netip.Addr
 	byAddr bool
@@ -647,8 +663,8 @@ func (sc *serverConn) subscribe(path, filter string) (refused string, ok bool) {
 	// swap, so a filter admitted by old scopes cannot outlive new ones.
 	l := sc.l
 	l.mu.Lock()
-	if refused = l.admitsLocked(path, sc.peer, filter); refused != "" {
-		l.countScopeLocked(path, sc.peer, refused)
+	if refused = l.admitsLocked(path, sc, filter); refused != "" {
+		l.countScopeLocked(path, sc, refused)
 	}
 	l.mu.Unlock()
 	if refused != "" {

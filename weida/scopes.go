@@ -13,11 +13,14 @@ import (
 )
 
 // Scopes says, for one publisher path, what each client may subscribe to:
-// the filters ("scopes") listed for its proved fingerprint ("sha256:<hex>").
-// A SUBSCRIBE is admitted only when its filter is covered by them, that is
-// when every topic the filter can match is matched by at least one of the
-// client's scopes ([topic.CoveredBy]); a client not listed, or anonymous,
-// may subscribe to nothing on the path. []string{"#"} allows everything.
+// the filters ("scopes") listed for its proved fingerprint ("sha256:<hex>")
+// or for a CA-issued identity it was admitted under ("dns:…", "uri:…",
+// "email:…", "cn:…"; see ListenConfig.ClientIdentities). A client known
+// under several keys gets the union of their scopes. A SUBSCRIBE is
+// admitted only when its filter is covered by them, that is when every
+// topic the filter can match is matched by at least one of the client's
+// scopes ([topic.CoveredBy]); a client not listed, or anonymous, may
+// subscribe to nothing on the path. []string{"#"} allows everything.
 type Scopes map[string][]string
 
 // ScopeStats counts what the Scopes of one path refused.
@@ -25,8 +28,9 @@ type ScopeStats struct {
 	NotCovered uint64 // SUBSCRIBEs refused: the filter is not covered by the client's scopes
 	Unlisted   uint64 // SUBSCRIBEs refused: the client has no scopes on the path (not listed, or anonymous)
 	Revoked    uint64 // subscriptions dropped because SetScopes no longer covered them
-	// Clients counts NotCovered and Revoked per fingerprint listed in the
-	// path's Scopes when it happened, so it holds no more clients than
+	// Clients counts NotCovered and Revoked per client listed in the
+	// path's Scopes when it happened (its fingerprint, or else the first
+	// identity listed that it carries), so it holds no more clients than
 	// the configuration ever named.
 	Clients map[string]uint64
 }
@@ -58,8 +62,8 @@ const (
 // ScopeLogInterval per path, client and reason, with the number of
 // refusals not logged in between.
 //
-// Scopes are independent of ListenConfig.ClientFingerprints, which decides
-// who may connect at all. SetScopes is safe for concurrent use; it fails
+// Scopes are independent of ListenConfig.ClientFingerprints and
+// ClientIdentities, which decide who may connect at all. SetScopes is safe for concurrent use; it fails
 // with ErrClosed after Close.
 func (l *Listener) SetScopes(path string, s Scopes) error {
 	var errs []error
@@ -67,8 +71,9 @@ func (l *Listener) SetScopes(path string, s Scopes) error {
 		errs = append(errs, err)
 	}
 	for _, fp := range slices.Sorted(maps.Keys(s)) {
-		if err := address.ValidateFingerprint(fp); err != nil {
-			errs = append(errs, fmt.Errorf("client %q: %w", fp, err))
+		if address.ValidateFingerprint(fp) != nil && address.ValidateIdentity(fp) != nil {
+			errs = append(errs, fmt.Errorf("client %q: neither a fingerprint nor an identity: %w", fp,
+				errors.Join(address.ValidateFingerprint(fp), address.ValidateIdentity(fp))))
 		}
 		for _, f := range s[fp] {
 			if err := topic.ValidateFilter(f); err != nil {
@@ -115,14 +120,29 @@ func (l *Listener) SetScopes(path string, s Scopes) error {
 	return nil
 }
 
-// admitsLocked decides a SUBSCRIBE of filter on path from peer: "" when
+// admitsLocked decides a SUBSCRIBE of filter on path from sc: "" when
 // admitted, or the refusal reason. l.mu must be held.
-func (l *Listener) admitsLocked(path, peer, filter string) string {
+func (l *Listener) admitsLocked(path string, sc *serverConn, filter string) string {
 	s, ok := l.scopes[path]
 	if !ok {
 		return ""
 	}
-	scopes, listed := s[peer]
+	scopes, listed := s[sc.peer]
+	// The union of every key the client is known under: one certificate
+	// may carry several listed identities, each granting part. Copied
+	// only when a second key adds to the first, so that a client known
+	// by its fingerprint alone costs nothing.
+	copied := false
+	for _, n := range sc.names {
+		fs, ok := s[n]
+		if n == sc.peer || !ok {
+			continue
+		}
+		if !copied && listed {
+			scopes, copied = slices.Clone(scopes), true
+		}
+		scopes, listed = append(scopes, fs...), true
+	}
 	switch {
 	case !listed:
 		return ScopeUnlisted
@@ -133,9 +153,25 @@ func (l *Listener) admitsLocked(path, peer, filter string) string {
 	}
 }
 
+// scopeClientLocked returns the key the Clients counter of path counts
+// sc under: its fingerprint when the scopes list it, else the first
+// identity they list, else "" (unlisted, not counted). l.mu must be held.
+func (l *Listener) scopeClientLocked(path string, sc *serverConn) string {
+	s := l.scopes[path]
+	if _, ok := s[sc.peer]; ok {
+		return sc.peer
+	}
+	for _, n := range sc.names {
+		if _, ok := s[n]; ok {
+			return n
+		}
+	}
+	return ""
+}
+
 // countScopeLocked counts one refusal or revocation on path. l.mu must
 // be held.
-func (l *Listener) countScopeLocked(path, peer, reason string) {
+func (l *Listener) countScopeLocked(path string, sc *serverConn, reason string) {
 	st := l.scopeStats[path]
 	if st == nil {
 		st = &ScopeStats{Clients: make(map[string]uint64)}
@@ -149,8 +185,8 @@ func (l *Listener) countScopeLocked(path, peer, reason string) {
 	case ScopeRevoked:
 		st.Revoked++
 	}
-	if _, listed := l.scopes[path][peer]; listed && reason != ScopeUnlisted {
-		st.Clients[peer]++
+	if who := l.scopeClientLocked(path, sc); who != "" && reason != ScopeUnlisted {
+		st.Clients[who]++
 	}
 }
 
@@ -177,9 +213,9 @@ func (sc *serverConn) revoke(path string) {
 	sc.subMu.Lock()
 	l.mu.Lock()
 	for k := range sc.subs {
-		if k.path == path && l.admitsLocked(path, sc.peer, k.filter) != "" {
+		if k.path == path && l.admitsLocked(path, sc, k.filter) != "" {
 			gone = append(gone, k.filter)
-			l.countScopeLocked(path, sc.peer, ScopeRevoked)
+			l.countScopeLocked(path, sc, ScopeRevoked)
 		}
 	}
 	l.mu.Unlock()
@@ -249,6 +285,9 @@ func (r *scopeLog) log(sc *serverConn, path, filter, reason string) {
 	}
 	args := []any{"path", path, "filter", filter, "client", peer, "reason", reason,
 		"remote", sc.c.qc.RemoteAddr().String()}
+	if len(sc.names) > 0 {
+		args = append(args, "names", sc.names)
+	}
 	if suppressed > 0 {
 		args = append(args, "suppressed_since_last", suppressed)
 	}

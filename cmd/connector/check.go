@@ -195,13 +195,37 @@ func weidaSummary(c *resources.Connector) []string {
 			cert = "certificate " + wd.CertFile
 		}
 		who := fmt.Sprintf("OPEN: anyone who can reach %s may subscribe", wd.Endpoint.HostPort())
+		var ids []string
 		if !wd.Open() {
-			who = "only " + plural(len(wd.AllowedClients), "client fingerprint") + " may subscribe"
+			fps := 0
+			for _, n := range wd.AllowedClients {
+				if strings.HasPrefix(n, "sha256:") {
+					fps++
+				} else {
+					ids = append(ids, n)
+				}
+			}
+			var parts []string
+			if fps > 0 {
+				parts = append(parts, plural(fps, "client fingerprint"))
+			}
+			if len(ids) > 0 {
+				word := "CA-issued identities"
+				if len(ids) == 1 {
+					word = "CA-issued identity"
+				}
+				parts = append(parts, fmt.Sprintf("%d %s", len(ids), word))
+			}
+			who = "only " + strings.Join(parts, " and ") + " may subscribe"
 			if n := len(wd.Scopes); n > 0 {
 				who += fmt.Sprintf(", %d of them within their scopes only", n)
 			}
 		}
 		lines := []string{"hosts " + wd.Endpoint.String(), cert + "; " + who}
+		if len(ids) > 0 {
+			// The names, so that an operator sees what the CA must have issued.
+			lines = append(lines, "client CA "+wd.ClientCAFile+" proves "+strings.Join(ids, ", "))
+		}
 		if lv := c.LastValue; lv.Mode != "" {
 			lines = append(lines, fmt.Sprintf("replays the last value of each topic to new subscriptions (%s messages; at most %d topics, %d bytes)",
 				lv.Mode, lv.MaxTopics, lv.MaxBytes))
@@ -276,8 +300,10 @@ type weidaJSON struct {
 	Open           bool     `json:"open,omitempty"`
 	Certificate    string   `json:"certificate,omitempty"` // a file, or "generated"
 	AllowedClients []string `json:"allowedClients,omitempty"`
+	// ClientCAFile issues the allowed clients named by identity.
+	ClientCAFile string `json:"clientCAFile,omitempty"`
 	// Scopes are the filters some allowed clients are limited to, by
-	// fingerprint.
+	// fingerprint or identity.
 	Scopes map[string][]string `json:"scopes,omitempty"`
 	CAFile string              `json:"caFile,omitempty"`
 	// Failover are the dialled endpoint's further addresses, in order.
@@ -337,7 +363,7 @@ func weidaOf(c *resources.Connector) *weidaJSON {
 		if wd.Generated() {
 			cert = "generated"
 		}
-		return &weidaJSON{Role: "listen", Endpoint: wd.Endpoint.String(), Open: wd.Open(), Certificate: cert, AllowedClients: wd.AllowedClients, Scopes: wd.Scopes}
+		return &weidaJSON{Role: "listen", Endpoint: wd.Endpoint.String(), Open: wd.Open(), Certificate: cert, AllowedClients: wd.AllowedClients, ClientCAFile: wd.ClientCAFile, Scopes: wd.Scopes}
 	}
 	j := &weidaJSON{Role: "dial", Endpoint: wd.Endpoint.String(), Certificate: wd.CertFile, CAFile: wd.CAFile}
 	if urls := wd.DialURLs()[1:]; len(urls) > 0 {

@@ -197,3 +197,34 @@ func CheckReplicas(addrs []Address, raws []string) []*ReplicaError {
 	}
 	return errs
 }
+
+// MaxIdentityLen bounds a client identity (see [ValidateIdentity]): a
+// DNS name is at most 253 bytes, and a longer name is a mistake, not a
+// certificate anyone issues.
+const MaxIdentityLen = 1024
+
+// ValidateIdentity checks the text form of a CA-issued client identity:
+// one of "dns:<name>", "uri:<uri>", "email:<address>" (a subject
+// alternative name of that type) or "cn:<common name>" (the subject's
+// CommonName), with a value that is not empty, holds no byte below 0x20
+// and no space at either end, since a certificate's value is compared
+// byte for byte and such a value would never match.
+func ValidateIdentity(id string) error {
+	kind, value, ok := strings.Cut(id, ":")
+	switch {
+	case !ok || (kind != "dns" && kind != "uri" && kind != "email" && kind != "cn"):
+		return errors.New(`identity must start with "dns:", "uri:", "email:" or "cn:"`)
+	case value == "":
+		return fmt.Errorf("identity %q names no %s value", id, kind)
+	case len(id) > MaxIdentityLen:
+		return fmt.Errorf("identity is %d bytes, more than %d", len(id), MaxIdentityLen)
+	case strings.TrimSpace(value) != value:
+		return fmt.Errorf("identity %q has a space at an end; certificates are compared byte for byte", id)
+	}
+	for i := 0; i < len(value); i++ {
+		if value[i] < 0x20 || value[i] == 0x7f {
+			return fmt.Errorf("identity %q holds control byte 0x%02x", id, value[i])
+		}
+	}
+	return nil
+}

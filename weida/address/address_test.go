@@ -87,3 +87,22 @@ func TestCheckReplicas(t *testing.T) {
 		})
 	}
 }
+
+func TestValidateIdentity(t *testing.T) {
+	for id, ok := range map[string]bool{
+		"dns:dash-7.plant-a.example": true,
+		"uri:spiffe://plant-a/dash":  true,
+		"email:ops@plant-a.example":  true,
+		"cn:dash 7":                  true,
+		"cn:":                        false,
+		"ip:10.0.0.1":                false,
+		"dash-7":                     false,
+		"dns: dash-7":                false,
+		"cn:dash\n7":                 false,
+		"DNS:dash-7":                 false,
+	} {
+		if err := ValidateIdentity(id); (err == nil) != ok {
+			t.Errorf("ValidateIdentity(%q) = %v, want ok=%v", id, err, ok)
+		}
+	}
+}
