@@ -36,8 +36,8 @@ func collectWeidaAs(t *testing.T, url, certFile, keyFile string, filters ...stri
 }
 
 // TestMQTTEndpointScopes: with the real binary and Mosquitto, a client
-// scoped to <u>.plant.a.# is refused <u>.# (counted, logged with its
-// fingerprint), keeps its connection, is replayed only the retained value
+// scoped to <u>.plant.a.# is refused <u>.#, <u>.plant.# and # (counted,
+// logged with its fingerprint), an unlisted client is refused, keeps its connection, is replayed only the retained value
 // within its scope and receives only live messages within it, while a bare
 // client gets everything; a reload that narrows the scope drops the
 // subscription on the live connection.
@@ -80,15 +80,23 @@ func TestMQTTEndpointScopes(t *testing.T) {
 	if want := map[string]string{u + ".plant.a.x": "ax", u + ".plant.b.y": "by"}; !maps.Equal(got, want) {
 		t.Fatalf("the bare client was replayed %v, want %v", got, want)
 	}
-	a := collectWeidaAs(t, endpoint, aCert, aKey, u+".#", u+".plant.a.#")
+	// Refused: the test's whole namespace, plant.# within it, and #.
+	a := collectWeidaAs(t, endpoint, aCert, aKey, u+".#", u+".plant.#", "#", u+".plant.a.#")
 	got = replayed(t, a, 1, "probe-a", func() { pub.publish(t, 1, u+"/plant/a/probe", "probe-a") })
 	if want := map[string]string{u + ".plant.a.x": "ax"}; !maps.Equal(got, want) {
 		t.Fatalf("the scoped client was replayed %v, want %v", got, want)
 	}
 	refused := `weida_connector_weida_scope_refusals_total{reason="not-covered",resource="mqtt-scoped"}`
-	Eventually(t, 10*time.Second, "the refusal counted", func() bool { return c.Metric(refused) == 1 })
+	Eventually(t, 10*time.Second, "the three refusals counted", func() bool { return c.Metric(refused) == 3 })
 	if !strings.Contains(c.Output(), "client="+aFP) || !strings.Contains(c.Output(), "filter="+u+".#") {
 		t.Errorf("no refusal line naming the client and the filter in the log:\n%s", c.Output())
+	}
+
+	// A client allowedClients does not list is refused at the handshake.
+	uCert, uKey, _ := weidaCert(t, t.TempDir())
+	if sub, err := weida.Dial(ctx(t, 10*time.Second), endpoint, weida.DialConfig{InsecureSkipVerifyForTesting: true, CertFile: uCert, KeyFile: uKey}); err == nil {
+		_ = sub.Close()
+		t.Fatal("a client allowedClients does not list was admitted")
 	}
 
 	// Live: plant.b reaches b, never a.
