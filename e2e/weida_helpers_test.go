@@ -149,7 +149,9 @@ func (c *weidaCollector) dialOnce(ctx context.Context) (*weida.Subscriber, error
 		return nil, err
 	}
 	for _, f := range c.filters {
-		if err := sub.Subscribe(dctx, f); err != nil {
+		// A filter the endpoint's scopes refuse is refused one way: a
+		// refusal seen in time is no failure of the dial.
+		if err := sub.Subscribe(dctx, f); err != nil && !errors.Is(err, weida.ErrSubscriptionRefused) {
 			sub.Close()
 			return nil, err
 		}

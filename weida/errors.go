@@ -106,6 +106,15 @@ var (
 	// any, was presented.
 	ErrClientRefused = errors.New("weida: the listener refused the client certificate")
 
+	// ErrSubscriptionRefused is wrapped by the error of a
+	// [Subscriber.Subscribe] whose SUBSCRIBE stream the publisher stopped
+	// with REJECTED before it was sent whole: the publisher does not
+	// grant this client that filter (its scopes do not cover it). The
+	// refusal is one-way (PROTOCOL §9.4): when it arrives after the
+	// stream was sent, Subscribe returns nil and the filter selects
+	// nothing.
+	ErrSubscriptionRefused = errors.New("weida: the publisher refused the subscription (REJECTED)")
+
 	// ErrNoTrust is returned by [Dial] when the URL pins no fingerprint, no
 	// CA file is configured and verification is not explicitly skipped.
 	ErrNoTrust = errors.New("weida: no way to authenticate the publisher")

@@ -339,12 +339,24 @@ func (s *Subscriber) sendSubscription(ctx context.Context, k wire.Kind, filter s
 	}
 	if _, err := st.Write(wire.AppendPreamble(make([]byte, 0, len(hdr)+4), k, hdr)); err != nil {
 		st.CancelWrite(quic.StreamErrorCode(Canceled))
-		return s.sendErr(err)
+		return s.sendErr(refusal(st, err))
 	}
 	if err := st.Close(); err != nil {
-		return s.sendErr(err)
+		return s.sendErr(refusal(st, err))
 	}
 	return nil
+}
+
+// refusal returns ErrSubscriptionRefused, wrapping err, when the
+// publisher stopped st with REJECTED; err otherwise. quic-go reports such
+// a stop as a *quic.StreamError from Write, but as a plain error from a
+// Close that comes after it; the stream's context keeps the stop itself.
+func refusal(st *quic.SendStream, err error) error {
+	var se *quic.StreamError
+	if errors.As(context.Cause(st.Context()), &se) && se.Remote && se.ErrorCode == quic.StreamErrorCode(Rejected) {
+		return fmt.Errorf("%w: %w", ErrSubscriptionRefused, err)
+	}
+	return err
 }
 
 // sendErr prefers the connection's fate over a stream error it caused.
