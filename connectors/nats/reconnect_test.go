@@ -202,7 +202,28 @@ func TestReconnect(t *testing.T) {
 	eventually(t, 20*time.Second, "both sides to reconnect", func() bool {
 		return srcStates.last().Up && sinkStates.last().Up
 	})
-	roundTrip("after")
+	// The source's subscription is back once the restarted server has
+	// processed the SUB nats.go resends on reconnecting, which can come
+	// after the sink's first publish on a busy machine; core NATS keeps
+	// nothing for a subject nobody subscribes to. So publish until one
+	// arrives (CI once waited the whole minute for a single one).
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		if err := sink.Write(ctx, &connectors.Message{Topic: "re.x", Payload: []byte("after")}); err != nil {
+			t.Fatalf("Write after the reconnect: %v", err)
+		}
+		rctx, rcancel := context.WithTimeout(ctx, 500*time.Millisecond)
+		m, _, err := src.Read(rctx)
+		rcancel()
+		if err == nil {
+			if string(m.Payload) != "after" {
+				t.Fatalf("Read after the reconnect = %q; want \"after\"", m.Payload)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("nothing read 20 s after the reconnect: %v", err)
+		}
+	}
 	if !srcStates.seen("ConnectionLost") || !sinkStates.seen("ConnectionLost") {
 		t.Errorf("ConnectionLost not reported: %+v / %+v", srcStates.all, sinkStates.all)
 	}
