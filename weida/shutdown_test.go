@@ -218,7 +218,7 @@ func TestShutdownAfterLateResubscribe(t *testing.T) {
 	}()
 	waitFor(t, "the UNSUBSCRIBE to be applied", func() bool { return l.Stats().Subscriptions == 0 })
 	// The late probe: the same SUBSCRIBE arriving after the UNSUBSCRIBE.
-	if err := s.sendSubscription(testCtx(t), wire.KindSubscribe, "#", probePadding); err != nil {
+	if err := s.sendSubscription(testCtx(t), wire.KindSubscribe, "#", probePadding, nil); err != nil {
 		t.Fatalf("the late SUBSCRIBE: %v", err)
 	}
 	if err := <-done; err != nil {

@@ -279,7 +279,7 @@ func (s *Subscriber) Subscribe(ctx context.Context, filter string) error {
 	}
 	s.filters[filter] = struct{}{}
 	s.subMu.Unlock()
-	if err := s.sendSubscription(ctx, wire.KindSubscribe, filter, 0); err != nil {
+	if err := s.sendSubscription(ctx, wire.KindSubscribe, filter, 0, nil); err != nil {
 		s.subMu.Lock()
 		delete(s.filters, filter)
 		s.subMu.Unlock()
@@ -308,7 +308,7 @@ func (s *Subscriber) Unsubscribe(ctx context.Context, filter string) error {
 	}
 	delete(s.filters, filter)
 	s.subMu.Unlock()
-	if err := s.sendSubscription(ctx, wire.KindUnsubscribe, filter, 0); err != nil {
+	if err := s.sendSubscription(ctx, wire.KindUnsubscribe, filter, 0, nil); err != nil {
 		return fmt.Errorf("weida: unsubscribe %q: %w", filter, err)
 	}
 	return nil
@@ -318,7 +318,7 @@ func (s *Subscriber) Unsubscribe(ctx context.Context, filter string) error {
 // own, its header padded with pad bytes when the publisher's
 // max_header_bytes leaves room for them (see wire.AppendSubscribePadded).
 // s.orderMu must be held.
-func (s *Subscriber) sendSubscription(ctx context.Context, k wire.Kind, filter string, pad int) error {
+func (s *Subscriber) sendSubscription(ctx context.Context, k wire.Kind, filter string, pad int, written func()) error {
 	if s.end.closing.Load() {
 		return ErrClosed
 	}
@@ -340,6 +340,11 @@ func (s *Subscriber) sendSubscription(ctx context.Context, k wire.Kind, filter s
 	if _, err := st.Write(wire.AppendPreamble(make([]byte, 0, len(hdr)+4), k, hdr)); err != nil {
 		st.CancelWrite(quic.StreamErrorCode(Canceled))
 		return s.sendErr(refusal(st, err))
+	}
+	if written != nil {
+		// Handed to QUIC: a Close that fails now (the connection ended,
+		// perhaps by the very reset this stream drew) does not unsend it.
+		written()
 	}
 	if err := st.Close(); err != nil {
 		return s.sendErr(refusal(st, err))
@@ -717,7 +722,7 @@ func (s *Subscriber) Shutdown(ctx context.Context) error {
 	s.subMu.Unlock()
 	for _, f := range filters {
 		// A failure means the connection or ctx is gone; drain says which.
-		if s.sendSubscription(ctx, wire.KindUnsubscribe, f, 0) != nil {
+		if s.sendSubscription(ctx, wire.KindUnsubscribe, f, 0, nil) != nil {
 			break
 		}
 	}
@@ -776,7 +781,7 @@ func (s *Subscriber) unsubscribeAgain(ctx context.Context, filters []string) {
 	s.orderMu.Lock()
 	defer s.orderMu.Unlock()
 	for _, f := range filters {
-		if s.sendSubscription(ctx, wire.KindUnsubscribe, f, 0) != nil {
+		if s.sendSubscription(ctx, wire.KindUnsubscribe, f, 0, nil) != nil {
 			return
 		}
 	}
