@@ -458,7 +458,10 @@ func (b *inboundBridge) uncache(m *Message, wt, reason string) {
 // zero Receipt when none was queued, never when publish fails.
 func (b *inboundBridge) publish(ctx context.Context, pub Publisher, m *Message, wm weida.Message, done func(weida.Receipt)) (weida.Result, error) {
 	lv := b.lv
-	if rp, ok := pub.(receiptPublisher); ok && done != nil {
+	// done is set only when the attempt awaits receipts, which it does
+	// only with a publisher that reports them: test it first, so that an
+	// ordinary message pays no type assertion.
+	if rp, ok := receiptsOf(pub, done); ok {
 		var record func()
 		if lv != nil && lv.takes(m) {
 			record = func() { lv.record(m, &wm) }
@@ -512,4 +515,14 @@ func (b *inboundBridge) awaitSubscriber(ctx context.Context, pub Publisher, topi
 			return true
 		}
 	}
+}
+
+// receiptsOf returns pub as a receiptPublisher when done asks for a
+// receipt and pub can give one.
+func receiptsOf(pub Publisher, done func(weida.Receipt)) (receiptPublisher, bool) {
+	if done == nil {
+		return nil, false
+	}
+	rp, ok := pub.(receiptPublisher)
+	return rp, ok
 }
