@@ -35,7 +35,14 @@ func testInboundRoundTrip(t *testing.T, h Harness) {
 	if m2, ok := receiveWeida(t, sub, 300*time.Millisecond); ok {
 		t.Fatalf("unexpected second copy %q", m2.Topic)
 	}
+	// The copy can reach weida before the bridge has counted the broker's
+	// acknowledgement (it counts it once the driver's ack returned), so
+	// the counters get a moment to catch up.
 	st := env.bridge.Status().Counters
+	for deadline := time.Now().Add(10 * time.Second); st.Acknowledged < 1 && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+		st = env.bridge.Status().Counters
+	}
 	if st.Bridged != 1 || st.Acknowledged < 1 {
 		t.Fatalf("counters %+v, want bridged 1 and acknowledged ≥ 1", st)
 	}
