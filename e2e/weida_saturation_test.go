@@ -3,17 +3,23 @@ package e2e
 // Saturation (issue 21, docs/RELIABILITY.md "Saturation"): one weida
 // endpoint offered more copies than the machine can send, with the weida
 // package directly. Every copy is received or counted by reason, no
-// reading subscriber is closed, and the process stays within the memory
-// bound the endpoint documents.
+// reading subscriber is closed, and the endpoint's process stays within
+// the memory bound the endpoint documents.
 
 import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
 	"os"
+	"os/exec"
+	"runtime"
+	"runtime/metrics"
 	"runtime/pprof"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -21,9 +27,6 @@ import (
 
 	"weida.dev/connector/weida"
 )
-
-// rssBytes is the process's resident set, from /proc/self/status.
-func rssBytes(t *testing.T) int64 { return rssOf(t, 0) }
 
 // rssOf is process pid's resident set (0: this process), from
 // /proc/PID/status.
@@ -58,44 +61,49 @@ func rssOf(t *testing.T, pid int) int64 {
 // WEIDA_SATURATION_DURATION, default 10 s), which is what PERFORMANCE.md
 // records; WEIDA_SATURATION_IDLE_TIMEOUT overrides the listener's 2 s
 // idle timeout. Nothing here asserts a rate: the numbers are logged.
+//
+// The endpoint runs in a child process (this test binary run again), as a
+// connector's endpoint runs in the connector, apart from its subscribers:
+// its memory is what the bound speaks of, and the subscribers' collector
+// and scheduler do not stall it (with both in one process, 1,000
+// subscribers' own work starved the endpoint's transport until readers
+// timed out).
 func TestWeidaSaturation(t *testing.T) {
+	if os.Getenv(saturationChildEnv) == "1" {
+		saturationEndpoint(t)
+		return
+	}
 	subs, dur := 4, 1500*time.Millisecond
 	if os.Getenv("WEIDA_SATURATION") == "1" {
 		subs = envInt(t, "WEIDA_SATURATION_SUBSCRIBERS", 300)
 		dur = envDuration(t, "WEIDA_SATURATION_DURATION", 10*time.Second)
 	}
-	const (
-		budget  = 1 << 20 // SubscriberBufferBytes
-		credit  = 256     // each subscriber's MaxConcurrentUniStreams
-		payload = 256
-	)
 	ctx, cancel := context.WithTimeout(t.Context(), dur+3*time.Minute)
 	defer cancel()
-	// WEIDA_SATURATION_IDLE_TIMEOUT sets the listener's idle timeout
-	// (default 2 s), to tell starvation of the whole process from the
-	// endpoint's own doing.
-	var idle time.Duration
-	if os.Getenv("WEIDA_SATURATION_IDLE_TIMEOUT") != "" {
-		idle = envDuration(t, "WEIDA_SATURATION_IDLE_TIMEOUT", 0)
-	}
-	l, err := weida.Listen(ctx, "127.0.0.1:0", weida.ListenConfig{Limits: weida.Limits{SubscriberBufferBytes: budget, IdleTimeout: idle,
-		// Every subscriber dials from 127.0.0.1.
-		MaxConnectionsPerAddress: max(subs, weida.DefaultMaxConnectionsPerAddress)}})
+
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run", "^TestWeidaSaturation$", "-test.count=1")
+	cmd.Env = append(os.Environ(), saturationChildEnv+"=1",
+		"WEIDA_SATURATION_SUBSCRIBERS="+strconv.Itoa(subs), "WEIDA_SATURATION_DURATION="+dur.String())
+	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	pub, err := l.Publisher("/sat")
+	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
 	}
-	var lostAfterQueue, unconfirmed atomic.Int64
-	pub.OnCopiesLost(func(n int) { lostAfterQueue.Add(int64(n)) })
-	pub.CountCopiesUnconfirmed(func(u weida.UnconfirmedCopies) { unconfirmed.Add(int64(u.Len())) })
-	url := fmt.Sprintf("weida://%s@%s/sat", l.Fingerprint(), l.Addr())
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { stdin.Close(); _ = cmd.Wait() })
+	endpoint := newEndpointReport(t, stdout)
+	url := endpoint.url()
+	pid := cmd.Process.Pid
+
 	ss := make([]*weida.Subscriber, subs)
 	for i := range ss {
-		s, err := weida.Dial(ctx, url, weida.DialConfig{Limits: weida.Limits{MaxConcurrentUniStreams: credit}})
+		s, err := weida.Dial(ctx, url, weida.DialConfig{Limits: weida.Limits{MaxConcurrentUniStreams: saturationCredit}})
 		if err != nil {
 			t.Fatalf("dial %d: %v", i, err)
 		}
@@ -104,12 +112,6 @@ func TestWeidaSaturation(t *testing.T) {
 			t.Fatal(err)
 		}
 		ss[i] = s
-	}
-	for pub.Subscribers() < subs {
-		if ctx.Err() != nil {
-			t.Fatalf("only %d of %d subscriptions arrived", pub.Subscribers(), subs)
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 	var received atomic.Int64
 	rctx, stopReading := context.WithCancel(ctx)
@@ -124,13 +126,14 @@ func TestWeidaSaturation(t *testing.T) {
 			}
 		})
 	}
-	rssBase := rssBytes(t)
+	endpoint.await(ctx, "READY") // every subscription arrived
+	rssBase := rssOf(t, pid)
 	var peak atomic.Int64
 	sampleDone := make(chan struct{})
 	go func() {
 		defer close(sampleDone)
 		for rctx.Err() == nil {
-			if r := rssBytes(t); r > peak.Load() {
+			if r := rssOf(t, pid); r > peak.Load() {
 				peak.Store(r)
 			}
 			select {
@@ -139,10 +142,170 @@ func TestWeidaSaturation(t *testing.T) {
 			}
 		}
 	}()
+	if _, err := io.WriteString(stdin, "GO\n"); err != nil {
+		t.Fatal(err)
+	}
+	offered := endpoint.published(ctx)
+
+	// Drain: every queued copy ends received, refused by its subscriber,
+	// lost with its connection (OnCopiesLost), unconfirmed, or unread in
+	// a subscriber whose connection ended.
+	unreadAtClose := func() (n int64) {
+		for _, s := range ss {
+			n += int64(s.Stats().DroppedUnread)
+		}
+		return n
+	}
+	accounted := func() int64 {
+		st := endpoint.latest()
+		return received.Load() + int64(st.Refused) + st.LostAfterQueue + st.Unconfirmed + unreadAtClose()
+	}
+	drainBy := time.Now().Add(time.Minute)
+	for accounted() < offered.Queued && time.Now().Before(drainBy) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if accounted() < offered.Queued {
+		t.Logf("not drained after a minute: written %d, received %d", endpoint.latest().Written, received.Load())
+	}
+	stopReading()
+	readers.Wait()
+	<-sampleDone
+	st := endpoint.latest()
+	closed := 0
+	var unread uint64
+	causes := map[string]int{}
+	for _, s := range ss {
+		if err := s.Err(); err != nil {
+			closed++
+			causes[err.Error()]++
+		}
+		unread += s.Stats().DroppedUnread
+	}
+	for cause, n := range causes {
+		t.Logf("%d subscribers ended: %s", n, cause)
+	}
+	offeredFor := time.Duration(offered.OfferedForNs)
+	t.Logf("%d subscribers offered copies for %v (load average %s): published %d, matched %d, queued %d (%.0f copies/s), received %d, "+
+		"dropped at publish %d (buffer full %d, header too large %d, closing %d), lost after queueing %d, unconfirmed %d, refused %d, unread at close %d; "+
+		"endpoint RSS %d MiB before, peak %d MiB (live heap after a collection: peak %d MiB); slow consumers closed %d",
+		subs, offeredFor.Round(time.Millisecond), loadAverage(), st.Published, offered.Matched, offered.Queued,
+		float64(received.Load())/offeredFor.Seconds(), received.Load(),
+		offered.Dropped, st.BufferFull, st.HeaderTooLarge, offered.Closing, st.LostAfterQueue,
+		st.Unconfirmed, st.Refused, unread, rssBase>>20, peak.Load()>>20, st.PeakLiveHeap>>20, st.SlowConsumersClosed)
+
+	if want := int64(st.Published) * int64(subs); offered.Matched != want {
+		t.Errorf("matched %d copies, want %d: a subscription went missing", offered.Matched, want)
+	}
+	if offered.Matched != offered.Queued+offered.Dropped {
+		t.Errorf("matched %d != queued %d + dropped %d", offered.Matched, offered.Queued, offered.Dropped)
+	}
+	// Unconfirmed copies are a bound (some of them arrived), so the sum
+	// may exceed what was queued; it must not fall short.
+	if un := offered.Queued - accounted(); un > 0 {
+		t.Errorf("%d copies queued are neither received nor counted (queued %d, accounted %d)", un, offered.Queued, accounted())
+	}
+	if closed != 0 || st.Connections != subs || st.SlowConsumersClosed != 0 {
+		t.Errorf("%d reading subscribers closed (listener holds %d connections, %d closed as slow)", closed, st.Connections, st.SlowConsumersClosed)
+	}
+	// The endpoint's bound (docs/WEIDA.md "Memory under load"): per
+	// subscriber its buffer and what QUIC may hold for it, over what the
+	// process held with every subscriber connected and nothing sent. The
+	// live heap must stay within it; the resident set within it and the
+	// collector's headroom over the heap (GOGC 100: the heap may grow to
+	// twice what the last collection found live before the next one).
+	// 32 MiB covers what is not per subscriber: the frames being
+	// encoded, sync.Pool's contents, the publishers' garbage.
+	perSub := int64(saturationBudget) + weida.ParkedBytesPerConnection
+	if bound := int64(subs)*perSub + 32<<20; st.PeakLiveHeap-st.LiveHeapBase > bound {
+		t.Errorf("peak live heap %d MiB over the base %d MiB + the bound %d MiB", st.PeakLiveHeap>>20, st.LiveHeapBase>>20, bound>>20)
+	}
+	if bound := rssBase + 2*int64(subs)*perSub + 64<<20; peak.Load() > bound {
+		t.Errorf("peak RSS %d MiB over the bound %d MiB", peak.Load()>>20, bound>>20)
+	}
+}
+
+const (
+	saturationChildEnv = "WEIDA_SATURATION_CHILD"
+	saturationBudget   = 1 << 20 // the endpoint's SubscriberBufferBytes
+	saturationCredit   = 256     // each subscriber's MaxConcurrentUniStreams
+	saturationPayload  = 256
+)
+
+// saturationOffer is what the endpoint's publishers were told: printed
+// once, after the offered load.
+type saturationOffer struct {
+	Matched, Queued, Dropped, Closing int64
+	OfferedForNs                      int64
+}
+
+// saturationStats is the endpoint's running account, printed every 50 ms
+// once the offered load ends.
+type saturationStats struct {
+	Published, Written, Refused uint64
+	BufferFull, HeaderTooLarge  uint64
+	LostAfterQueue, Unconfirmed int64
+	Connections                 int
+	SlowConsumersClosed         uint64
+	LiveHeapBase, PeakLiveHeap  int64
+}
+
+// saturationEndpoint is the endpoint side of TestWeidaSaturation: it
+// prints its URL, READY once every subscription arrived, and on GO from
+// its parent publishes flat out for the duration, then prints what it
+// offered and its account until its stdin closes.
+func saturationEndpoint(t *testing.T) {
+	subs := envInt(t, "WEIDA_SATURATION_SUBSCRIBERS", 300)
+	dur := envDuration(t, "WEIDA_SATURATION_DURATION", 10*time.Second)
+	var idle time.Duration
+	if os.Getenv("WEIDA_SATURATION_IDLE_TIMEOUT") != "" {
+		idle = envDuration(t, "WEIDA_SATURATION_IDLE_TIMEOUT", 0)
+	}
+	ctx := context.Background()
+	l, err := weida.Listen(ctx, "127.0.0.1:0", weida.ListenConfig{Limits: weida.Limits{SubscriberBufferBytes: saturationBudget, IdleTimeout: idle,
+		// Every subscriber dials from 127.0.0.1.
+		MaxConnectionsPerAddress: max(subs, weida.DefaultMaxConnectionsPerAddress)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	pub, err := l.Publisher("/sat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lostAfterQueue, unconfirmed atomic.Int64
+	pub.OnCopiesLost(func(n int) { lostAfterQueue.Add(int64(n)) })
+	pub.CountCopiesUnconfirmed(func(u weida.UnconfirmedCopies) { unconfirmed.Add(int64(u.Len())) })
+	fmt.Printf("URL weida://%s@%s/sat\n", l.Fingerprint(), l.Addr())
+	for pub.Subscribers() < subs {
+		time.Sleep(5 * time.Millisecond)
+	}
+	runtime.GC()
+	liveBase := liveHeap()
+	var peakLive atomic.Int64
+	stopSampling := make(chan struct{})
+	defer close(stopSampling)
+	go func() {
+		for {
+			if h := liveHeap(); h > peakLive.Load() {
+				peakLive.Store(h)
+			}
+			select {
+			case <-stopSampling:
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}()
+	fmt.Println("READY")
+	in := bufio.NewReader(os.Stdin)
+	if line, err := in.ReadString('\n'); err != nil || line != "GO\n" {
+		return // the parent gave up
+	}
 
 	var matched, queued, dropped, closing atomic.Int64
-	msg := weida.Message{Topic: "sat.t", Payload: make([]byte, payload)}
+	msg := weida.Message{Topic: "sat.t", Payload: make([]byte, saturationPayload)}
 	pctx, stopPublishing := context.WithTimeout(ctx, dur)
+	defer stopPublishing()
 	var pubs sync.WaitGroup
 	start := time.Now()
 	for range 2 {
@@ -161,82 +324,135 @@ func TestWeidaSaturation(t *testing.T) {
 		})
 	}
 	pubs.Wait()
-	stopPublishing()
 	offeredFor := time.Since(start)
-
-	// Drain: every queued copy ends received, refused by its subscriber,
-	// lost with its connection (OnCopiesLost), unconfirmed, or unread in
-	// a subscriber whose connection ended.
-	// A subscriber whose connection ended counts what had arrived unread.
-	unreadAtClose := func() (n int64) {
-		for _, s := range ss {
-			n += int64(s.Stats().DroppedUnread)
+	// For whoever looks into the memory: the live heap at the end of the
+	// offered load, when every queue is as full as it gets.
+	if p := os.Getenv("WEIDA_SATURATION_HEAP_PROFILE"); p != "" {
+		if f, err := os.Create(p); err == nil {
+			_ = pprof.Lookup("heap").WriteTo(f, 0)
+			_ = f.Close()
 		}
-		return n
 	}
-	accounted := func() int64 {
+	printJSON("OFFERED ", saturationOffer{Matched: matched.Load(), Queued: queued.Load(), Dropped: dropped.Load(),
+		Closing: closing.Load(), OfferedForNs: int64(offeredFor)})
+
+	eof := make(chan struct{})
+	go func() { _, _ = io.Copy(io.Discard, in); close(eof) }()
+	for {
 		st := l.Stats()
-		return received.Load() + int64(st.CopiesRefused) + lostAfterQueue.Load() + unconfirmed.Load() + unreadAtClose()
+		printJSON("STATS ", saturationStats{Published: st.Published, Written: st.CopiesWritten, Refused: st.CopiesRefused,
+			BufferFull: st.Dropped.BufferFull, HeaderTooLarge: st.Dropped.HeaderTooLarge,
+			LostAfterQueue: lostAfterQueue.Load(), Unconfirmed: unconfirmed.Load(),
+			Connections: st.Connections, SlowConsumersClosed: st.SlowConsumersClosed,
+			LiveHeapBase: liveBase, PeakLiveHeap: peakLive.Load()})
+		select {
+		case <-eof:
+			if d := os.Getenv("WEIDA_SATURATION_STACKS"); d != "" {
+				// For whoever looks into a run that did not drain.
+				if f, err := os.Create(d); err == nil {
+					_ = pprof.Lookup("goroutine").WriteTo(f, 1)
+					_ = f.Close()
+				}
+			}
+			return
+		case <-time.After(50 * time.Millisecond):
+		}
 	}
-	drainBy := time.Now().Add(time.Minute)
-	for accounted() < queued.Load() && time.Now().Before(drainBy) {
-		time.Sleep(20 * time.Millisecond)
-	}
-	if accounted() < queued.Load() {
-		// For whoever looks into it: what every goroutine was doing.
-		if d := os.Getenv("WEIDA_SATURATION_STACKS"); d != "" {
-			if f, err := os.Create(d); err == nil {
-				_ = pprof.Lookup("goroutine").WriteTo(f, 1)
-				_ = f.Close()
+}
+
+func printJSON(prefix string, v any) {
+	b, _ := json.Marshal(v)
+	fmt.Printf("%s%s\n", prefix, b)
+}
+
+// endpointReport reads what saturationEndpoint prints.
+type endpointReport struct {
+	t     *testing.T
+	lines chan string
+	offer chan saturationOffer
+	stats atomic.Pointer[saturationStats]
+}
+
+func newEndpointReport(t *testing.T, r io.Reader) *endpointReport {
+	e := &endpointReport{t: t, lines: make(chan string, 4), offer: make(chan saturationOffer, 1)}
+	e.stats.Store(&saturationStats{})
+	go func() {
+		defer close(e.lines)
+		sc := bufio.NewScanner(r)
+		for sc.Scan() {
+			line := sc.Text()
+			switch {
+			case strings.HasPrefix(line, "STATS "):
+				var st saturationStats
+				if json.Unmarshal([]byte(line[len("STATS "):]), &st) == nil {
+					e.stats.Store(&st)
+				}
+			case strings.HasPrefix(line, "OFFERED "):
+				var o saturationOffer
+				if json.Unmarshal([]byte(line[len("OFFERED "):]), &o) == nil {
+					e.offer <- o
+				}
+			default:
+				e.lines <- line
 			}
 		}
-		t.Logf("not drained after a minute: written %d, received %d", l.Stats().CopiesWritten, received.Load())
-	}
-	stopReading()
-	readers.Wait()
-	<-sampleDone
-	st := l.Stats()
-	closed := 0
-	var unread uint64
-	causes := map[string]int{}
-	for _, s := range ss {
-		if err := s.Err(); err != nil {
-			closed++
-			causes[err.Error()]++
-		}
-		unread += s.Stats().DroppedUnread
-	}
-	for cause, n := range causes {
-		t.Logf("%d subscribers ended: %s", n, cause)
-	}
-	t.Logf("%d subscribers offered copies for %v (load average %s): published %d, matched %d, queued %d (%.0f copies/s), received %d, "+
-		"dropped at publish %d (buffer full %d, header too large %d, closing %d), lost after queueing %d, unconfirmed %d, refused %d, unread at close %d; "+
-		"RSS %d MiB before, peak %d MiB; slow consumers closed %d",
-		subs, offeredFor.Round(time.Millisecond), loadAverage(), st.Published, matched.Load(), queued.Load(),
-		float64(received.Load())/offeredFor.Seconds(), received.Load(),
-		dropped.Load(), st.Dropped.BufferFull, st.Dropped.HeaderTooLarge, closing.Load(), lostAfterQueue.Load(),
-		unconfirmed.Load(), st.CopiesRefused, unread, rssBase>>20, peak.Load()>>20, st.SlowConsumersClosed)
+	}()
+	return e
+}
 
-	if want := int64(st.Published) * int64(subs); matched.Load() != want {
-		t.Errorf("matched %d copies, want %d: a subscription went missing", matched.Load(), want)
+// url waits for the endpoint's URL.
+func (e *endpointReport) url() string {
+	for line := range e.lines {
+		if u, ok := strings.CutPrefix(line, "URL "); ok {
+			return u
+		}
 	}
-	if matched.Load() != queued.Load()+dropped.Load() {
-		t.Errorf("matched %d != queued %d + dropped %d", matched.Load(), queued.Load(), dropped.Load())
+	e.t.Fatal("the endpoint printed no URL")
+	return ""
+}
+
+// await waits for a line that says want.
+func (e *endpointReport) await(ctx context.Context, want string) {
+	for {
+		select {
+		case line, ok := <-e.lines:
+			if !ok {
+				e.t.Fatalf("the endpoint ended before %s", want)
+			}
+			if line == want {
+				return
+			}
+		case <-ctx.Done():
+			e.t.Fatalf("no %s from the endpoint: %v", want, ctx.Err())
+		}
 	}
-	// Unconfirmed copies are a bound (some of them arrived), so the sum
-	// may exceed what was queued; it must not fall short.
-	if un := queued.Load() - accounted(); un > 0 {
-		t.Errorf("%d copies queued are neither received nor counted (queued %d, accounted %d)", un, queued.Load(), accounted())
+}
+
+// published waits for what the endpoint offered, and for its first
+// account after it.
+func (e *endpointReport) published(ctx context.Context) saturationOffer {
+	var o saturationOffer
+	select {
+	case o = <-e.offer:
+	case <-ctx.Done():
+		e.t.Fatalf("the endpoint did not finish publishing: %v", ctx.Err())
 	}
-	if closed != 0 || st.Connections != subs || st.SlowConsumersClosed != 0 {
-		t.Errorf("%d reading subscribers closed (listener holds %d connections, %d closed as slow)", closed, st.Connections, st.SlowConsumersClosed)
+	for e.latest().Published == 0 {
+		if ctx.Err() != nil {
+			e.t.Fatalf("no account from the endpoint: %v", ctx.Err())
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
-	// The endpoint's bound (docs/WEIDA.md "Memory"): per subscriber its
-	// buffer and what QUIC may hold for it; per subscriber here also its
-	// own side, which the same process runs: its stream credit of unread
-	// copies. 64 MiB covers the runtime's slack around the base.
-	perSub := int64(budget) + weida.ParkedBytesPerConnection + credit*4096
-	if bound := rssBase + int64(subs)*perSub + 64<<20; peak.Load() > bound {
-		t.Errorf("peak RSS %d MiB over the bound %d MiB", peak.Load()>>20, bound>>20)
-	}
+	return o
+}
+
+// latest is the endpoint's most recent account.
+func (e *endpointReport) latest() saturationStats { return *e.stats.Load() }
+
+// liveHeap is the heap the last garbage collection found live: what the
+// program holds, without the collector's headroom over it.
+func liveHeap() int64 {
+	s := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
+	metrics.Read(s)
+	return int64(s[0].Value.Uint64())
 }
