@@ -451,7 +451,7 @@ var (
 	descListenerDropped = prometheus.NewDesc("weida_connector_weida_listener_copies_dropped_total",
 		"Weida copies a hosted listener dropped, by reason (including after Publish returned).", []string{"listen", "reason"}, nil)
 	descListenerEvents = prometheus.NewDesc("weida_connector_weida_listener_events_total",
-		"Connection-level events on a hosted listener: refused connections (also by limit), clients refused by the allowlist, refused streams, protocol violations, failed negotiations, SUBSCRIBEs not replayed for the connection's replay limit.", []string{"listen", "event"}, nil)
+		"Connection-level events on a hosted listener: refused connections (also by limit), clients refused by the allowlist, refused streams, protocol violations, failed negotiations, SUBSCRIBEs not replayed for the connection's replay limit, subscribers closed as slow consumers.", []string{"listen", "event"}, nil)
 	descScopeRefusals = prometheus.NewDesc("weida_connector_weida_scope_refusals_total",
 		"Subscriptions a resource's client scopes (spec.weida.allowedClients[].scopes) refused (not-covered, unlisted) or dropped on a reload that narrowed them (revoked); the client's fingerprint is in the log line.", []string{"resource", "reason"}, nil)
 )
@@ -502,6 +502,10 @@ func (c listenerCollector) Collect(ch chan<- prometheus.Metric) {
 			"stream-refused":      st.StreamsRefused,
 			"protocol-violation":  st.ProtocolViolations,
 			"negotiation-failure": st.NegotiationFailures,
+			// Subscribers closed by the slow-consumer policy
+			// (Limits.SlowConsumerAfter); their lost copies are
+			// in copies_dropped_total.
+			"slow-consumer-closed": st.SlowConsumersClosed,
 		} {
 			ch <- prometheus.MustNewConstMetric(descListenerEvents, prometheus.CounterValue, float64(n), addr, event)
 		}
