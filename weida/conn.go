@@ -23,8 +23,10 @@ import (
 type role interface {
 	// data handles a uni DATA stream whose header decoded and names an
 	// endpoint. Nothing of the stream is consumed yet: its first n bytes
-	// are preamble and header, the payload follows. d is passed by value
-	// so that it does not escape on the hot path.
+	// are preamble and header, the payload follows. The stream may still
+	// carry the accept loop's read deadline (see uniFast): whatever reads
+	// it sets its own first. d is passed by value so that it does not
+	// escape on the hot path.
 	data(c *conn, st *quic.ReceiveStream, n int, d wire.Data)
 	// subscription handles a decoded SUBSCRIBE (add) or UNSUBSCRIBE. A
 	// code other than NoError refuses the stream with STOP_SENDING.
@@ -186,6 +188,13 @@ func (c *conn) uniFast(st *quic.ReceiveStream, sb *streamBuf) bool {
 	}
 	_ = st.SetReadDeadline(time.Now().Add(fastWait))
 	k, hdr, n, r := c.peekPreamble(st, sb)
+	if r == peekOK && k == wire.KindData {
+		// A copy keeps the deadline: the one read that follows, in
+		// Receive, sets its own anyway, and clearing it here would cost
+		// every copy a second turn on the stream's lock.
+		c.dispatchUni(st, sb, k, hdr, n, false)
+		return true
+	}
 	_ = st.SetReadDeadline(time.Time{})
 	switch r {
 	case peekWait:
