@@ -1,6 +1,7 @@
 package weida
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -23,8 +24,10 @@ import (
 type role interface {
 	// data handles a uni DATA stream whose header decoded and names an
 	// endpoint. Nothing of the stream is consumed yet: its first n bytes
-	// are preamble and header, the payload follows. d is passed by value
-	// so that it does not escape on the hot path.
+	// are preamble and header, the payload follows. The stream may still
+	// carry the accept loop's read deadline (see uniFast): whatever reads
+	// it sets its own first. d is passed by value so that it does not
+	// escape on the hot path.
 	data(c *conn, st *quic.ReceiveStream, n int, d wire.Data)
 	// subscription handles a decoded SUBSCRIBE (add) or UNSUBSCRIBE. A
 	// code other than NoError refuses the stream with STOP_SENDING.
@@ -186,6 +189,13 @@ func (c *conn) uniFast(st *quic.ReceiveStream, sb *streamBuf) bool {
 	}
 	_ = st.SetReadDeadline(time.Now().Add(fastWait))
 	k, hdr, n, r := c.peekPreamble(st, sb)
+	if r == peekOK && k == wire.KindData {
+		// A copy keeps the deadline: the one read that follows, in
+		// Receive, sets its own anyway, and clearing it here would cost
+		// every copy a second turn on the stream's lock.
+		c.dispatchUni(st, sb, k, hdr, n, false)
+		return true
+	}
 	_ = st.SetReadDeadline(time.Time{})
 	switch r {
 	case peekWait:
@@ -332,7 +342,7 @@ func (c *conn) uni(st *quic.ReceiveStream, sb *streamBuf) {
 func (c *conn) dispatchUni(st *quic.ReceiveStream, sb *streamBuf, k wire.Kind, hdr []byte, n int, wait bool) {
 	switch k {
 	case wire.KindData:
-		d, err := wire.DecodeData(hdr)
+		d, err := sb.decodeData(hdr)
 		switch {
 		case err != nil:
 			c.violation("%v", err)
@@ -463,8 +473,19 @@ func (c *conn) refuse(st *quic.ReceiveStream, code Code) {
 }
 
 // streamBuf is the scratch buffer a stream worker peeks preambles and
-// headers into; each worker owns one.
-type streamBuf struct{ buf []byte }
+// headers into, and the last DATA header it decoded; each worker owns one.
+type streamBuf struct {
+	buf []byte
+
+	lastHdr [lastHdrSize]byte // lastHdr[:lastLen] decoded into last
+	lastLen int
+	last    wire.Data
+}
+
+// lastHdrSize bounds the DATA header a streamBuf remembers: an ordinary
+// copy's header (endpoint, content_len, topic, perhaps a content type) is
+// well below it.
+const lastHdrSize = 128
 
 // streamBufSize fits the headers of ordinary copies and control frames;
 // a larger header grows the buffer for as long as the stream needs it.
@@ -478,6 +499,25 @@ func (sb *streamBuf) grow(n int) []byte {
 		sb.buf = make([]byte, max(n, 2*len(sb.buf)))
 	}
 	return sb.buf[:n]
+}
+
+// decodeData decodes a DATA header, or returns what the last one decoded
+// into when hdr is the same bytes. Consecutive copies of one publisher's
+// messages often share their header (one topic, one size, the same
+// metadata), and decoding one costs the validation of every key and an
+// allocation for its strings, which a copy delivered by Receive then
+// carries. A decoded header shares nothing that anyone writes to, so one
+// value can serve any number of copies.
+func (sb *streamBuf) decodeData(hdr []byte) (wire.Data, error) {
+	if sb.lastLen > 0 && bytes.Equal(hdr, sb.lastHdr[:sb.lastLen]) {
+		return sb.last, nil
+	}
+	d, err := wire.DecodeData(hdr)
+	if err == nil && len(hdr) <= lastHdrSize {
+		sb.lastLen = copy(sb.lastHdr[:], hdr)
+		sb.last = d
+	}
+	return d, err
 }
 
 // reset drops a grown buffer, so that an idle worker does not pin a

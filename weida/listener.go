@@ -781,14 +781,14 @@ func sendNow(maxBytes int) int { return maxBytes }
 // send turns (see Listener.turns), at most writeBatch copies per turn,
 // and gives its turn up before any wait.
 func (sc *serverConn) writer() {
-	w := copyWriter{sc: sc}
+	w := copyWriter{sc: sc, done: time.Now()}
 	defer func() {
 		w.give()
 		sc.wl.parkedAtEnd = uint64(w.parked)
 		sc.q.sent(w.parked)
 	}()
 	for {
-		f := sc.q.pop(sc.c.ctx)
+		f := sc.q.pop(sc.c.ctx, w.done)
 		if f == nil {
 			return
 		}
@@ -800,7 +800,7 @@ func (sc *serverConn) writer() {
 				break
 			}
 			var closed bool
-			if f, closed = sc.q.tryPop(); f == nil || closed {
+			if f, closed = sc.q.tryPop(w.done); f == nil || closed {
 				break
 			}
 		}
@@ -813,12 +813,17 @@ func (sc *serverConn) writer() {
 const writeBatch = 16
 
 // copyWriter is a connection's writer's state: whether it holds a send
-// turn, and the copies it has parked in QUIC since it last waited for them
-// to be packetized.
+// turn, the copies it has parked in QUIC since it last waited for them
+// to be packetized, and when its last write ended.
 type copyWriter struct {
 	sc      *serverConn
 	holding bool
 	parked  int
+	// done is read once per copy, after the write, and serves both the
+	// written log and the time the next copy is taken, when that follows
+	// without a wait (see sendQueue.poppedAt): a clock read costs about as
+	// much here as the rest of the writer's own bookkeeping.
+	done time.Time
 }
 
 func (w *copyWriter) take() bool {
@@ -882,6 +887,8 @@ func (w *copyWriter) write(f *frame) bool {
 	if err == nil {
 		err = s.Close()
 	}
+	now := sc.wl.now()
+	w.done = sc.wl.at(now)
 	stalled := false
 	if err != nil {
 		if errors.Is(err, os.ErrDeadlineExceeded) {
@@ -908,7 +915,7 @@ func (w *copyWriter) write(f *frame) bool {
 			// connection handles only after the peer's HELLO.
 			sc.wl.setHold(sc.c.agreed.peerMaxTransfers)
 		}
-		sc.wl.written(f)
+		sc.wl.written(f, now)
 		sc.q.parked(f)
 		w.parked++
 		if g != nil && !watched {

@@ -4,11 +4,15 @@ import (
 	"context"
 	"errors"
 	"io"
+	"reflect"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/quic-go/quic-go"
+
+	"weida.dev/connector/weida/wire"
 )
 
 // queued returns the number of copies waiting for Receive.
@@ -253,4 +257,37 @@ func TestDroppedUnread(t *testing.T) {
 			t.Fatalf("DroppedUnread = %d, want 1", got)
 		}
 	})
+}
+
+// TestDecodeDataRemembersLast: a worker decodes a DATA header that repeats
+// the previous one without decoding or allocating again, and gets what
+// decoding would have given; any other header, a malformed one or one too
+// long to remember, is decoded as before.
+func TestDecodeDataRemembersLast(t *testing.T) {
+	header := func(topic string) []byte {
+		d := wire.Data{Endpoint: "/p", HasEndpoint: true, ContentLen: 3, HasContentLen: true, Topic: topic, HasTopic: true}
+		return wire.AppendData(nil, &d)
+	}
+	a, b := header("a.b"), header("c")
+	long := header(strings.Repeat("x", lastHdrSize))
+	sb := newStreamBuf()
+	for _, hdr := range [][]byte{a, a, b, a, long, long, a} {
+		got, err := sb.decodeData(hdr)
+		want, werr := wire.DecodeData(hdr)
+		if err != nil || werr != nil || !reflect.DeepEqual(got, want) {
+			t.Fatalf("decodeData = %+v, %v; DecodeData = %+v, %v", got, err, want, werr)
+		}
+	}
+	if _, err := sb.decodeData([]byte{0xff}); err == nil {
+		t.Fatal("a malformed header decoded")
+	}
+	if got, err := sb.decodeData(a); err != nil || got.Topic != "a.b" {
+		t.Fatalf("after a malformed header: %+v, %v", got, err)
+	}
+	if raceEnabled {
+		return // allocation counts are not meaningful under -race
+	}
+	if allocs := testing.AllocsPerRun(100, func() { _, _ = sb.decodeData(a) }); allocs != 0 {
+		t.Errorf("decoding a repeated header: %v allocations, want 0", allocs)
+	}
 }

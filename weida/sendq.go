@@ -35,10 +35,12 @@ type sendQueue struct {
 	replayed int
 
 	// poppedAt is when the writer took the copy it is writing (valid
-	// while writing); stallAfter is Limits.SlowConsumerAfter; stalled is
-	// closed once a copy was refused while the writer had been stuck on
-	// one copy for stallAfter (see push), or once the writer of a
-	// connection that tracks receipts waited that long for its
+	// while writing), or, if it took it without waiting, when its
+	// previous write ended: the same instant give or take a lock, and a
+	// clock read fewer per copy. stallAfter is Limits.SlowConsumerAfter;
+	// stalled is closed once a copy was refused while the writer had been
+	// stuck on one copy for stallAfter (see push), or once the writer of
+	// a connection that tracks receipts waited that long for its
 	// subscriber (see stall); stallCause says which.
 	poppedAt   time.Time
 	stallAfter time.Duration
@@ -132,9 +134,11 @@ func (q *sendQueue) stallLocked(cause string) {
 
 // pop returns the oldest waiting frame, waiting for one; nil once the queue
 // is closed or ctx is done. The frame stays charged until done or parked.
-func (q *sendQueue) pop(ctx context.Context) *frame {
+// now is the time to note for a frame taken at once (see tryPop); one taken
+// after a wait is noted with the clock read then.
+func (q *sendQueue) pop(ctx context.Context, now time.Time) *frame {
 	for {
-		if f, closed := q.tryPop(); f != nil || closed {
+		if f, closed := q.tryPop(now); f != nil || closed {
 			return f
 		}
 		select {
@@ -142,12 +146,14 @@ func (q *sendQueue) pop(ctx context.Context) *frame {
 		case <-ctx.Done():
 			return nil
 		}
+		now = time.Now()
 	}
 }
 
 // tryPop is pop without the wait: nil when nothing waits, and closed once
-// the queue is closed.
-func (q *sendQueue) tryPop() (f *frame, closed bool) {
+// the queue is closed. now becomes poppedAt: the caller's last clock
+// reading, taken with nothing that waits since.
+func (q *sendQueue) tryPop(now time.Time) (f *frame, closed bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.closed {
@@ -176,7 +182,7 @@ func (q *sendQueue) tryPop() (f *frame, closed bool) {
 		q.head = 0
 	}
 	q.writing = true
-	q.poppedAt = time.Now()
+	q.poppedAt = now
 	return f, false
 }
 

@@ -466,6 +466,8 @@ type deadlineReader interface {
 // cleared and ctx watched, from then until the copy is read. A ctx that
 // ends during the first fastWait therefore takes effect when fastWait
 // ends. A ctx that can never end (Done returns nil) is not watched.
+// Either way the first Read replaces whatever deadline the stream carries
+// from the accept loop (see conn.uniFast).
 //
 // A copyReader belongs to one read of one copy; the zero value is not
 // usable. After the read, call stop if it is set.
@@ -474,15 +476,21 @@ type copyReader struct {
 	ctx     context.Context
 	watched *atomic.Uint64 // counts the reads that had to watch ctx
 
-	fast bool        // the fastWait deadline is set
-	stop func() bool // set once ctx is watched; it unregisters the watch
+	fast    bool        // the fastWait deadline is set
+	endless bool        // ctx cannot end, and the deadline is cleared
+	stop    func() bool // set once ctx is watched; it unregisters the watch
 }
 
 // Read reads from the stream as described on copyReader. Its only
 // deadline error is the one a watched ctx causes by ending.
 func (r *copyReader) Read(b []byte) (int, error) {
+	if r.endless {
+		return r.st.Read(b)
+	}
 	if r.stop == nil && !r.fast {
 		if r.ctx.Done() == nil {
+			r.endless = true
+			_ = r.st.SetReadDeadline(time.Time{})
 			return r.st.Read(b)
 		}
 		r.fast = true

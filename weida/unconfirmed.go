@@ -96,11 +96,11 @@ type keptCopy struct {
 
 // writtenLog is what one subscriber connection remembers of the copies it
 // wrote, so that those at risk can be reported if it vanishes. Counting
-// costs a clock read per copy and nothing else; copies of a Publisher with
-// an [Publisher.OnCopiesUnconfirmed] callback are also kept, their frame
-// held, in a ring bounded by time, count and bytes. Only the connection's
-// writer calls written; finish is called once the writer has ended, so
-// nothing here is locked.
+// costs nothing beyond the clock reading the writer passes in; copies of
+// a Publisher with an [Publisher.OnCopiesUnconfirmed] callback are also
+// kept, their frame held, in a ring bounded by time, count and bytes.
+// Only the connection's writer calls written; finish is called once the
+// writer has ended, so nothing here is locked.
 type writtenLog struct {
 	start    time.Time // monotonic origin of the bucket numbers
 	width    time.Duration
@@ -155,9 +155,17 @@ func (w *writtenLog) init(limits *Limits) {
 
 func (w *writtenLog) bucketOf(d time.Duration) int64 { return int64(d / w.width) }
 
-// written notes f, just written and finished with FIN.
-func (w *writtenLog) written(f *frame) {
-	idx := w.bucketOf(time.Since(w.start))
+// now reads the monotonic clock, as the time since the log's start that
+// written takes.
+func (w *writtenLog) now() time.Duration { return time.Since(w.start) }
+
+// at turns a reading of now into a time, with its monotonic reading.
+func (w *writtenLog) at(d time.Duration) time.Time { return w.start.Add(d) }
+
+// written notes f, just written and finished with FIN, at now (a reading
+// of w.now taken after the write).
+func (w *writtenLog) written(f *frame, now time.Duration) {
+	idx := w.bucketOf(now)
 	w.counts.add(idx, 1)
 	w.total++
 	if f.pub == nil {
@@ -234,7 +242,7 @@ func (w *writtenLog) unkeptBuckets(p *Publisher) *buckets {
 // creditExhausted notes that the writer found the peer's stream credit
 // used up: the peer held as many unread copies as it allows.
 func (w *writtenLog) creditExhausted() {
-	w.blocked = w.bucketOf(time.Since(w.start)) + 1
+	w.blocked = w.bucketOf(w.now()) + 1
 }
 
 // totalOf is the counter of p's written copies.

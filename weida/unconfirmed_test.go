@@ -212,10 +212,10 @@ func TestWrittenLogBounds(t *testing.T) {
 	w.maxKept = 4
 	for i := range 10 {
 		f := testFrame(t, &fp, watched, Message{Topic: "w", ContentType: "text/plain", Traceparent: "tp", Payload: numbered(i, 16)})
-		w.written(f)
+		w.written(f, w.now())
 		f.release()
 		g := testFrame(t, &fp, other, Message{Topic: "o", Payload: numbered(i, 16)})
-		w.written(g)
+		w.written(g, w.now())
 		g.release()
 	}
 	if w.n != 4 {
@@ -256,7 +256,7 @@ func TestWrittenLogNotVanished(t *testing.T) {
 	var w writtenLog
 	w.init(&limits)
 	f := testFrame(t, &fp, p, Message{Topic: "x"})
-	w.written(f)
+	w.written(f, w.now())
 	if f.refs.Load() != 2 {
 		t.Fatalf("a kept copy holds its frame: refs %d", f.refs.Load())
 	}
@@ -279,7 +279,7 @@ func TestWrittenLogAllocs(t *testing.T) {
 	var w writtenLog
 	w.init(&limits)
 	f := testFrame(t, &fp, &Publisher{path: "/log"}, Message{Topic: "x", Payload: make([]byte, 256)})
-	if allocs := testing.AllocsPerRun(1000, func() { w.written(f) }); allocs != 0 {
+	if allocs := testing.AllocsPerRun(1000, func() { w.written(f, w.now()) }); allocs != 0 {
 		t.Errorf("written: %v allocations, want 0", allocs)
 	}
 	if w.n != 0 || f.refs.Load() != 1 {
@@ -320,13 +320,13 @@ func TestWrittenLogCountOnly(t *testing.T) {
 	w.init(&limits)
 	f := testFrame(t, &fp, p, Message{Topic: "x", Payload: make([]byte, 64)})
 	for range 7 {
-		w.written(f)
+		w.written(f, w.now())
 	}
 	if w.n != 0 || f.refs.Load() != 1 {
 		t.Fatalf("count-only kept %d copies, frame refs %d", w.n, f.refs.Load())
 	}
 	if !raceEnabled {
-		if allocs := testing.AllocsPerRun(1000, func() { w.written(f) }); allocs != 0 {
+		if allocs := testing.AllocsPerRun(1000, func() { w.written(f, w.now()) }); allocs != 0 {
 			t.Errorf("written, count only: %v allocations, want 0", allocs)
 		}
 	}
@@ -356,17 +356,17 @@ func TestWrittenLogHold(t *testing.T) {
 	w.init(&limits)
 	for i := range 10 {
 		f := testFrame(t, &fp, watched, Message{Topic: "w", Payload: numbered(i, 16)})
-		w.written(f)
+		w.written(f, w.now())
 		f.release()
 	}
 	g := testFrame(t, &fp, other, Message{Topic: "o"})
-	w.written(g)
+	w.written(g, w.now())
 	g.release()
 	// A peer that had credit to spare adds nothing beyond the window...
 	var fast writtenLog
 	fast.init(&limits)
 	f := testFrame(t, &fp, watched, Message{Topic: "w"})
-	fast.written(f)
+	fast.written(f, fast.now())
 	f.release()
 	var none listenerCounters
 	fast.finish(&none, time.Since(fast.start)+time.Hour, &quic.IdleTimeoutError{}, "peer", 4)
@@ -409,13 +409,13 @@ func TestWrittenLogKeepsHold(t *testing.T) {
 	w.setHold(100)
 	for i := range 10 {
 		f := testFrame(t, &fp, p, Message{Topic: "w", Payload: numbered(i, 16)})
-		w.written(f)
+		w.written(f, w.now())
 		f.release()
 	}
 	// An hour passes: the ten are far older than any window.
 	w.start = w.start.Add(-time.Hour)
 	f := testFrame(t, &fp, p, Message{Topic: "w", Payload: numbered(10, 16)})
-	w.written(f)
+	w.written(f, w.now())
 	f.release()
 	if w.n != 11 {
 		t.Fatalf("the ring holds %d copies, want all 11: they are among the last 100", w.n)
@@ -444,7 +444,7 @@ func TestWrittenLogParkedAtEnd(t *testing.T) {
 	w.init(&limits)
 	for range 10 {
 		f := testFrame(t, &fp, p, Message{Topic: "w"})
-		w.written(f)
+		w.written(f, w.now())
 		f.release()
 	}
 	w.parkedAtEnd = 3
