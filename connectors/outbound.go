@@ -94,9 +94,20 @@ func (a *outAttempt) lostReason() string {
 // drain bound is over. The attempt stops them when it returns: a timer left
 // running would keep the attempt's contexts, and what they hold, for the
 // whole bound after the attempt ended.
+//
+// Stopping a timer is not enough for that: the runtime keeps a stopped
+// timer, and the func it would have called, in its P's timer heap until it
+// cleans the heap up, which it does lazily: when the timer comes to the top
+// or the bottom of the heap, when stopped timers are over a quarter of it,
+// and at the latest when the timer would have fired. Among many live
+// timers, as in a busy process, a stopped timer of the drain bound can stay
+// there long after the attempt returned, up to the whole bound. So a
+// timer's func reaches the attempt only through d, and stop drops what the
+// funcs hold.
 type drainBounds struct {
 	mu      sync.Mutex
 	timers  []*time.Timer
+	funcs   []func() // funcs[i] is what timers[i] calls
 	stopped bool
 }
 
@@ -104,12 +115,29 @@ type drainBounds struct {
 func (d *drainBounds) after(dur time.Duration, f func()) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if d.stopped {
+		return
+	}
+	i := len(d.funcs)
+	d.funcs = append(d.funcs, f)
+	d.timers = append(d.timers, time.AfterFunc(dur, func() { d.fire(i) }))
+}
+
+// fire calls the func of timer i, unless stop came first.
+func (d *drainBounds) fire(i int) {
+	d.mu.Lock()
+	var f func()
 	if !d.stopped {
-		d.timers = append(d.timers, time.AfterFunc(dur, f))
+		f = d.funcs[i]
+	}
+	d.mu.Unlock()
+	if f != nil {
+		f()
 	}
 }
 
-// stop stops every timer armed and those armed later.
+// stop stops every timer armed and those armed later, and drops their
+// funcs, which the stopped timers may not release for long.
 func (d *drainBounds) stop() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -118,6 +146,7 @@ func (d *drainBounds) stop() {
 		t.Stop()
 	}
 	d.timers = nil
+	d.funcs = nil
 }
 
 // run is one attempt of an outbound bridge.
