@@ -556,7 +556,8 @@ func (sc *serverConn) serve() {
 	cause := context.Cause(sc.c.ctx)
 	// Reported before the connection is forgotten, so that a caller who
 	// sees it gone from Stats().Connections also sees its report.
-	sc.wl.finish(&sc.l.stats, ended, cause, sc.c.qc.RemoteAddr().String(), sc.c.agreed.peerMaxTransfers)
+	sc.wl.finish(&sc.l.stats, ended, cause, sc.c.qc.RemoteAddr().String(), sc.c.agreed.peerMaxTransfers,
+		idleReach(sc.l.limits.IdleTimeout, sc.c.qc.ConnectionStats()))
 	l := sc.l
 	l.mu.Lock()
 	delete(l.conns, sc)

@@ -45,13 +45,24 @@ func (u UnconfirmedCopies) Len() int { return len(u.Messages) + u.Unkept }
 // copies written just before the last packet, and the end's detection. A
 // stateless reset is seen within a keep-alive period and a round trip of
 // the peer's restart, well inside the same window.
+//
+// The idle timeout quic-go applies is not always the configured one: it
+// is at least three probe timeouts (see idleReach), which on a path whose
+// round trips grew (a peer starved of CPU acknowledges late) exceeds 2 s.
+// The window then reaches back that much further, up to reachBuckets.
 const unconfirmedMargin = time.Second
 
-// writtenBuckets is the number of time buckets the written copies of a
-// connection are counted in. The window spans writtenBuckets-2 of them,
-// plus the one the end falls into and one spare for copies whose write
-// completed while the end was being noticed.
-const writtenBuckets = 32
+// windowBuckets is how many time buckets the window spans at the
+// configured idle timeout; writtenBuckets is how many a connection keeps:
+// enough for a window that quic-go's probe timeouts stretched to four
+// times that (reachBuckets), plus the one the end falls into and one spare
+// for copies whose write completed while the end was being noticed. A
+// bucket is 16 bytes, so a connection's counts take 2 KiB.
+const (
+	windowBuckets  = 30
+	reachBuckets   = 4 * windowBuckets
+	writtenBuckets = reachBuckets + 2
+)
 
 // maxKeptCopies bounds the record of one connection by count (its ring
 // then takes 64 KiB); its bytes are bounded by
@@ -104,7 +115,8 @@ type keptCopy struct {
 type writtenLog struct {
 	start    time.Time // monotonic origin of the bucket numbers
 	width    time.Duration
-	span     int64 // buckets the window reaches back from the end's
+	window   time.Duration // the configured idle timeout + unconfirmedMargin
+	span     int64         // buckets the window reaches back from the end's at the configured idle timeout
 	maxBytes int64
 
 	counts buckets
@@ -147,7 +159,8 @@ func (w *writtenLog) setHold(peerMaxTransfers uint64) {
 func (w *writtenLog) init(limits *Limits) {
 	window := limits.IdleTimeout + unconfirmedMargin
 	w.start = time.Now()
-	w.span = writtenBuckets - 2
+	w.window = window
+	w.span = windowBuckets
 	w.width = max((window+time.Duration(w.span)-1)/time.Duration(w.span), time.Millisecond)
 	w.maxBytes = limits.SubscriberBufferBytes
 	w.maxKept = maxKeptCopies
@@ -181,9 +194,9 @@ func (w *writtenLog) written(f *frame, now time.Duration) {
 		return
 	}
 	// Forget what no end from now on can reach: one bucket more than the
-	// span, for a copy noted after the end's bucket; but keep the last
-	// keepLast copies, which an end can reach through the peer's hold.
-	for w.n > w.keepLast && w.ring[w.head].idx < idx-w.span-1 {
+	// longest span, for a copy noted after the end's bucket; but keep the
+	// last keepLast copies, which an end can reach through the peer's hold.
+	for w.n > w.keepLast && w.ring[w.head].idx < idx-reachBuckets-1 {
 		w.dropOldest(false)
 	}
 	c := f.charge()
@@ -265,7 +278,9 @@ func (w *writtenLog) totalOf(p *Publisher) *uint64 {
 // finish settles the log of a connection whose end was seen ended after
 // its start: when cause says the peer vanished, the copies written within
 // the window are counted in st and reported to their publishers'
-// callbacks. Every kept frame is released.
+// callbacks. Every kept frame is released. idle is the idle timeout
+// quic-go applied at the end (idleReach): when it exceeds the configured
+// one, the window grows by the difference, up to reachBuckets.
 //
 // The window alone misses copies written earlier that the peer still
 // held: a subscriber starved of CPU, or reading slowly, keeps copies
@@ -285,7 +300,7 @@ func (w *writtenLog) totalOf(p *Publisher) *uint64 {
 // packetized when it ended (at most maxParked, the last written): on a
 // starved endpoint they may have waited in quic-go for longer than the
 // window and died with the connection without ever being sent.
-func (w *writtenLog) finish(st *listenerCounters, ended time.Duration, cause error, remote string, hold uint64) {
+func (w *writtenLog) finish(st *listenerCounters, ended time.Duration, cause error, remote string, hold uint64, idle time.Duration) {
 	defer func() {
 		for w.n > 0 {
 			w.dropOldest(false)
@@ -299,7 +314,7 @@ func (w *writtenLog) finish(st *listenerCounters, ended time.Duration, cause err
 	if hold == 0 {
 		hold = DefaultMaxConcurrentUniStreams + DefaultMaxConcurrentBidiStreams
 	}
-	first := w.bucketOf(ended) - w.span
+	first := w.bucketOf(ended) - w.spanFor(idle)
 	if w.blocked == 0 || w.blocked-1 < first {
 		hold = 0 // the peer had credit to spare: the window covers it
 	}
@@ -347,6 +362,37 @@ func (w *writtenLog) finish(st *listenerCounters, ended time.Duration, cause err
 		}
 	}
 }
+
+// spanFor is how many buckets the window reaches back when quic-go ended
+// the connection after idle without a packet: the configured span, or
+// more when idle plus the margin exceeds the configured window, at most
+// reachBuckets.
+func (w *writtenLog) spanFor(idle time.Duration) int64 {
+	window := idle + unconfirmedMargin
+	if window <= w.window {
+		return w.span
+	}
+	return min((int64(window)+int64(w.width)-1)/int64(w.width), reachBuckets)
+}
+
+// idleReach is the idle timeout quic-go applies to a connection configured
+// with idle, given its path's statistics: never less than three probe
+// timeouts (quic-go's Conn.nextIdleTimeoutTime, after RFC 9000 §10.1), a
+// probe timeout being the smoothed RTT, four mean deviations (at least
+// the 1 ms timer granularity) and the peer's max_ack_delay. The peer's
+// value is not exposed; weida's peers run quic-go, whose default is
+// 25 ms. Without a measured RTT quic-go's probe timeout is short, and the
+// configured value applies.
+func idleReach(idle time.Duration, s quic.ConnectionStats) time.Duration {
+	if s.SmoothedRTT == 0 {
+		return idle
+	}
+	pto := s.SmoothedRTT + max(4*s.MeanDeviation, time.Millisecond) + peerMaxAckDelay
+	return max(idle, 3*pto)
+}
+
+// peerMaxAckDelay is quic-go's default max_ack_delay (RFC 9000 §18.2).
+const peerMaxAckDelay = 25 * time.Millisecond
 
 type pubReport struct {
 	pub *Publisher

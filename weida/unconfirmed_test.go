@@ -222,7 +222,7 @@ func TestWrittenLogBounds(t *testing.T) {
 		t.Fatalf("kept %d copies, want the bound 4", w.n)
 	}
 	var st listenerCounters
-	w.finish(&st, time.Since(w.start), &quic.IdleTimeoutError{}, "peer", 1)
+	w.finish(&st, time.Since(w.start), &quic.IdleTimeoutError{}, "peer", 1, limits.IdleTimeout)
 	if got := st.copiesUnconfirmed.Load(); got != 20 {
 		t.Errorf("CopiesUnconfirmed = %d, want all 20 written", got)
 	}
@@ -261,7 +261,7 @@ func TestWrittenLogNotVanished(t *testing.T) {
 		t.Fatalf("a kept copy holds its frame: refs %d", f.refs.Load())
 	}
 	var st listenerCounters
-	w.finish(&st, time.Since(w.start), &quic.ApplicationError{Remote: true}, "peer", 1)
+	w.finish(&st, time.Since(w.start), &quic.ApplicationError{Remote: true}, "peer", 1, limits.IdleTimeout)
 	if f.refs.Load() != 1 || st.copiesUnconfirmed.Load() != 0 || len(rec.all()) != 0 {
 		t.Errorf("refs %d, unconfirmed %d, reports %d", f.refs.Load(), st.copiesUnconfirmed.Load(), len(rec.all()))
 	}
@@ -331,7 +331,7 @@ func TestWrittenLogCountOnly(t *testing.T) {
 		}
 	}
 	var st listenerCounters
-	w.finish(&st, time.Since(w.start), &quic.StatelessResetError{}, "peer", 1)
+	w.finish(&st, time.Since(w.start), &quic.StatelessResetError{}, "peer", 1, limits.IdleTimeout)
 	reports := rec.all()
 	want := int(st.copiesUnconfirmed.Load())
 	if len(reports) != 1 || len(reports[0].Messages) != 0 || reports[0].Unkept != want || want < 7 {
@@ -369,7 +369,7 @@ func TestWrittenLogHold(t *testing.T) {
 	fast.written(f, fast.now())
 	f.release()
 	var none listenerCounters
-	fast.finish(&none, time.Since(fast.start)+time.Hour, &quic.IdleTimeoutError{}, "peer", 4)
+	fast.finish(&none, time.Since(fast.start)+time.Hour, &quic.IdleTimeoutError{}, "peer", 4, limits.IdleTimeout)
 	if got := none.copiesUnconfirmed.Load(); got != 0 || len(rec.all()) != 0 {
 		t.Fatalf("a peer that never ran out of credit: %d unconfirmed outside the window", got)
 	}
@@ -378,7 +378,7 @@ func TestWrittenLogHold(t *testing.T) {
 	var st listenerCounters
 	ended := time.Since(w.start) + time.Hour
 	w.blocked = w.bucketOf(ended) + 1
-	w.finish(&st, ended, &quic.IdleTimeoutError{}, "peer", 4)
+	w.finish(&st, ended, &quic.IdleTimeoutError{}, "peer", 4, limits.IdleTimeout)
 	if got := st.copiesUnconfirmed.Load(); got != 4 {
 		t.Errorf("CopiesUnconfirmed = %d, want the hold of 4", got)
 	}
@@ -423,7 +423,7 @@ func TestWrittenLogKeepsHold(t *testing.T) {
 	var st listenerCounters
 	ended := time.Since(w.start)
 	w.blocked = w.bucketOf(ended) + 1
-	w.finish(&st, ended, &quic.IdleTimeoutError{}, "peer", 100)
+	w.finish(&st, ended, &quic.IdleTimeoutError{}, "peer", 100, limits.IdleTimeout)
 	reports := rec.all()
 	if len(reports) != 1 || len(reports[0].Messages) != 11 || reports[0].Unkept != 0 {
 		t.Fatalf("reports %+v, want one with all 11 copies as messages", reports)
@@ -449,11 +449,64 @@ func TestWrittenLogParkedAtEnd(t *testing.T) {
 	}
 	w.parkedAtEnd = 3
 	var st listenerCounters
-	w.finish(&st, time.Since(w.start)+time.Hour, &quic.IdleTimeoutError{}, "peer", 1000)
+	w.finish(&st, time.Since(w.start)+time.Hour, &quic.IdleTimeoutError{}, "peer", 1000, limits.IdleTimeout)
 	if got := st.copiesUnconfirmed.Load(); got != 3 {
 		t.Errorf("CopiesUnconfirmed = %d, want the 3 parked", got)
 	}
 	if r := rec.all(); len(r) != 1 || r[0].Unkept != 3 {
 		t.Fatalf("reports %+v, want one with 3 unkept", r)
+	}
+}
+
+// TestWrittenLogReachStretchedByProbeTimeouts: when quic-go's idle timeout
+// was stretched by three probe timeouts of a slow path, the window reaches
+// back as far as that timeout did (plus the margin), so copies written
+// after the peer's last packet are counted even when that was longer ago
+// than the configured idle timeout.
+func TestWrittenLogReachStretchedByProbeTimeouts(t *testing.T) {
+	var fp framePool
+	p := &Publisher{path: "/log"}
+	limits, _ := Limits{}.withDefaults(true) // idle timeout 2 s: a 3 s window
+	write := func(w *writtenLog, at ...time.Duration) {
+		for _, d := range at {
+			f := testFrame(t, &fp, p, Message{Topic: "w"})
+			w.written(f, d)
+			f.release()
+		}
+	}
+	ended := 8 * time.Second
+	for _, c := range []struct {
+		idle time.Duration
+		want uint64
+	}{
+		{limits.IdleTimeout, 1},      // 7 s only
+		{4500 * time.Millisecond, 2}, // 3 s and 7 s: the window is 5.5 s
+		{time.Hour, 3},               // all three, within the longest reach
+	} {
+		var w writtenLog
+		w.init(&limits)
+		write(&w, time.Second, 3*time.Second, 7*time.Second)
+		var st listenerCounters
+		w.finish(&st, ended, &quic.IdleTimeoutError{}, "peer", 1, c.idle)
+		if got := st.copiesUnconfirmed.Load(); got != c.want {
+			t.Errorf("idle %v: %d unconfirmed, want %d", c.idle, got, c.want)
+		}
+	}
+}
+
+// TestIdleReach follows quic-go's rule: the configured idle timeout, or
+// three probe timeouts when those are longer.
+func TestIdleReach(t *testing.T) {
+	for _, c := range []struct {
+		srtt, dev time.Duration
+		want      time.Duration
+	}{
+		{0, 0, 2 * time.Second}, // no measurement yet
+		{time.Millisecond, 0, 2 * time.Second},
+		{time.Second, 100 * time.Millisecond, 3 * (time.Second + 400*time.Millisecond + 25*time.Millisecond)},
+	} {
+		if got := idleReach(2*time.Second, quic.ConnectionStats{SmoothedRTT: c.srtt, MeanDeviation: c.dev}); got != c.want {
+			t.Errorf("srtt %v, deviation %v: %v, want %v", c.srtt, c.dev, got, c.want)
+		}
 	}
 }
