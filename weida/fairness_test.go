@@ -8,7 +8,6 @@ import (
 	"net/netip"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -55,34 +54,46 @@ func secondHost(t *testing.T) *quic.Transport {
 // than the listener serves (bare handshakes, as the attacker of issue 25
 // did) is refused past MaxConnectionsPerAddress, and a subscriber from
 // another address still connects and receives.
+//
+// Nothing here is a measurement: on a loaded machine the flood may take
+// many times longer than on a quiet one, so every bound is a safety net
+// and the flood's connections are kept from timing out on their own.
 func TestOneHostCannotTakeEverySlot(t *testing.T) {
 	var logs logBuffer
-	// The flood's connections send no HELLO: a long HelloTimeout lets
-	// them hold their slots for the whole test, as connections that did
-	// send one would.
-	l := listen(t, ListenConfig{Logger: logs.logger(), Limits: Limits{HelloTimeout: time.Minute}})
+	// The flood's connections send no HELLO, and on a loaded machine the
+	// test's side of them may go unscheduled for seconds: a HelloTimeout
+	// and an IdleTimeout longer than any run let them hold their slots for
+	// the whole test, as live connections that did send one would. With
+	// the listener's 2 s default, one that went unanswered that long was
+	// dropped, its slot went to the next handshake, and weida admitted 65.
+	l := listen(t, ListenConfig{Logger: logs.logger(), Limits: Limits{HelloTimeout: time.Hour, IdleTimeout: time.Hour}})
 	p := publisher(t, l, "/open")
 	tr := secondHost(t)
 
 	const flood = 1100
+	// HandshakeIdleTimeout bounds a silent handshake, not a slow one: with
+	// quic-go's 5 s a starved flood timed its handshakes out and fell
+	// short of the limit. MaxIdleTimeout (QUIC takes the smaller of the
+	// two) bounds how long a connection the listener dropped silently
+	// stays open here. KeepAlivePeriod makes a connection whose
+	// CONNECTION_CLOSE was lost ask again (the listener answers with the
+	// close or a stateless reset) instead of waiting out its idle timeout.
+	fconf := &quic.Config{HandshakeIdleTimeout: testTimeout, MaxIdleTimeout: testTimeout, KeepAlivePeriod: time.Second}
 	var (
-		wg       sync.WaitGroup
-		mu       sync.Mutex
-		conns    []*quic.Conn
-		handshot atomic.Int64
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		conns []*quic.Conn
 	)
 	sem := make(chan struct{}, 64)
-	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
-	defer cancel()
+	start := time.Now()
 	for range flood {
 		wg.Go(func() {
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			qc, err := tr.Dial(ctx, l.Addr(), rawTLS(), &quic.Config{HandshakeIdleTimeout: 5 * time.Second})
+			qc, err := tr.Dial(t.Context(), l.Addr(), rawTLS(), fconf)
 			if err != nil {
 				return
 			}
-			handshot.Add(1)
 			mu.Lock()
 			conns = append(conns, qc)
 			mu.Unlock()
@@ -94,67 +105,105 @@ func TestOneHostCannotTakeEverySlot(t *testing.T) {
 			_ = qc.CloseWithError(0, "")
 		}
 	}()
-	n := handshot.Load()
+	n := len(conns)
 	if n < DefaultMaxConnectionsPerAddress+1 {
 		t.Fatalf("only %d of %d handshakes completed", n, flood)
 	}
-	// quic-go refuses, below weida, a handshaken connection that finds
-	// its accept queue full: the client saw its handshake complete, the
-	// listener never sees it. Most are weida's to admit or refuse.
-	waitFor(t, "the handshakes to be admitted or refused", func() bool {
-		st := l.Stats()
-		return int64(st.ConnectionsAccepted+st.ConnectionsRefused) >= n*9/10
+
+	// Every handshake the flood saw complete ends one of three ways.
+	// Weida admits it, and it stays open (see the timeouts above); weida
+	// refuses it, and it is closed with an application error; or quic-go
+	// refuses it below weida, with a bare CONNECTION_REFUSED, because its
+	// accept queue (32 connections) was full when the handshake completed
+	// on the listener's side, or drops it, its handshake timed out there:
+	// weida never sees those. All are settled once the flood's open
+	// connections are exactly the listener's.
+	tally := func() (open int, told []*quic.ApplicationError, below []error) {
+		for _, qc := range conns {
+			select {
+			case <-qc.Context().Done():
+			default:
+				open++
+				continue
+			}
+			var ae *quic.ApplicationError
+			if err := context.Cause(qc.Context()); errors.As(err, &ae) {
+				told = append(told, ae)
+			} else {
+				below = append(below, err)
+			}
+		}
+		return open, told, below
+	}
+	// A handshake the listener's side dropped silently (quic-go's
+	// 10 s handshake timeout, on a starved machine) stays open on the
+	// flood's side until its idle timeout: the wait outlasts that.
+	waitForWithin(t, "every handshake to be admitted or refused", testTimeout+fconf.MaxIdleTimeout, func() bool {
+		open, _, _ := tally()
+		return open == l.Stats().Connections
 	})
+	refusing := time.Since(start) // weida refused none of the flood after this
 	st := l.Stats()
+	_, told, below := tally()
+	t.Logf("%d of %d handshakes from one address completed: %d admitted, %d refused by weida, %d refused or dropped below it",
+		n, flood, st.ConnectionsAccepted, st.ConnectionsRefused, len(below))
+	if st.ConnectionsRefused == 0 {
+		t.Fatalf("weida saw %d of the %d handshakes (%d refused or dropped below it): none past the limit to refuse", st.ConnectionsAccepted, n, len(below))
+	}
 	if st.ConnectionsAccepted != DefaultMaxConnectionsPerAddress || st.Connections != DefaultMaxConnectionsPerAddress ||
 		st.ConnectionsRefused != st.RefusedBy.MaxConnectionsPerAddr {
-		t.Fatalf("after %d handshakes from one address: %+v", n, st)
+		t.Fatalf("after %d handshakes from one address: %+v\n%s", n, st, endedLines(logs.String()))
 	}
-	t.Logf("%d handshakes from one address: %d admitted, %d refused", n, st.ConnectionsAccepted, st.ConnectionsRefused)
-	// A refused connection is told why.
-	var ae *quic.ApplicationError
-	for _, qc := range conns {
-		select {
-		case <-qc.Context().Done():
-			if errors.As(context.Cause(qc.Context()), &ae) {
-				break
-			}
-			continue
-		default:
-			continue
+	// A refused connection is told why: every one whose CONNECTION_CLOSE
+	// arrived (over loopback, all but those a full socket buffer dropped).
+	if len(told) == 0 {
+		t.Errorf("none of the %d connections weida refused was told why; %d closed below weida: %v", st.ConnectionsRefused, len(below), below[:min(len(below), 3)])
+	}
+	for _, ae := range told {
+		if ae.ErrorCode != quic.ApplicationErrorCode(LimitExceeded) || ae.ErrorMessage != RefusedMaxConnectionsPerAddr {
+			t.Errorf("a refused connection was closed with %v, want LIMIT_EXCEEDED %s", ae, RefusedMaxConnectionsPerAddr)
+			break
 		}
-		break
 	}
-	if ae == nil || ae.ErrorCode != quic.ApplicationErrorCode(LimitExceeded) || ae.ErrorMessage != RefusedMaxConnectionsPerAddr {
-		t.Errorf("a refused connection was closed with %v, want LIMIT_EXCEEDED %s", ae, RefusedMaxConnectionsPerAddr)
-	}
-	if lines := strings.Count(logs.String(), "weida: refusing connection"); lines < 1 || lines > 2 {
-		t.Errorf("%d refusal lines logged for %d refusals, want them rate-limited", lines, st.ConnectionsRefused)
+	// Rate-limited: one line per rateLogInterval at most while weida
+	// refused, however long a loaded machine made that last.
+	most := 1 + int(refusing/rateLogInterval)
+	if lines := strings.Count(logs.String(), "weida: refusing connection"); lines < 1 || lines > most {
+		t.Errorf("%d refusal lines logged for %d refusals in %s, want 1 to %d (rate-limited)", lines, st.ConnectionsRefused, refusing, most)
 	}
 
-	// The subscriber dials from 127.0.0.1, another address.
-	start := time.Now()
-	dctx, dcancel := context.WithTimeout(t.Context(), 5*time.Second)
-	defer dcancel()
-	s, err := Dial(dctx, pinnedURL(l, "/open"), DialConfig{})
+	// The subscriber dials from 127.0.0.1, another address, while the
+	// flood holds its 64 slots. Dial does not retry: refused, it fails;
+	// the bound is only a safety net.
+	ctx := testCtx(t)
+	s, err := Dial(ctx, pinnedURL(l, "/open"), DialConfig{})
 	if err != nil {
 		t.Fatalf("subscriber from another address: %v", err)
 	}
 	defer s.Close()
-	if err := s.Subscribe(dctx, "#"); err != nil {
+	if err := s.Subscribe(ctx, "#"); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "the subscription", func() bool { return p.Subscribers() == 1 })
-	if _, err := p.Publish(dctx, Message{Topic: "t", Payload: []byte("hi")}); err != nil {
+	if _, err := p.Publish(ctx, Message{Topic: "t", Payload: []byte("hi")}); err != nil {
 		t.Fatal(err)
 	}
-	m, err := s.Receive(dctx)
+	m, err := s.Receive(ctx)
 	if err != nil || string(m.Payload) != "hi" {
 		t.Fatalf("Receive: %q, %v", m.Payload, err)
 	}
-	if took := time.Since(start); took > 5*time.Second {
-		t.Errorf("the subscriber took %s to connect and receive", took)
+}
+
+// endedLines returns the "connection ended" lines of a listener's debug
+// log: why the connections it admitted are gone.
+func endedLines(log string) string {
+	var b strings.Builder
+	for line := range strings.Lines(log) {
+		if strings.Contains(line, "weida: connection ended") || strings.Contains(line, "weida: closing connection") {
+			b.WriteString(line)
+		}
 	}
+	return b.String()
 }
 
 // TestPerAddressLimitSparesAllowlistedPeers: on a listener with an

@@ -104,7 +104,15 @@ func subscribe(t *testing.T, l *Listener, s *Subscriber, want int64, filters ...
 // waitFor polls cond until it holds; the deadline only stops a hung test.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(testTimeout)
+	waitForWithin(t, what, testTimeout, cond)
+}
+
+// waitForWithin is waitFor for an event that may take longer than
+// testTimeout by design (it waits out a timeout of its own): d is still
+// only a safety net.
+func waitForWithin(t *testing.T, what string, d time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("gave up waiting for %s", what)
