@@ -247,6 +247,7 @@ func (b *binder) bindWeida(rw *rawWeida) {
 		b.directionOnly(base+".listen", rw.Listen != "", "inbound", "an outbound resource dials a publisher: write dial: weida://sha256:<fingerprint>@host:port/path")
 		b.directionOnly(base+".maxConnections", rw.MaxConnections != nil, "inbound", "an outbound resource holds one connection to the endpoint it dials")
 		b.directionOnly(base+".maxConnectionsPerAddress", rw.MaxConnectionsPerAddress != nil, "inbound", "an outbound resource holds one connection to the endpoint it dials")
+		b.directionOnly(base+".idleTimeout", rw.IdleTimeout != nil, "inbound", "an outbound resource's connection keeps the idle timeout of the endpoint it dials")
 		b.directionOnly(base+".allowedClients", len(rw.AllowedClients) > 0, "inbound", "an outbound resource is the client; it presents certFile/keyFile if the endpoint asks")
 		b.directionOnly(base+".clientCAFile", rw.ClientCAFile != "", "inbound", "an outbound resource is the client; caFile holds the anchors for the endpoint it dials")
 		if rw.Dial == "" {
@@ -281,13 +282,32 @@ func (b *binder) bindWeida(rw *rawWeida) {
 // not import: the endpoint's limit when maxConnections is left out.
 const weidaMaxConnections = 1024
 
+// Bounds of spec.weida.idleTimeout. Below a second a subscriber whose
+// process pauses for a collection or a busy moment is taken for gone; above
+// a minute a vanished one holds its slot, and its queued copies wait to be
+// counted, for longer than any reader would wait for news of it.
+const (
+	minIdleTimeout = time.Second
+	maxIdleTimeout = time.Minute
+)
+
 // bindConnectionLimits binds spec.weida.maxConnections and
-// maxConnectionsPerAddress, whose ranges the schema checked. A
-// per-address limit above the endpoint's own would never apply, so it is
-// refused rather than ignored.
+// maxConnectionsPerAddress, whose ranges the schema checked, and
+// idleTimeout. A per-address limit above the endpoint's own would never
+// apply, so it is refused rather than ignored.
 func (b *binder) bindConnectionLimits(rw *rawWeida) {
 	const base = "spec.weida"
 	w := &b.c.Weida
+	if rw.IdleTimeout != nil && b.ok(base+".idleTimeout") {
+		path := base + ".idleTimeout"
+		if v := time.Duration(*rw.IdleTimeout); v < minIdleTimeout || v > maxIdleTimeout {
+			b.fail(path, b.at(path), v.String(), "weida-idle-timeout",
+				"is outside 1s to 1m: shorter takes a subscriber that pauses for gone, longer keeps a vanished one for longer than anyone would wait",
+				"write a duration between 1s and 1m, or leave it out for 2s")
+		} else {
+			w.IdleTimeout = v
+		}
+	}
 	if rw.MaxConnections != nil && b.ok(base+".maxConnections") {
 		w.MaxConnections = *rw.MaxConnections
 	}

@@ -232,6 +232,11 @@ type Weida struct {
 	// set neither.
 	MaxConnections           int `json:",omitempty"`
 	MaxConnectionsPerAddress int `json:",omitempty"`
+	// IdleTimeout (inbound only) is the endpoint's weida IdleTimeout: how
+	// long a subscriber connection may be silent before it is taken for
+	// gone. Zero means weida's default for a listener (2 s); the tag
+	// keeps Revision unchanged for resources that leave it out.
+	IdleTimeout time.Duration `json:",omitempty"`
 	// CertFile and KeyFile: inbound, the endpoint's certificate (both ""
 	// means generate one at start); outbound, an optional client
 	// certificate.

@@ -3,6 +3,7 @@ package resources_test
 import (
 	"slices"
 	"testing"
+	"time"
 
 	"weida.dev/connector/resources"
 )
@@ -36,6 +37,48 @@ func TestConnectionLimits(t *testing.T) {
 		{"above maxConnections", edit(t, mqttIn, "/sensors\n", "/sensors\n    maxConnections: 10\n    maxConnectionsPerAddress: 11\n"), []string{"spec.weida.maxConnectionsPerAddress weida-connections"}},
 		{"raised together", edit(t, mqttIn, "/sensors\n", "/sensors\n    maxConnections: 4096\n    maxConnectionsPerAddress: 2000\n"), nil},
 		{"outbound", edit(t, mqttOut, "/orders\n", "/orders\n    maxConnections: 10\n"), []string{"spec.weida.maxConnections direction-field"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := loadFiles(t, "a.yaml", c.doc)
+			var got []string
+			for _, d := range diags(resources.Errors(err)) {
+				got = append(got, d.String())
+			}
+			if !slices.Equal(got, c.want) {
+				t.Errorf("diagnostics %q, want %q", got, c.want)
+			}
+		})
+	}
+}
+
+// TestIdleTimeout: spec.weida.idleTimeout reaches the resource, zero when
+// left out (weida's 2 s for a listener), and is refused outside 1s to 1m
+// or on an outbound resource (issue 21: subscribers that read lost their
+// connections to the 2 s timeout on a saturated endpoint).
+func TestIdleTimeout(t *testing.T) {
+	set, err := loadFiles(t, "a.yaml", edit(t, mqttIn, "/sensors\n", "/sensors\n    idleTimeout: 10s\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := set.Connectors()[0].Weida.IdleTimeout; got != 10*time.Second {
+		t.Errorf("idleTimeout %v, want 10s", got)
+	}
+	set, err = loadFiles(t, "a.yaml", mqttIn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := set.Connectors()[0].Weida.IdleTimeout; got != 0 {
+		t.Errorf("idleTimeout %v left out, want 0 (weida's default)", got)
+	}
+	for _, c := range []struct {
+		name, doc string
+		want      []string
+	}{
+		{"shortest", edit(t, mqttIn, "/sensors\n", "/sensors\n    idleTimeout: 1s\n"), nil},
+		{"longest", edit(t, mqttIn, "/sensors\n", "/sensors\n    idleTimeout: 1m\n"), nil},
+		{"too short", edit(t, mqttIn, "/sensors\n", "/sensors\n    idleTimeout: 500ms\n"), []string{"spec.weida.idleTimeout weida-idle-timeout"}},
+		{"too long", edit(t, mqttIn, "/sensors\n", "/sensors\n    idleTimeout: 2m\n"), []string{"spec.weida.idleTimeout weida-idle-timeout"}},
+		{"outbound", edit(t, mqttOut, "/orders\n", "/orders\n    idleTimeout: 10s\n"), []string{"spec.weida.idleTimeout direction-field"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			_, err := loadFiles(t, "a.yaml", c.doc)

@@ -259,6 +259,19 @@ func listenConflicts(docs []*Document) {
 				},
 				"use the same maxConnections and maxConnectionsPerAddress in every resource on this address")
 		}
+		idle := func(d *Document) string {
+			if d.partial.Weida.IdleTimeout == 0 {
+				return "idleTimeout 2s (the default)"
+			}
+			return "idleTimeout " + d.partial.Weida.IdleTimeout.String()
+		}
+		if !allSame(g, idle) {
+			conflict(g, fixed("spec.weida.idleTimeout"), idle, "weida-listen-limits",
+				func(others string) string {
+					return "differs from " + others + " on the same listen address; weida runs one idle timeout per listener"
+				},
+				"use the same idleTimeout in every resource on this address")
+		}
 		if !allSame(g, func(d *Document) string { return strconv.FormatInt(d.partial.Limits.BufferBytes, 10) }) {
 			conflict(g, fixed("spec.limits.bufferBytes"), func(d *Document) string { return strconv.FormatInt(d.partial.Limits.BufferBytes, 10) },
 				"weida-listen-limits",

@@ -65,6 +65,14 @@ func TestCrossResource(t *testing.T) {
 			mqttIn2(t, "a", "/sensors", "/one\n    maxConnections: 4096\n    maxConnectionsPerAddress: 8"),
 			mqttIn2(t, "b", "/sensors", "/other\n    maxConnections: 4096\n    maxConnectionsPerAddress: 8"),
 		}, nil},
+		{"same address, other idle timeout", []string{
+			mqttIn2(t, "a", "/sensors", "/one\n    idleTimeout: 10s"),
+			mqttIn2(t, "b", "/sensors", "/other"),
+		}, []diag{{"spec.weida.idleTimeout", "weida-listen-limits"}}},
+		{"same address, same idle timeout", []string{
+			mqttIn2(t, "a", "/sensors", "/one\n    idleTimeout: 10s"),
+			mqttIn2(t, "b", "/sensors", "/other\n    idleTimeout: 10s"),
+		}, nil},
 		{"wildcard and loopback on one port", []string{
 			mqttIn2(t, "a", "127.0.0.1:7001", "0.0.0.0:7001", "/sensors", "/one\n    allowedClients: ["+fp+"]"),
 			mqttIn2(t, "b", "/sensors", "/other"),

@@ -86,6 +86,11 @@ type rawWeida struct {
 	// slot of an open endpoint).
 	MaxConnections           *int `yaml:"maxConnections" validate:"omitempty,min=1,max=65536" doc:"inbound: connections the endpoint serves at once, from all clients; default 1024"`
 	MaxConnectionsPerAddress *int `yaml:"maxConnectionsPerAddress" validate:"omitempty,min=1,max=65536" doc:"inbound: connections one client address may hold (an IPv4 address, an IPv6 /64; clients behind one NAT share it), unless allowedClients admits its certificate; at most maxConnections; default 64"`
+
+	// How long the endpoint waits on a silent subscriber (issue 21: at
+	// 2 s, subscribers that read lost their connections when the
+	// endpoint was saturated and their round trips grew).
+	IdleTimeout *Duration `yaml:"idleTimeout" doc:"inbound: how long a subscriber connection may stay silent before the endpoint takes it for gone (QUIC's idle timeout; the endpoint pings every 500 ms); 1s to 1m; default 2s"`
 }
 
 // rawClient is one entry of spec.weida.allowedClients: a bare fingerprint

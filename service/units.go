@@ -172,6 +172,7 @@ func unit(c *resources.Connector, env Env) (connectors.Unit, error) {
 			SubscriberBufferBytes:    c.Limits.BufferBytes,
 			MaxConnections:           c.Weida.MaxConnections,
 			MaxConnectionsPerAddress: c.Weida.MaxConnectionsPerAddress,
+			IdleTimeout:              c.Weida.IdleTimeout,
 		},
 		// With certFile and keyFile the directory holds only the reset
 		// key: the certificate is the operator's to keep. Without it, a
