@@ -332,3 +332,30 @@ func TestUnitsReadSecretsAtEachAttempt(t *testing.T) {
 	}
 	_ = s.Close(context.Background())
 }
+
+// TestUnitCarriesEndpointLimits: an inbound resource's endpoint settings
+// reach the weida listener its unit starts: the connection limits and the
+// idle timeout (issue 21: 1,000 saturated readers kept at 10 s, lost at
+// the default 2 s).
+func TestUnitCarriesEndpointLimits(t *testing.T) {
+	cs := loadExamples(t)
+	var in *resources.Connector
+	for _, c := range cs {
+		if c.Direction == policy.Inbound {
+			in = c
+			break
+		}
+	}
+	if in == nil {
+		t.Fatal("no inbound example")
+	}
+	in.Weida.IdleTimeout = 10 * time.Second
+	in.Weida.MaxConnections, in.Weida.MaxConnectionsPerAddress = 4096, 16
+	units, err := service.Units([]*resources.Connector{in}, env(map[string]string{"AMQP_PASSWORD": "guest"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l := units[0].ListenConfig.Limits; l.IdleTimeout != 10*time.Second || l.MaxConnections != 4096 || l.MaxConnectionsPerAddress != 16 {
+		t.Errorf("listener limits %+v, want idle timeout 10s and connections 4096, 16 per address", l)
+	}
+}
