@@ -4,8 +4,6 @@ import (
 	"slices"
 	"testing"
 	"time"
-
-	"weida.dev/connector/resources"
 )
 
 // TestConnectionLimits: spec.weida.maxConnections and
@@ -39,12 +37,7 @@ func TestConnectionLimits(t *testing.T) {
 		{"outbound", edit(t, mqttOut, "/orders\n", "/orders\n    maxConnections: 10\n"), []string{"spec.weida.maxConnections direction-field"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			_, err := loadFiles(t, "a.yaml", c.doc)
-			var got []string
-			for _, d := range diags(resources.Errors(err)) {
-				got = append(got, d.String())
-			}
-			if !slices.Equal(got, c.want) {
+			if got := loadDiags(t, c.doc); !slices.Equal(got, c.want) {
 				t.Errorf("diagnostics %q, want %q", got, c.want)
 			}
 		})
@@ -81,12 +74,7 @@ func TestIdleTimeout(t *testing.T) {
 		{"outbound", edit(t, mqttOut, "/orders\n", "/orders\n    idleTimeout: 10s\n"), []string{"spec.weida.idleTimeout direction-field"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			_, err := loadFiles(t, "a.yaml", c.doc)
-			var got []string
-			for _, d := range diags(resources.Errors(err)) {
-				got = append(got, d.String())
-			}
-			if !slices.Equal(got, c.want) {
+			if got := loadDiags(t, c.doc); !slices.Equal(got, c.want) {
 				t.Errorf("diagnostics %q, want %q", got, c.want)
 			}
 		})

@@ -156,6 +156,18 @@ func diags(errs []*FieldError) []diag {
 	return out
 }
 
+// loadDiags loads doc as the only resource file and returns its
+// diagnostics as "field rule", in the order the loader gave them.
+func loadDiags(t *testing.T, doc string) []string {
+	t.Helper()
+	_, err := loadFiles(t, "a.yaml", doc)
+	var got []string
+	for _, d := range diags(Errors(err)) {
+		got = append(got, d.String())
+	}
+	return got
+}
+
 func sortedDiags(ds []diag) []string {
 	s := make([]string, len(ds))
 	for i, d := range ds {
