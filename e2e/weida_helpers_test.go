@@ -2,22 +2,17 @@ package e2e
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"math/big"
 	mrand "math/rand/v2"
-	"os"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
 
+	"weida.dev/connector/internal/brokertest"
 	"weida.dev/connector/weida"
 )
 
@@ -41,11 +36,7 @@ func (s ResourceStatus) ready() bool {
 // resource (or a test) pins.
 func weidaCert(t testing.TB, dir string) (certFile, keyFile, fingerprint string) {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
+	c := brokertest.WriteCert(t, dir, "endpoint", &x509.Certificate{
 		SerialNumber: big.NewInt(1),
 		Subject:      pkix.Name{CommonName: "e2e weida endpoint"},
 		DNSNames:     []string{"localhost"},
@@ -53,28 +44,8 @@ func weidaCert(t testing.TB, dir string) (certFile, keyFile, fingerprint string)
 		NotAfter:     time.Now().Add(24 * time.Hour),
 		KeyUsage:     x509.KeyUsageDigitalSignature,
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kder, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	certFile = filepath.Join(dir, "endpoint.crt")
-	keyFile = filepath.Join(dir, "endpoint.key")
-	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return certFile, keyFile, weida.Fingerprint(cert)
+	}, nil)
+	return c.CertFile, c.KeyFile, weida.Fingerprint(c.Cert)
 }
 
 // weidaCollector is a weida subscriber on a connector's endpoint that

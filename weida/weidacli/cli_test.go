@@ -4,18 +4,12 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/json"
-	"encoding/pem"
 	"io"
 	"math/big"
 	"net"
-	"os"
-	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -555,11 +549,7 @@ func TestWeidaAllow(t *testing.T) {
 // certificate's weida fingerprint.
 func writeTestClientCert(t *testing.T) (certFile, keyFile, fingerprint string) {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
+	c := brokertest.WriteCert(t, t.TempDir(), "client", &x509.Certificate{
 		SerialNumber: big.NewInt(7),
 		Subject:      pkix.Name{CommonName: "weida cli test client"},
 		NotBefore:    time.Now().Add(-time.Hour),
@@ -567,28 +557,8 @@ func writeTestClientCert(t *testing.T) (certFile, keyFile, fingerprint string) {
 		KeyUsage:     x509.KeyUsageDigitalSignature,
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth, x509.ExtKeyUsageServerAuth},
 		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kder, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	certFile, keyFile = filepath.Join(dir, "client.crt"), filepath.Join(dir, "client.key")
-	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return certFile, keyFile, weida.Fingerprint(cert)
+	}, nil)
+	return c.CertFile, c.KeyFile, weida.Fingerprint(c.Cert)
 }
 
 // TestWeidaCAFile: pub serves a certificate from files, and sub trusts it
