@@ -1,7 +1,6 @@
 package weida
 
 import (
-	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
@@ -24,7 +23,6 @@ import (
 // template before signing (names, dates, key usages).
 func issueClient(t *testing.T, ca *testCert, cn string, edit func(*x509.Certificate)) *testCert {
 	t.Helper()
-	key := newCert(t, cn+"-key", nil).key // any fresh P-256 key
 	tmpl := &x509.Certificate{
 		SerialNumber: big.NewInt(time.Now().UnixNano()),
 		Subject:      pkix.Name{CommonName: cn},
@@ -36,27 +34,7 @@ func issueClient(t *testing.T, ca *testCert, cn string, edit func(*x509.Certific
 	if edit != nil {
 		edit(tmpl)
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyDER, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	c := &testCert{cert: cert, key: key, certFile: filepath.Join(dir, "c.crt"), keyFile: filepath.Join(dir, "c.key")}
-	if err := os.WriteFile(c.certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(c.keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return c
+	return writeCert(t, "c", tmpl, ca)
 }
 
 func withURI(t *testing.T, raw string) func(*x509.Certificate) {

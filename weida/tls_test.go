@@ -3,23 +3,20 @@ package weida
 import (
 	"context"
 	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
-	"encoding/pem"
 	"errors"
 	"math/big"
 	"net"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/quic-go/quic-go"
+
+	"weida.dev/connector/internal/brokertest"
 )
 
 // testCert is a certificate and key written as PEM files.
@@ -34,10 +31,6 @@ type testCert struct {
 // signed by parent, or self-signed (and a CA) when parent is nil.
 func newCert(t *testing.T, name string, parent *testCert, hosts ...string) *testCert {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
 	tmpl := &x509.Certificate{
 		SerialNumber: big.NewInt(time.Now().UnixNano()),
 		Subject:      pkix.Name{CommonName: name},
@@ -53,33 +46,22 @@ func newCert(t *testing.T, name string, parent *testCert, hosts ...string) *test
 			tmpl.DNSNames = append(tmpl.DNSNames, h)
 		}
 	}
-	signer, signerKey := tmpl, key
 	if parent == nil {
 		tmpl.IsCA, tmpl.BasicConstraintsValid = true, true
-	} else {
-		signer, signerKey = parent.cert, parent.key
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, signer, &key.PublicKey, signerKey)
-	if err != nil {
-		t.Fatal(err)
+	return writeCert(t, name, tmpl, parent)
+}
+
+// writeCert signs tmpl with parent's key (or its own when parent is nil)
+// through brokertest.WriteCert, into a directory of its own.
+func writeCert(t *testing.T, name string, tmpl *x509.Certificate, parent *testCert) *testCert {
+	t.Helper()
+	var signer *brokertest.Cert
+	if parent != nil {
+		signer = &brokertest.Cert{Cert: parent.cert, Key: parent.key}
 	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	c := &testCert{cert: cert, key: key, certFile: filepath.Join(dir, name+".crt"), keyFile: filepath.Join(dir, name+".key")}
-	keyDER, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(c.certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(c.keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return c
+	c := brokertest.WriteCert(t, t.TempDir(), name, tmpl, signer)
+	return &testCert{cert: c.Cert, key: c.Key, certFile: c.CertFile, keyFile: c.KeyFile}
 }
 
 func TestFingerprintFormat(t *testing.T) {
