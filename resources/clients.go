@@ -52,17 +52,22 @@ func (b *binder) allowedClients(path string, raw []rawClient) ([]string, map[str
 	return names, scopes
 }
 
+// fingerprint refuses, at path, a client fingerprint that is not one.
+func (b *binder) fingerprint(path, fp string) bool {
+	if address.ValidateFingerprint(fp) != nil {
+		b.fail(path, b.at(path), fp, "fingerprint",
+			`must be "sha256:" followed by 64 lowercase hexadecimal digits`,
+			"`connector weida` prints a certificate's fingerprint")
+		return false
+	}
+	return true
+}
+
 // clientName checks how one allowedClients entry names its client and
 // returns the name weida admits it under.
 func (b *binder) clientName(entry string, rc rawClient) (string, bool) {
 	if rc.bare {
-		if address.ValidateFingerprint(rc.Client) != nil {
-			b.fail(entry, b.at(entry), rc.Client, "fingerprint",
-				`must be "sha256:" followed by 64 lowercase hexadecimal digits`,
-				"`connector weida` prints a certificate's fingerprint")
-			return "", false
-		}
-		return rc.Client, true
+		return rc.Client, b.fingerprint(entry, rc.Client)
 	}
 	var set []string
 	for _, f := range []struct{ key, value string }{{"client", rc.Client}, {"san", rc.SAN}, {"commonName", rc.CommonName}} {
@@ -85,14 +90,7 @@ func (b *binder) clientName(entry string, rc rawClient) (string, bool) {
 	}
 	switch {
 	case rc.Client != "":
-		fpath := entry + ".client"
-		if address.ValidateFingerprint(rc.Client) != nil {
-			b.fail(fpath, b.at(fpath), rc.Client, "fingerprint",
-				`must be "sha256:" followed by 64 lowercase hexadecimal digits`,
-				"`connector weida` prints a certificate's fingerprint")
-			return "", false
-		}
-		return rc.Client, true
+		return rc.Client, b.fingerprint(entry+".client", rc.Client)
 	case rc.SAN != "":
 		fpath := entry + ".san"
 		kind, _, _ := strings.Cut(rc.SAN, ":")
