@@ -115,8 +115,7 @@ type keptCopy struct {
 type writtenLog struct {
 	start    time.Time // monotonic origin of the bucket numbers
 	width    time.Duration
-	window   time.Duration // the configured idle timeout + unconfirmedMargin
-	span     int64         // buckets the window reaches back from the end's at the configured idle timeout
+	span     int64 // buckets the window reaches back from the end's at the configured idle timeout
 	maxBytes int64
 
 	counts buckets
@@ -159,7 +158,6 @@ func (w *writtenLog) setHold(peerMaxTransfers uint64) {
 func (w *writtenLog) init(limits *Limits) {
 	window := limits.IdleTimeout + unconfirmedMargin
 	w.start = time.Now()
-	w.window = window
 	w.span = windowBuckets
 	w.width = max((window+time.Duration(w.span)-1)/time.Duration(w.span), time.Millisecond)
 	w.maxBytes = limits.SubscriberBufferBytes
@@ -368,11 +366,8 @@ func (w *writtenLog) finish(st *listenerCounters, ended time.Duration, cause err
 // more when idle plus the margin exceeds the configured window, at most
 // reachBuckets.
 func (w *writtenLog) spanFor(idle time.Duration) int64 {
-	window := idle + unconfirmedMargin
-	if window <= w.window {
-		return w.span
-	}
-	return min((int64(window)+int64(w.width)-1)/int64(w.width), reachBuckets)
+	need := (int64(idle+unconfirmedMargin) + int64(w.width) - 1) / int64(w.width)
+	return min(max(need, w.span), reachBuckets)
 }
 
 // idleReach is the idle timeout quic-go applies to a connection configured
