@@ -74,11 +74,7 @@ func runKillUnderTraffic(t *testing.T, m chaosMode, ack string, kills, rate int)
 		deleteQueueAtEnd(t, rabbitAddr, "chaos-"+u)
 	}
 	yaml, send, _ := m.inbound(t, loopbackBroker(brokerFor(m)), u, name, endpoint, func(string, string) {})
-	const hold = "  delivery:\n    whenNoSubscriber: hold\n"
-	if !strings.Contains(yaml, hold) {
-		t.Fatalf("no %q in the durable resource:\n%s", hold, yaml)
-	}
-	yaml = strings.Replace(yaml, hold, hold+"    acknowledge: "+ack+"\n", 1)
+	yaml = withAcknowledge(t, yaml, ack)
 	lives := startLives(t, amqpEnv, name, "-f", writeFile(t, t.TempDir(), "kill.yaml", yaml), "--state-dir", t.TempDir())
 	sub := collectWeida(t, endpoint, weida.Limits{}, "#")
 	sub.Sync(20*time.Second, prefix+"probe", func() { send(prefix + "probe") })
@@ -179,4 +175,15 @@ func sendSteadily(send func(string) bool, prefix string, n, rate int, sentAt []t
 		sent.Add(1)
 	}
 	return nil
+}
+
+// withAcknowledge sets spec.delivery.acknowledge in a durable resource
+// (one that holds while nobody subscribes) made by a chaosMode.
+func withAcknowledge(t *testing.T, yaml, ack string) string {
+	t.Helper()
+	const hold = "  delivery:\n    whenNoSubscriber: hold\n"
+	if !strings.Contains(yaml, hold) {
+		t.Fatalf("no %q in the durable resource:\n%s", hold, yaml)
+	}
+	return strings.Replace(yaml, hold, hold+"    acknowledge: "+ack+"\n", 1)
 }
