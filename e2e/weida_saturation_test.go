@@ -219,7 +219,15 @@ func TestWeidaSaturation(t *testing.T) {
 	if bound := int64(subs)*perSub + 32<<20; st.PeakLiveHeap-st.LiveHeapBase > bound {
 		t.Errorf("peak live heap %d MiB over the base %d MiB + the bound %d MiB", st.PeakLiveHeap>>20, st.LiveHeapBase>>20, bound>>20)
 	}
-	if bound := rssBase + 2*int64(subs)*perSub + 64<<20; peak.Load() > bound {
+	// The race detector's shadow memory and bookkeeping grow the resident
+	// set with every byte the endpoint touches (in CI's smoke run, 70 to
+	// 78 MiB over a 7 to 9 MiB live heap): that is not the endpoint's
+	// memory, so the bound is checked only without it (scripts/test runs
+	// this test once more so).
+	switch bound := rssBase + 2*int64(subs)*perSub + 64<<20; {
+	case raceEnabled:
+		t.Logf("peak RSS not checked against the bound %d MiB: the race detector's memory is in it", bound>>20)
+	case peak.Load() > bound:
 		t.Errorf("peak RSS %d MiB over the bound %d MiB", peak.Load()>>20, bound>>20)
 	}
 }
