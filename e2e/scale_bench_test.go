@@ -108,7 +108,15 @@ func TestRouteScale(t *testing.T) {
 // weida/bench rigs `connector weida bench` runs: copies per second and CPU
 // per copy in paired rounds, and the heap each subscriber costs the process
 // (both ends are in it: the listener's side of each connection and the
-// subscriber's). It runs only with WEIDA_BENCH=1.
+// subscriber's). Raw quic-go with one connection and with as many
+// connections as subscribers runs in the same rounds, so that the fan-out
+// ratio can be split into what the transport itself pays for spreading
+// copies over connections and what weida adds; on Linux each sample also
+// counts the UDP datagrams the machine sent (/proc/net/snmp), to show how
+// many copies share a packet. WEIDA_SCALE_IDLE_TIMEOUT sets the weida
+// listener's idle timeout (default 2 s), which with a thousand subscribers
+// in this process can close one that reads. It runs only with
+// WEIDA_BENCH=1.
 func TestSubscriberScale(t *testing.T) {
 	if os.Getenv("WEIDA_BENCH") != "1" {
 		t.Skip("set WEIDA_BENCH=1 to run the scale measurement")
@@ -116,47 +124,71 @@ func TestSubscriberScale(t *testing.T) {
 	subs := envInt(t, "WEIDA_SCALE_SUBSCRIBERS", 1000)
 	rounds := envInt(t, "WEIDA_BENCH_ROUNDS", 3)
 	sample := envDuration(t, "WEIDA_BENCH_SAMPLE", 2*time.Second)
-	build := func(n int) (*bench.Weida, time.Duration, int64) {
+	opts := bench.Options{IdleTimeout: envDuration(t, "WEIDA_SCALE_IDLE_TIMEOUT", 0)}
+	build := func(n int, raw bool) (bench.Rig, time.Duration, int64) {
 		h0 := heapNow()
 		start := time.Now()
-		w, err := bench.NewWeida(ctx(t, 5*time.Minute), n, bench.Options{})
+		var r bench.Rig
+		var err error
+		if raw {
+			r, err = bench.NewRaw(ctx(t, 5*time.Minute), n, opts)
+		} else {
+			r, err = bench.NewWeida(ctx(t, 5*time.Minute), n, opts)
+		}
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { w.Close() })
-		return w, time.Since(start), int64(heapNow()) - int64(h0)
+		t.Cleanup(func() { r.Close() })
+		return r, time.Since(start), int64(heapNow()) - int64(h0)
 	}
-	one, took1, heap1 := build(1)
-	many, tookN, heapN := build(subs)
-	t.Logf("1 subscriber: set up in %v, heap +%.1f MiB; %d subscribers: set up in %v, heap +%.1f MiB (%.0f KiB per subscriber)",
+	one, took1, heap1 := build(1, false)
+	many, tookN, heapN := build(subs, false)
+	rawOne, _, _ := build(1, true)
+	rawMany, _, rawHeapN := build(subs, true)
+	t.Logf("1 subscriber: set up in %v, heap +%.1f MiB; %d subscribers: set up in %v, heap +%.1f MiB (%.0f KiB per subscriber; raw quic-go %.0f KiB per connection)",
 		took1.Round(time.Millisecond), float64(heap1)/(1<<20), subs, tookN.Round(time.Millisecond), float64(heapN)/(1<<20),
-		float64(heapN)/float64(subs)/1024)
-	rigs := []*bench.Weida{one, many}
+		float64(heapN)/float64(subs)/1024, float64(rawHeapN)/float64(subs)/1024)
+	rigs := []bench.Rig{one, many, rawOne, rawMany}
 	for _, r := range rigs { // warm-up
 		if _, err := r.Run(ctx(t, 5*time.Minute), bench.Load{Duration: sample / 4}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	var cpu, copies [2][]float64
+	var cpu, copies, datagrams [4][]float64
 	for round := range rounds {
-		for k := range 2 {
-			i := (k + round) % 2
+		for k := range rigs {
+			i := (k + round) % len(rigs)
 			runtime.GC()
+			sent0 := udpDatagramsSent()
 			s, err := rigs[i].Run(ctx(t, 5*time.Minute), bench.Load{Duration: sample})
 			if err != nil {
 				t.Fatal(err)
 			}
+			perCopy := float64(udpDatagramsSent()-sent0) / float64(s.Copies)
 			cpu[i] = append(cpu[i], float64(s.CPUPerCopy()))
 			copies[i] = append(copies[i], s.CopiesPerSecond())
-			t.Logf("round %d, %d subscribers: %.0f msgs/s, %.0f copies/s, CPU/copy %v, allocs/copy %.1f",
-				round+1, rigs[i].Receivers(), s.MessagesPerSecond(), s.CopiesPerSecond(), s.CPUPerCopy(), s.AllocsPerCopy())
+			datagrams[i] = append(datagrams[i], perCopy)
+			t.Logf("round %d, %s: %.0f msgs/s, %.0f copies/s, CPU/copy %v, allocs/copy %.1f, UDP datagrams sent per copy %.2f",
+				round+1, rigs[i].Name(), s.MessagesPerSecond(), s.CopiesPerSecond(), s.CPUPerCopy(), s.AllocsPerCopy(), perCopy)
 		}
 	}
-	var ratio []float64
-	for r := range rounds {
-		ratio = append(ratio, cpu[1][r]/cpu[0][r])
+	ratio := func(a, b int) (med, lo, hi float64) {
+		var r []float64
+		for round := range rounds {
+			r = append(r, cpu[a][round]/cpu[b][round])
+		}
+		return median(r), slices.Min(r), slices.Max(r)
 	}
-	fmt.Printf("subscriber scale: 1 subscriber %.0f copies/s %.2f µs/copy; %d subscribers %.0f copies/s %.2f µs/copy; CPU per copy ratio %.2fx (%.2f–%.2f); heap %.0f KiB per subscriber; set up in %v\n",
-		median(copies[0]), median(cpu[0])/1e3, subs, median(copies[1]), median(cpu[1])/1e3,
-		median(ratio), slices.Min(ratio), slices.Max(ratio), float64(heapN)/float64(subs)/1024, tookN.Round(time.Millisecond))
+	fanOut, fanLo, fanHi := ratio(1, 0)
+	rawFanOut, rawLo, rawHi := ratio(3, 2)
+	hop, hopLo, hopHi := ratio(0, 2)
+	hopN, hopNLo, hopNHi := ratio(1, 3)
+	fmt.Printf("subscriber scale: 1 subscriber %.0f copies/s %.2f µs/copy %.2f datagrams/copy; %d subscribers %.0f copies/s %.2f µs/copy %.2f datagrams/copy; CPU per copy ratio %.2fx (%.2f–%.2f); heap %.0f KiB per subscriber; set up in %v\n",
+		median(copies[0]), median(cpu[0])/1e3, median(datagrams[0]), subs, median(copies[1]), median(cpu[1])/1e3, median(datagrams[1]),
+		fanOut, fanLo, fanHi, float64(heapN)/float64(subs)/1024, tookN.Round(time.Millisecond))
+	fmt.Printf("raw quic-go: 1 connection %.0f copies/s %.2f µs/copy %.2f datagrams/copy; %d connections %.0f copies/s %.2f µs/copy %.2f datagrams/copy; CPU per copy ratio %.2fx (%.2f–%.2f)\n",
+		median(copies[2]), median(cpu[2])/1e3, median(datagrams[2]), subs, median(copies[3]), median(cpu[3])/1e3, median(datagrams[3]),
+		rawFanOut, rawLo, rawHi)
+	fmt.Printf("weida against raw quic-go, CPU per copy: 1 receiver %.2fx (%.2f–%.2f); %d receivers %.2fx (%.2f–%.2f)\n",
+		hop, hopLo, hopHi, subs, hopN, hopNLo, hopNHi)
 }

@@ -128,13 +128,22 @@ func TestWeidaSaturation(t *testing.T) {
 	}
 	endpoint.await(ctx, "READY") // every subscription arrived
 	rssBase := rssOf(t, pid)
-	var peak atomic.Int64
+	// The endpoint's socket receive queue: acknowledgements and
+	// keep-alives that reached the machine and wait for the endpoint's
+	// QUIC reader. A connection whose packets wait there longer than the
+	// idle timeout dies though its subscriber is reading
+	// (docs/PERFORMANCE.md, "The endpoint's receive queue").
+	port := urlPort(t, url)
+	var peak, peakRxQueue atomic.Int64
 	sampleDone := make(chan struct{})
 	go func() {
 		defer close(sampleDone)
 		for rctx.Err() == nil {
 			if r := rssOf(t, pid); r > peak.Load() {
 				peak.Store(r)
+			}
+			if q := udpReceiveQueue(port); q > peakRxQueue.Load() {
+				peakRxQueue.Store(q)
 			}
 			select {
 			case <-rctx.Done():
@@ -187,11 +196,13 @@ func TestWeidaSaturation(t *testing.T) {
 	offeredFor := time.Duration(offered.OfferedForNs)
 	t.Logf("%d subscribers offered copies for %v (load average %s): published %d, matched %d, queued %d (%.0f copies/s), received %d, "+
 		"dropped at publish %d (buffer full %d, header too large %d, closing %d), lost after queueing %d, unconfirmed %d, refused %d, unread at close %d; "+
-		"endpoint RSS %d MiB before, peak %d MiB (live heap after a collection: peak %d MiB); slow consumers closed %d",
+		"endpoint RSS %d MiB before, peak %d MiB (live heap after a collection: peak %d MiB); slow consumers closed %d; "+
+		"endpoint socket receive queue peak %d KiB",
 		subs, offeredFor.Round(time.Millisecond), loadAverage(), st.Published, offered.Matched, offered.Queued,
 		float64(received.Load())/offeredFor.Seconds(), received.Load(),
 		offered.Dropped, st.BufferFull, st.HeaderTooLarge, offered.Closing, st.LostAfterQueue,
-		st.Unconfirmed, st.Refused, unread, rssBase>>20, peak.Load()>>20, st.PeakLiveHeap>>20, st.SlowConsumersClosed)
+		st.Unconfirmed, st.Refused, unread, rssBase>>20, peak.Load()>>20, st.PeakLiveHeap>>20, st.SlowConsumersClosed,
+		peakRxQueue.Load()>>10)
 
 	if want := int64(st.Published) * int64(subs); offered.Matched != want {
 		t.Errorf("matched %d copies, want %d: a subscription went missing", offered.Matched, want)

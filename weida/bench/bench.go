@@ -55,11 +55,16 @@ type Options struct {
 	// and publish with PublishWithReceipt, waiting for none of them: the
 	// cost of spec.delivery.acknowledge: received. Raw rigs ignore it.
 	Receipts bool
+	// IdleTimeout is a weida rig's listener IdleTimeout; zero keeps
+	// weida's default (DefaultListenerIdleTimeout). Raw rigs ignore it.
+	// With a thousand subscribers in the measuring process, the default
+	// can close a reading subscriber (docs/PERFORMANCE.md).
+	IdleTimeout time.Duration
 }
 
 func (o Options) withDefaults() (Options, error) {
-	if o.Size < 0 || o.Window < 0 {
-		return o, fmt.Errorf("bench: negative size %d or window %d", o.Size, o.Window)
+	if o.Size < 0 || o.Window < 0 || o.IdleTimeout < 0 {
+		return o, fmt.Errorf("bench: negative size %d, window %d or idle timeout %v", o.Size, o.Window, o.IdleTimeout)
 	}
 	if o.Size == 0 {
 		o.Size = DefaultSize

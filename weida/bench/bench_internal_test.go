@@ -127,11 +127,16 @@ func TestMedianProperty(t *testing.T) {
 func TestRigs(t *testing.T) {
 	ctx := context.Background()
 	opts := Options{Size: 100, Window: 4}
-	raw, err := NewRaw(ctx, opts)
+	raw, err := NewRaw(ctx, 1, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer raw.Close()
+	rawThree, err := NewRaw(ctx, 3, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rawThree.Close()
 	one, err := NewWeida(ctx, 1, opts)
 	if err != nil {
 		t.Fatal(err)
@@ -142,7 +147,7 @@ func TestRigs(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer three.Close()
-	for _, rig := range []Rig{raw, one, three} {
+	for _, rig := range []Rig{raw, rawThree, one, three} {
 		t.Run(rig.Name(), func(t *testing.T) {
 			s, err := rig.Run(ctx, Load{Messages: 200})
 			if err != nil {

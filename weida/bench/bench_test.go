@@ -44,7 +44,7 @@ func BenchmarkPublishReceiveReceipts(b *testing.B) {
 // BenchmarkPublishReceive/subs=1: per message, open a uni stream, write the
 // same frame, FIN; the other side accepts and reads each to its FIN.
 func BenchmarkRawQUIC(b *testing.B) {
-	r, err := NewRaw(context.Background(), Options{})
+	r, err := NewRaw(context.Background(), 1, Options{})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -146,7 +146,7 @@ func Compare(ctx context.Context, p Plan) (*Report, error) {
 			_ = r.Close()
 		}
 	}()
-	raw, err := NewRaw(ctx, opts)
+	raw, err := NewRaw(ctx, 1, opts)
 	if err != nil {
 		return nil, err
 	}

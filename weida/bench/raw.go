@@ -25,33 +25,43 @@ import (
 // rawALPN keeps the raw rig apart from weida: it speaks no weida at all.
 const rawALPN = "weida-bench-raw"
 
-// Raw is the transport's own limit for the work of a [Weida] rig with one
-// subscriber: one quic-go connection over loopback, configured with weida's
-// default windows and stream limits, on which each message is one uni
-// stream carrying [Frame] and a FIN, accepted and read to its FIN by the
-// other side. Nothing parses the bytes.
+// Raw is the transport's own limit for the work of a [Weida] rig with as
+// many subscribers: one quic-go connection per receiver over loopback, each
+// dialled from a socket of its own (as each weida subscriber is) and
+// configured with weida's default windows and stream limits. Each message
+// is one uni stream per connection carrying [Frame] and a FIN, opened and
+// written in turn by one goroutine, and accepted and read to its FIN by
+// the receiver. Nothing parses the bytes.
+//
+// With one receiver it is the bar for the weida hop; with many, the bar
+// for fan-out: what quic-go alone pays per copy when every copy goes to a
+// different connection.
 //
 // Create it with [NewRaw]; it is a [Rig]. Run must not be called
 // concurrently with itself.
 type Raw struct {
 	opts  Options
 	frame []byte
-	// Each side owns its socket and Transport, so that Close can wait for
-	// quic-go's goroutines: a Listener from quic.ListenAddr stops its
+	// Each side owns its sockets and Transports, so that Close can wait
+	// for quic-go's goroutines: a Listener from quic.ListenAddr stops its
 	// socket's reader only once the last connection is gone, some time
 	// after Close returns.
-	srvTr *quic.Transport
-	cliTr *quic.Transport
-	ln    *quic.Listener
-	srv   *quic.Conn // opens the streams, like a weida publisher
-	cli   *quic.Conn // accepts them, like a weida subscriber
+	srvTr  *quic.Transport
+	cliTrs []*quic.Transport
+	ln     *quic.Listener
+	srv    []*quic.Conn // open the streams, like a weida publisher; srv[i] talks to cli[i]
+	cli    []*quic.Conn // accept them, like weida subscribers
 }
 
-// NewRaw listens and dials over 127.0.0.1; ctx bounds only the setup.
-func NewRaw(ctx context.Context, opts Options) (*Raw, error) {
+// NewRaw listens and dials receivers connections over 127.0.0.1; ctx
+// bounds only the setup.
+func NewRaw(ctx context.Context, receivers int, opts Options) (*Raw, error) {
 	opts, err := opts.withDefaults()
 	if err != nil {
 		return nil, err
+	}
+	if receivers < 1 {
+		return nil, fmt.Errorf("bench: %d raw receivers; need at least one", receivers)
 	}
 	cert, err := selfSigned()
 	if err != nil {
@@ -62,23 +72,38 @@ func NewRaw(ctx context.Context, opts Options) (*Raw, error) {
 	if r.srvTr, err = loopbackTransport(); err != nil {
 		return nil, err
 	}
-	if r.cliTr, err = loopbackTransport(); err != nil {
-		_ = r.Close()
-		return nil, err
-	}
 	if r.ln, err = r.srvTr.Listen(srvTLS, rawQUICConfig(false)); err != nil {
 		_ = r.Close()
 		return nil, fmt.Errorf("bench: raw listen: %w", err)
 	}
 	// Only the raw rig's own listener is dialled: nothing to verify.
 	cliTLS := &tls.Config{InsecureSkipVerify: true, NextProtos: []string{rawALPN}, MinVersion: tls.VersionTLS13} //nolint:gosec
-	if r.cli, err = r.cliTr.Dial(ctx, r.ln.Addr(), cliTLS, rawQUICConfig(true)); err != nil {
-		_ = r.Close()
-		return nil, fmt.Errorf("bench: raw dial: %w", err)
-	}
-	if r.srv, err = r.ln.Accept(ctx); err != nil {
-		_ = r.Close()
-		return nil, fmt.Errorf("bench: raw accept: %w", err)
+	for range receivers {
+		tr, err := loopbackTransport()
+		if err != nil {
+			_ = r.Close()
+			return nil, err
+		}
+		r.cliTrs = append(r.cliTrs, tr)
+		cli, err := tr.Dial(ctx, r.ln.Addr(), cliTLS, rawQUICConfig(true))
+		if err != nil {
+			_ = r.Close()
+			return nil, fmt.Errorf("bench: raw dial: %w", err)
+		}
+		r.cli = append(r.cli, cli)
+		// One dial at a time, so the connection accepted next is this
+		// one's other end; the address check makes sure of it, since
+		// credits are counted per receiver.
+		srv, err := r.ln.Accept(ctx)
+		if err != nil {
+			_ = r.Close()
+			return nil, fmt.Errorf("bench: raw accept: %w", err)
+		}
+		r.srv = append(r.srv, srv)
+		if srv.RemoteAddr().String() != cli.LocalAddr().String() {
+			_ = r.Close()
+			return nil, fmt.Errorf("bench: raw accept paired %s with the dial from %s", srv.RemoteAddr(), cli.LocalAddr())
+		}
 	}
 	return r, nil
 }
@@ -112,10 +137,15 @@ func rawQUICConfig(dialling bool) *quic.Config {
 }
 
 // Name implements [Rig].
-func (r *Raw) Name() string { return "raw quic-go" }
+func (r *Raw) Name() string {
+	if len(r.cli) == 1 {
+		return "raw quic-go"
+	}
+	return fmt.Sprintf("raw quic-go, %d connections", len(r.cli))
+}
 
-// Receivers implements [Rig]: one.
-func (r *Raw) Receivers() int { return 1 }
+// Receivers implements [Rig]: the number of connections.
+func (r *Raw) Receivers() int { return len(r.cli) }
 
 // Run implements [Rig].
 func (r *Raw) Run(ctx context.Context, load Load) (Sample, error) {
@@ -125,60 +155,64 @@ func (r *Raw) Run(ctx context.Context, load Load) (Sample, error) {
 	rctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	defer func() { cancel(); wg.Wait() }()
-	c := newCredits(1, r.opts.Window)
+	c := newCredits(len(r.cli), r.opts.Window)
 	var copies atomic.Int64
-	wg.Go(func() {
-		buf := make([]byte, 4096)
-		for {
-			st, err := r.cli.AcceptUniStream(rctx)
-			if err != nil {
-				if rctx.Err() == nil {
-					c.fail(fmt.Errorf("bench: raw accept stream: %w", err))
-				}
-				return
-			}
+	for i, cli := range r.cli {
+		wg.Go(func() {
+			buf := make([]byte, 4096)
 			for {
-				_, err = st.Read(buf)
+				st, err := cli.AcceptUniStream(rctx)
 				if err != nil {
-					break
+					if rctx.Err() == nil {
+						c.fail(fmt.Errorf("bench: raw accept stream: %w", err))
+					}
+					return
 				}
+				for {
+					_, err = st.Read(buf)
+					if err != nil {
+						break
+					}
+				}
+				if !errors.Is(err, io.EOF) {
+					c.fail(fmt.Errorf("bench: raw read: %w", err))
+					return
+				}
+				copies.Add(1)
+				c.give(i)
 			}
-			if !errors.Is(err, io.EOF) {
-				c.fail(fmt.Errorf("bench: raw read: %w", err))
-				return
-			}
-			copies.Add(1)
-			c.give(0)
-		}
-	})
+		})
+	}
 	m := startMeter()
 	n, err := sendLoop(ctx, load, c, func() error {
-		st, err := r.srv.OpenUniStreamSync(ctx)
-		if err != nil {
-			return fmt.Errorf("bench: raw open stream: %w", err)
+		for _, srv := range r.srv {
+			st, err := srv.OpenUniStreamSync(ctx)
+			if err != nil {
+				return fmt.Errorf("bench: raw open stream: %w", err)
+			}
+			if _, err := st.Write(r.frame); err != nil {
+				return fmt.Errorf("bench: raw write: %w", err)
+			}
+			if err := st.Close(); err != nil {
+				return err
+			}
 		}
-		if _, err := st.Write(r.frame); err != nil {
-			return fmt.Errorf("bench: raw write: %w", err)
-		}
-		return st.Close()
+		return nil
 	})
 	return m.stop(n, copies.Load()), err
 }
 
-// Close closes both connections, the listener and both transports, and
+// Close closes the connections, the listener and the transports, and
 // returns once quic-go's goroutines for them have ended.
 func (r *Raw) Close() error {
-	if r.cli != nil {
-		_ = r.cli.CloseWithError(0, "")
-	}
-	if r.srv != nil {
-		_ = r.srv.CloseWithError(0, "")
+	for _, c := range append(r.cli, r.srv...) {
+		_ = c.CloseWithError(0, "")
 	}
 	if r.ln != nil {
 		_ = r.ln.Close()
 	}
 	var errs []error
-	for _, tr := range []*quic.Transport{r.cliTr, r.srvTr} {
+	for _, tr := range append(r.cliTrs, r.srvTr) {
 		if tr != nil {
 			errs = append(errs, tr.Close(), tr.Conn.Close())
 		}

@@ -40,6 +40,7 @@ func NewWeida(ctx context.Context, subscribers int, opts Options) (*Weida, error
 	// refuse all but the first 64.
 	l, err := weida.Listen(ctx, "127.0.0.1:0", weida.ListenConfig{Limits: weida.Limits{
 		MaxConnectionsPerAddress: max(subscribers, weida.DefaultMaxConnectionsPerAddress),
+		IdleTimeout:              opts.IdleTimeout,
 	}})
 	if err != nil {
 		return nil, fmt.Errorf("bench: %w", err)
