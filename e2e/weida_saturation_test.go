@@ -204,7 +204,9 @@ func TestWeidaSaturation(t *testing.T) {
 		st.Unconfirmed, st.Refused, unread, rssBase>>20, peak.Load()>>20, st.PeakLiveHeap>>20, st.SlowConsumersClosed,
 		peakRxQueue.Load()>>10)
 
-	if want := int64(st.Published) * int64(subs); offered.Matched != want {
+	// A subscriber whose connection ended matched nothing afterwards: with
+	// one closed, fewer matches are the same loss, reported below.
+	if want := int64(st.Published) * int64(subs); offered.Matched != want && (closed == 0 || offered.Matched > want) {
 		t.Errorf("matched %d copies, want %d: a subscription went missing", offered.Matched, want)
 	}
 	if offered.Matched != offered.Queued+offered.Dropped {
