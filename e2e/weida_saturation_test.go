@@ -13,11 +13,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/exec"
 	"runtime"
 	"runtime/metrics"
 	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -323,6 +325,7 @@ func saturationEndpoint(t *testing.T) {
 		return // the parent gave up
 	}
 
+	schedBefore := schedLatencies()
 	var matched, queued, dropped, closing atomic.Int64
 	msg := weida.Message{Topic: "sat.t", Payload: make([]byte, saturationPayload)}
 	pctx, stopPublishing := context.WithTimeout(ctx, dur)
@@ -346,6 +349,11 @@ func saturationEndpoint(t *testing.T) {
 	}
 	pubs.Wait()
 	offeredFor := time.Since(start)
+	// How long runnable goroutines waited for a CPU during the offered
+	// load: the socket reader is one of them, and an acknowledgement
+	// that waits in the socket longer than the idle timeout costs its
+	// subscriber the connection (docs/PERFORMANCE.md).
+	fmt.Fprintf(os.Stderr, "endpoint: goroutine scheduling latency while offered: %s\n", schedLatencies().since(schedBefore))
 	// For whoever looks into the memory: the live heap at the end of the
 	// offered load, when every queue is as full as it gets.
 	if p := os.Getenv("WEIDA_SATURATION_HEAP_PROFILE"); p != "" {
@@ -476,4 +484,64 @@ func liveHeap() int64 {
 	s := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
 	metrics.Read(s)
 	return int64(s[0].Value.Uint64())
+}
+
+// schedHistogram is the runtime's histogram of the time goroutines spent
+// runnable before they ran (/sched/latencies:seconds), since the start.
+type schedHistogram struct {
+	counts  []uint64
+	buckets []float64
+}
+
+func schedLatencies() schedHistogram {
+	sample := []metrics.Sample{{Name: "/sched/latencies:seconds"}}
+	metrics.Read(sample)
+	if sample[0].Value.Kind() != metrics.KindFloat64Histogram {
+		return schedHistogram{}
+	}
+	h := sample[0].Value.Float64Histogram()
+	return schedHistogram{counts: slices.Clone(h.Counts), buckets: h.Buckets}
+}
+
+// since describes the waits recorded after before: their count, median,
+// 99th and 99.99th percentiles and the longest, each as the upper edge of
+// its bucket.
+func (h schedHistogram) since(before schedHistogram) string {
+	if len(h.counts) == 0 || len(before.counts) != len(h.counts) {
+		return "not reported by this runtime"
+	}
+	diff := make([]uint64, len(h.counts))
+	var total uint64
+	for i := range diff {
+		diff[i] = h.counts[i] - before.counts[i]
+		total += diff[i]
+	}
+	if total == 0 {
+		return "none recorded"
+	}
+	// edge is the upper edge of bucket i; the last bucket has none.
+	edge := func(i int) string {
+		if math.IsInf(h.buckets[i+1], 1) {
+			return fmt.Sprintf("> %v", time.Duration(h.buckets[i]*float64(time.Second)))
+		}
+		return fmt.Sprintf("≤ %v", time.Duration(h.buckets[i+1]*float64(time.Second)))
+	}
+	at := func(q float64) string {
+		want := uint64(q * float64(total))
+		var seen uint64
+		for i, n := range diff {
+			if seen += n; seen > want {
+				return edge(i)
+			}
+		}
+		return edge(len(diff) - 1)
+	}
+	longest := 0
+	for i, n := range diff {
+		if n > 0 {
+			longest = i
+		}
+	}
+	return fmt.Sprintf("%d waits sampled, median %s, p99 %s, p99.99 %s, longest %s", total,
+		at(0.5), at(0.99), at(0.9999), edge(longest))
 }
