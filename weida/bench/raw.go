@@ -25,17 +25,19 @@ import (
 // rawALPN keeps the raw rig apart from weida: it speaks no weida at all.
 const rawALPN = "weida-bench-raw"
 
-// Raw is the transport's own limit for the work of a [Weida] rig with as
-// many subscribers: one quic-go connection per receiver over loopback, each
-// dialled from a socket of its own (as each weida subscriber is) and
-// configured with weida's default windows and stream limits. Each message
-// is one uni stream per connection carrying [Frame] and a FIN, opened and
-// written in turn by one goroutine, and accepted and read to its FIN by
-// the receiver. Nothing parses the bytes.
+// Raw is quic-go doing the stream work of a [Weida] rig with as many
+// subscribers, and nothing else: one connection per receiver over
+// loopback, each dialled from a socket of its own (as each weida
+// subscriber is) and configured with weida's default windows and stream
+// limits. Each message is one uni stream per connection carrying [Frame]
+// and a FIN, opened and written in turn by one goroutine, and accepted and
+// read to its FIN by the receiver. Nothing parses the bytes.
 //
-// With one receiver it is the bar for the weida hop; with many, the bar
-// for fan-out: what quic-go alone pays per copy when every copy goes to a
-// different connection.
+// With one receiver it is the transport's own limit, the bar for the weida
+// hop. With many it shows what quic-go pays per copy when every copy goes
+// to a different connection and is handed over at once; it is not a lower
+// bound there: a sender that lets copies gather per connection, as weida's
+// writers do under load, shares packets among them and can spend less.
 //
 // Create it with [NewRaw]; it is a [Rig]. Run must not be called
 // concurrently with itself.
