@@ -6,11 +6,9 @@ package e2e
 // read as zero.
 
 import (
-	"net/url"
 	"os"
 	"strconv"
 	"strings"
-	"testing"
 )
 
 // udpDatagramsSent is the machine's count of UDP datagrams sent
@@ -66,18 +64,4 @@ func udpReceiveQueue(port int) int64 {
 		}
 	}
 	return 0
-}
-
-// urlPort is the port of a weida:// URL.
-func urlPort(t *testing.T, weidaURL string) int {
-	t.Helper()
-	u, err := url.Parse(weidaURL)
-	if err != nil {
-		t.Fatalf("endpoint URL %q: %v", weidaURL, err)
-	}
-	p, err := strconv.Atoi(u.Port())
-	if err != nil {
-		t.Fatalf("endpoint URL %q: port: %v", weidaURL, err)
-	}
-	return p
 }

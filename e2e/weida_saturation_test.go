@@ -28,6 +28,7 @@ import (
 	"time"
 
 	"weida.dev/connector/weida"
+	"weida.dev/connector/weida/address"
 )
 
 // rssOf is process pid's resident set (0: this process), from
@@ -134,8 +135,12 @@ func TestWeidaSaturation(t *testing.T) {
 	// keep-alives that reached the machine and wait for the endpoint's
 	// QUIC reader. A connection whose packets wait there longer than the
 	// idle timeout dies though its subscriber is reading
-	// (docs/PERFORMANCE.md, "The endpoint's receive queue").
-	port := urlPort(t, url)
+	// (docs/PERFORMANCE.md, "Why a reading subscriber is lost at 1,000").
+	endpointAddr, err := address.Parse(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := endpointAddr.Port
 	var peak, peakRxQueue atomic.Int64
 	sampleDone := make(chan struct{})
 	go func() {
