@@ -779,11 +779,15 @@ func sendNow(maxBytes int) int { return maxBytes }
 // subscribers) and which died uncounted with the peer.
 //
 // A writer hands copies to QUIC only while it holds one of the listener's
-// send turns (see Listener.turns), at most writeBatch copies per turn,
-// and gives its turn up before any wait.
+// send turns (see Listener.turns), at most writeBatch copies per turn. It
+// gives its turn up before waiting for stream credit, and keeps it while
+// QUIC packetizes the copies of its turn, for at most turnHold.
 func (sc *serverConn) writer() {
-	w := copyWriter{sc: sc, done: time.Now()}
+	w := &copyWriter{sc: sc, done: time.Now()}
+	w.hold = time.AfterFunc(turnHold, w.holdExpired)
+	w.hold.Stop()
 	defer func() {
+		w.hold.Stop()
 		w.give()
 		sc.wl.parkedAtEnd = uint64(w.parked)
 		sc.q.sent(w.parked)
@@ -810,15 +814,31 @@ func (sc *serverConn) writer() {
 }
 
 // writeBatch is how many copies a writer hands to QUIC per send turn
-// before it lets the next subscriber's writer have one.
-const writeBatch = 16
+// before it lets the next subscriber's writer have one: as many as it may
+// park, so that a turn under load ends with the wait for them to be
+// packetized (a turn starts with none parked: the one before ended with
+// that wait, or with the wait of the copy that emptied the queue).
+const writeBatch = maxParked
+
+// turnHold bounds how long a writer keeps its send turn while it waits
+// for QUIC to packetize its copies. That wait takes a hand-off to the
+// connection's loop and back, far less than this, unless the subscriber's
+// flow-control credit or the connection's congestion window holds the
+// copies back; then the turn goes to the next writer and this one waits
+// without it, as it would for stream credit.
+const turnHold = 20 * time.Millisecond
 
 // copyWriter is a connection's writer's state: whether it holds a send
 // turn, the copies it has parked in QUIC since it last waited for them
 // to be packetized, and when its last write ended.
 type copyWriter struct {
-	sc      *serverConn
-	holding bool
+	sc *serverConn
+	// holding is whether the writer holds a send turn. Only the writer
+	// sets it; hold's function may clear it during a wait, and whoever
+	// clears it gives the turn back.
+	holding atomic.Bool
+	waiting atomic.Bool
+	hold    *time.Timer // gives the turn back after turnHold of waiting
 	parked  int
 	// done is read once per copy, after the write, and serves both the
 	// written log and the time the next copy is taken, when that follows
@@ -828,21 +848,56 @@ type copyWriter struct {
 }
 
 func (w *copyWriter) take() bool {
-	if !w.holding {
-		w.holding = w.sc.l.turns.take(w.sc.c.ctx)
+	if w.holding.Load() {
+		return true
 	}
-	return w.holding
+	if !w.sc.l.turns.take(w.sc.c.ctx) {
+		return false
+	}
+	w.holding.Store(true)
+	return true
 }
 
 func (w *copyWriter) give() {
-	if w.holding {
+	if w.holding.CompareAndSwap(true, false) {
 		w.sc.l.turns.give()
-		w.holding = false
 	}
 }
 
+// holdExpired is hold's function. It may run late, after the wait that
+// armed it, and take away a turn the writer took since: that turn is
+// given back once all the same, and the writer takes another.
+func (w *copyWriter) holdExpired() {
+	if w.waiting.Load() {
+		w.give()
+	}
+}
+
+// writeAndWait writes b with the limiter that makes the write return only
+// once QUIC has put it into packets, keeping the writer's turn for up to
+// turnHold of that wait.
+//
+// Keeping it is what bounds how many connections have copies waiting for
+// QUIC to packetize them: at most the turns. When writers gave their turn
+// up before this wait, the next writers handed over their copies at once,
+// and under saturation each of 1,000 connections had some waiting, so its
+// loop and its send queue's goroutine were runnable; the one goroutine
+// that reads the listener's socket waited behind 2,000 of them on the
+// run queues, for up to 1.9 s in a 20 s run, and the acknowledgements it
+// had not read cost reading subscribers their connections to the 2 s
+// idle timeout (docs/PERFORMANCE.md).
+func (w *copyWriter) writeAndWait(s *quic.SendStream, b []byte) error {
+	w.waiting.Store(true)
+	w.hold.Reset(turnHold)
+	_, err := s.WriteWithLimit(b, sendNow)
+	w.hold.Stop()
+	w.waiting.Store(false)
+	return err
+}
+
 // write opens f's stream and writes f, handing copies to QUIC only while
-// it holds a send turn and giving the turn up before any wait; it reports
+// it holds a send turn (see writeAndWait for the one wait it keeps it
+// through, and openWaiting for one it does not); it reports
 // false once the connection is gone, or is to be closed as a slow
 // consumer (see openWaiting).
 func (w *copyWriter) write(f *frame) bool {
@@ -880,8 +935,7 @@ func (w *copyWriter) write(f *frame) bool {
 	}
 	wait := w.parked+1 >= maxParked || sc.q.waitingNone()
 	if wait {
-		w.give()
-		_, err = s.WriteWithLimit(f.buf, sendNow)
+		err = w.writeAndWait(s, f.buf)
 	} else {
 		_, err = s.Write(f.buf)
 	}
@@ -978,7 +1032,9 @@ func (w *copyWriter) lost(f *frame) {
 // turns, writers waiting for one are parked, not runnable, and a
 // channel's waiters are served in order, so subscribers take turns
 // fairly and the transport's goroutines are never outnumbered by more
-// than the turns.
+// than the turns. A turn lasts until QUIC has packetized its copies
+// (copyWriter.writeAndWait), so that the connection loops with copies to
+// packetize are no more than the turns either.
 type sendTurns chan struct{}
 
 func newSendTurns() sendTurns { return make(sendTurns, 2*runtime.GOMAXPROCS(0)) }
