@@ -13,7 +13,12 @@ import (
 
 // udpDatagramsSent is the machine's count of UDP datagrams sent
 // (OutDatagrams in /proc/net/snmp), or 0 where there is no such file.
-func udpDatagramsSent() int64 {
+func udpDatagramsSent() int64 { return udpCounter("OutDatagrams") }
+
+// udpCounter is the machine's UDP counter of that name in /proc/net/snmp
+// (OutDatagrams, RcvbufErrors, SndbufErrors, ...), or 0 where there is no
+// such file or counter.
+func udpCounter(name string) int64 {
 	b, err := os.ReadFile("/proc/net/snmp")
 	if err != nil {
 		return 0
@@ -28,8 +33,8 @@ func udpDatagramsSent() int64 {
 			header = fields
 			continue
 		}
-		for i, name := range header {
-			if name == "OutDatagrams" && i < len(fields) {
+		for i := range header {
+			if header[i] == name && i < len(fields) {
 				n, _ := strconv.ParseInt(fields[i], 10, 64)
 				return n
 			}

@@ -158,6 +158,12 @@ func TestWeidaSaturation(t *testing.T) {
 			}
 		}
 	}()
+	// This process's goroutines wait for a CPU too: a subscriber's
+	// connection loop that waits here acknowledges late, which the
+	// endpoint cannot tell from a peer that went away; and a datagram the
+	// kernel drops is a late acknowledgement as well.
+	schedBefore := schedLatencies()
+	rcvbufErrors, sndbufErrors := udpCounter("RcvbufErrors"), udpCounter("SndbufErrors")
 	if _, err := io.WriteString(stdin, "GO\n"); err != nil {
 		t.Fatal(err)
 	}
@@ -183,6 +189,9 @@ func TestWeidaSaturation(t *testing.T) {
 	if accounted() < offered.Queued {
 		t.Logf("not drained after a minute: written %d, received %d", endpoint.latest().Written, received.Load())
 	}
+	t.Logf("subscribers: goroutine scheduling latency while offered and drained: %s", schedLatencies().since(schedBefore))
+	t.Logf("datagrams the kernel dropped meanwhile: %d for a full receive buffer, %d for a full send buffer",
+		udpCounter("RcvbufErrors")-rcvbufErrors, udpCounter("SndbufErrors")-sndbufErrors)
 	stopReading()
 	readers.Wait()
 	<-sampleDone
@@ -381,6 +390,7 @@ func saturationEndpoint(t *testing.T) {
 			LiveHeapBase: liveBase, PeakLiveHeap: peakLive.Load()})
 		select {
 		case <-eof:
+			fmt.Fprintf(os.Stderr, "endpoint: goroutine scheduling latency while offered and drained: %s\n", schedLatencies().since(schedBefore))
 			if d := os.Getenv("WEIDA_SATURATION_STACKS"); d != "" {
 				// For whoever looks into a run that did not drain.
 				if f, err := os.Create(d); err == nil {
