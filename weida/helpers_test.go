@@ -151,7 +151,12 @@ func rawTLS() *tls.Config {
 }
 
 func quicDial(t *testing.T, l *Listener, tlsConf *tls.Config) (*quic.Conn, error) {
-	qc, err := quic.DialAddr(testCtx(t), l.Addr().String(), tlsConf, &quic.Config{MaxIncomingUniStreams: 1000})
+	return quicDialConfig(t, l, tlsConf, &quic.Config{MaxIncomingUniStreams: 1000})
+}
+
+// quicDialConfig is quicDial with QUIC settings of the test's own.
+func quicDialConfig(t *testing.T, l *Listener, tlsConf *tls.Config, conf *quic.Config) (*quic.Conn, error) {
+	qc, err := quic.DialAddr(testCtx(t), l.Addr().String(), tlsConf, conf)
 	if err == nil {
 		t.Cleanup(func() { _ = qc.CloseWithError(0, "") })
 	}

@@ -21,7 +21,7 @@ func TestStalledWritersGiveTheirTurnsBack(t *testing.T) {
 	for range stalled {
 		// 4 KiB of connection credit, returned only as the streams are
 		// read, which this client never does.
-		qc, err := quic.DialAddr(testCtx(t), l.Addr().String(), rawTLS(), &quic.Config{
+		qc, err := quicDialConfig(t, l, rawTLS(), &quic.Config{
 			MaxIncomingUniStreams:          1000,
 			InitialConnectionReceiveWindow: 4 << 10,
 			MaxConnectionReceiveWindow:     4 << 10,
@@ -29,7 +29,6 @@ func TestStalledWritersGiveTheirTurnsBack(t *testing.T) {
 		if err != nil {
 			t.Fatalf("raw dial: %v", err)
 		}
-		t.Cleanup(func() { _ = qc.CloseWithError(0, "") })
 		r := &raw{t: t, qc: qc}
 		r.hello()
 		r.send(subscribeFrame(wire.KindSubscribe, "/p", "#"))
