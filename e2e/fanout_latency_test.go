@@ -1,0 +1,108 @@
+package e2e
+
+import (
+	"encoding/binary"
+	"fmt"
+	"os"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"weida.dev/connector/weida"
+)
+
+// TestFanOutLatency measures how long a copy takes to reach each of many
+// subscribers when the endpoint is not saturated: messages paced at
+// WEIDA_FANOUT_RATE a second (default 50) for WEIDA_BENCH_SAMPLE (default
+// 10 s) to WEIDA_SCALE_SUBSCRIBERS subscribers (default 1,000), all in
+// this process. Each payload carries its publish time; the test logs the
+// percentiles of every copy's latency and of each message's last copy
+// (the whole fan-out). Send turns decide in what order a thousand writers
+// hand copies to QUIC, so this is what a change to them can cost at
+// ordinary load. It asserts no latency, and runs only with WEIDA_BENCH=1.
+func TestFanOutLatency(t *testing.T) {
+	if os.Getenv("WEIDA_BENCH") != "1" {
+		t.Skip("set WEIDA_BENCH=1 to run the fan-out latency measurement")
+	}
+	subs := envInt(t, "WEIDA_SCALE_SUBSCRIBERS", 1000)
+	rate := envInt(t, "WEIDA_FANOUT_RATE", 50)
+	sample := envDuration(t, "WEIDA_BENCH_SAMPLE", 10*time.Second)
+	c := ctx(t, sample+5*time.Minute)
+
+	l, err := weida.Listen(c, "127.0.0.1:0", weida.ListenConfig{Limits: weida.Limits{
+		MaxConnections: subs + 16, MaxConnectionsPerPeer: subs + 16, MaxConnectionsPerAddress: subs + 16}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	pub, err := l.Publisher("/f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := fmt.Sprintf("weida://%s@%s/f", l.Fingerprint(), l.Addr())
+	ss := make([]*weida.Subscriber, subs)
+	for i := range ss {
+		s, err := weida.Dial(c, url, weida.DialConfig{})
+		if err != nil {
+			t.Fatalf("dial %d: %v", i, err)
+		}
+		defer s.Close()
+		if err := s.Subscribe(c, ""); err != nil {
+			t.Fatal(err)
+		}
+		ss[i] = s
+	}
+	for l.Stats().Subscriptions != int64(subs) {
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	messages := int(sample.Seconds() * float64(rate))
+	start := time.Now()
+	// latency[m][s] is copy m's latency at subscriber s.
+	latency := make([][]time.Duration, messages)
+	for m := range latency {
+		latency[m] = make([]time.Duration, subs)
+	}
+	var readers sync.WaitGroup
+	for si, s := range ss {
+		readers.Go(func() {
+			for range messages {
+				msg, err := s.Receive(c)
+				if err != nil {
+					t.Errorf("subscriber %d: %v", si, err)
+					return
+				}
+				m := binary.BigEndian.Uint64(msg.Payload)
+				sent := time.Duration(binary.BigEndian.Uint64(msg.Payload[8:]))
+				latency[m][si] = time.Since(start) - sent
+			}
+		})
+	}
+	payload := make([]byte, 256)
+	tick := time.NewTicker(time.Second / time.Duration(rate))
+	defer tick.Stop()
+	for m := range messages {
+		<-tick.C
+		binary.BigEndian.PutUint64(payload, uint64(m))
+		binary.BigEndian.PutUint64(payload[8:], uint64(time.Since(start)))
+		if r, err := pub.Publish(c, weida.Message{Topic: "f.t", Payload: payload}); err != nil || r.Queued != subs {
+			t.Fatalf("publish %d: %+v, %v", m, r, err)
+		}
+	}
+	readers.Wait()
+
+	var every, last []time.Duration
+	for _, perSub := range latency {
+		every = append(every, perSub...)
+		last = append(last, slices.Max(perSub))
+	}
+	slices.Sort(every)
+	slices.Sort(last)
+	at := func(d []time.Duration, q float64) time.Duration {
+		return d[min(len(d)-1, int(q*float64(len(d))))].Round(10 * time.Microsecond)
+	}
+	t.Logf("%d subscribers, %d messages at %d/s: every copy p50 %v p99 %v max %v; a message's last copy p50 %v p99 %v max %v",
+		subs, messages, rate, at(every, 0.5), at(every, 0.99), every[len(every)-1].Round(10*time.Microsecond),
+		at(last, 0.5), at(last, 0.99), last[len(last)-1].Round(10*time.Microsecond))
+}
