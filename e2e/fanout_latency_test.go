@@ -79,6 +79,7 @@ func TestFanOutLatency(t *testing.T) {
 			}
 		})
 	}
+	cpu0 := mqttProcessCPU(t)
 	payload := make([]byte, 256)
 	tick := time.NewTicker(time.Second / time.Duration(rate))
 	defer tick.Stop()
@@ -91,6 +92,7 @@ func TestFanOutLatency(t *testing.T) {
 		}
 	}
 	readers.Wait()
+	cpu := mqttProcessCPU(t) - cpu0
 
 	var every, last []time.Duration
 	for _, perSub := range latency {
@@ -102,7 +104,8 @@ func TestFanOutLatency(t *testing.T) {
 	at := func(d []time.Duration, q float64) time.Duration {
 		return d[min(len(d)-1, int(q*float64(len(d))))].Round(10 * time.Microsecond)
 	}
-	t.Logf("%d subscribers, %d messages at %d/s: every copy p50 %v p99 %v max %v; a message's last copy p50 %v p99 %v max %v",
+	t.Logf("%d subscribers, %d messages at %d/s: every copy p50 %v p99 %v max %v; a message's last copy p50 %v p99 %v max %v; "+
+		"CPU per copy (both ends, this process) %v",
 		subs, messages, rate, at(every, 0.5), at(every, 0.99), every[len(every)-1].Round(10*time.Microsecond),
-		at(last, 0.5), at(last, 0.99), last[len(last)-1].Round(10*time.Microsecond))
+		at(last, 0.5), at(last, 0.99), last[len(last)-1].Round(10*time.Microsecond), cpu/time.Duration(len(every)))
 }
