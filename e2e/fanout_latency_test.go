@@ -18,7 +18,8 @@ import (
 // 10 s) to WEIDA_SCALE_SUBSCRIBERS subscribers (default 1,000), all in
 // this process. Each payload carries its publish time; the test logs the
 // percentiles of every copy's latency and of each message's last copy
-// (the whole fan-out). Send turns decide in what order a thousand writers
+// (the whole fan-out), and the process's CPU per copy, which says whether
+// the latency is a wait or the rig running out of CPU. Send turns decide in what order a thousand writers
 // hand copies to QUIC, so this is what a change to them can cost at
 // ordinary load. It asserts no latency, and runs only with WEIDA_BENCH=1.
 func TestFanOutLatency(t *testing.T) {
