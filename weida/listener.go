@@ -833,13 +833,13 @@ const turnHold = 20 * time.Millisecond
 // to be packetized, and when its last write ended.
 type copyWriter struct {
 	sc *serverConn
-	// holding is whether the writer holds a send turn. Only the writer
-	// sets it; hold's function may clear it during a wait, and whoever
-	// clears it gives the turn back.
-	holding atomic.Bool
-	waiting atomic.Bool
-	hold    *time.Timer // gives the turn back after turnHold of waiting
-	parked  int
+	// turn is whether the writer holds a send turn (turnNone, turnHeld,
+	// turnHeldWaiting). One word, so that hold's function, which may run
+	// late, can take the turn only from the wait it finds: whoever moves
+	// turn to turnNone gives the turn back.
+	turn   atomic.Int32
+	hold   *time.Timer // gives the turn back after turnHold of waiting
+	parked int
 	// done is read once per copy, after the write, and serves both the
 	// written log and the time the next copy is taken, when that follows
 	// without a wait (see sendQueue.poppedAt): a clock read costs about as
@@ -847,29 +847,36 @@ type copyWriter struct {
 	done time.Time
 }
 
+const (
+	turnNone int32 = iota
+	turnHeld
+	turnHeldWaiting // held through writeAndWait's wait
+)
+
+// take is called by the writer only outside writeAndWait, where turn is
+// never turnHeldWaiting.
 func (w *copyWriter) take() bool {
-	if w.holding.Load() {
+	if w.turn.Load() == turnHeld {
 		return true
 	}
 	if !w.sc.l.turns.take(w.sc.c.ctx) {
 		return false
 	}
-	w.holding.Store(true)
+	w.turn.Store(turnHeld)
 	return true
 }
 
 func (w *copyWriter) give() {
-	if w.holding.CompareAndSwap(true, false) {
+	if w.turn.CompareAndSwap(turnHeld, turnNone) {
 		w.sc.l.turns.give()
 	}
 }
 
-// holdExpired is hold's function. It may run late, after the wait that
-// armed it, and take away a turn the writer took since: that turn is
-// given back once all the same, and the writer takes another.
+// holdExpired is hold's function. Run late, after the wait that armed it,
+// it finds no wait, or a later one whose hold it only shortens.
 func (w *copyWriter) holdExpired() {
-	if w.waiting.Load() {
-		w.give()
+	if w.turn.CompareAndSwap(turnHeldWaiting, turnNone) {
+		w.sc.l.turns.give()
 	}
 }
 
@@ -887,11 +894,16 @@ func (w *copyWriter) holdExpired() {
 // had not read cost reading subscribers their connections to the 2 s
 // idle timeout (docs/PERFORMANCE.md).
 func (w *copyWriter) writeAndWait(s *quic.SendStream, b []byte) error {
-	w.waiting.Store(true)
-	w.hold.Reset(turnHold)
+	armed := w.turn.CompareAndSwap(turnHeld, turnHeldWaiting)
+	if armed {
+		w.hold.Reset(turnHold)
+	}
 	_, err := s.WriteWithLimit(b, sendNow)
-	w.hold.Stop()
-	w.waiting.Store(false)
+	if armed {
+		w.hold.Stop()
+		// Fails when hold took the turn: the next write takes another.
+		w.turn.CompareAndSwap(turnHeldWaiting, turnHeld)
+	}
 	return err
 }
 
