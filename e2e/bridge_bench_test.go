@@ -69,11 +69,17 @@ func (l *latencyRecorder) percentiles(ps ...int) []time.Duration {
 	slices.Sort(s)
 	out := make([]time.Duration, len(ps))
 	for i, p := range ps {
-		if len(s) > 0 {
-			out[i] = s[min(len(s)-1, len(s)*p/100)]
-		}
+		out[i] = percentile(s, p)
 	}
 	return out
+}
+
+// percentile is the p-th percentile of sorted, 0 when it is empty.
+func percentile(sorted []time.Duration, p int) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	return sorted[min(len(sorted)-1, len(sorted)*p/100)]
 }
 
 // stampedPayload returns a fresh 256-byte payload carrying the current time,

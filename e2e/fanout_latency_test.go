@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"weida.dev/connector/connectors/conntest"
 	"weida.dev/connector/weida"
 )
 
@@ -80,7 +81,7 @@ func TestFanOutLatency(t *testing.T) {
 			}
 		})
 	}
-	cpu0 := mqttProcessCPU(t)
+	cpu0 := conntest.ProcessCPU()
 	payload := make([]byte, 256)
 	tick := time.NewTicker(time.Second / time.Duration(rate))
 	defer tick.Stop()
@@ -93,7 +94,7 @@ func TestFanOutLatency(t *testing.T) {
 		}
 	}
 	readers.Wait()
-	cpu := mqttProcessCPU(t) - cpu0
+	cpu := conntest.ProcessCPU() - cpu0
 
 	var every, last []time.Duration
 	for _, perSub := range latency {
@@ -102,11 +103,9 @@ func TestFanOutLatency(t *testing.T) {
 	}
 	slices.Sort(every)
 	slices.Sort(last)
-	at := func(d []time.Duration, q float64) time.Duration {
-		return d[min(len(d)-1, int(q*float64(len(d))))].Round(10 * time.Microsecond)
-	}
+	at := func(d []time.Duration, p int) time.Duration { return percentile(d, p).Round(10 * time.Microsecond) }
 	t.Logf("%d subscribers, %d messages at %d/s: every copy p50 %v p99 %v max %v; a message's last copy p50 %v p99 %v max %v; "+
 		"CPU per copy (both ends, this process) %v",
-		subs, messages, rate, at(every, 0.5), at(every, 0.99), every[len(every)-1].Round(10*time.Microsecond),
-		at(last, 0.5), at(last, 0.99), last[len(last)-1].Round(10*time.Microsecond), cpu/time.Duration(len(every)))
+		subs, messages, rate, at(every, 50), at(every, 99), every[len(every)-1].Round(10*time.Microsecond),
+		at(last, 50), at(last, 99), last[len(last)-1].Round(10*time.Microsecond), cpu/time.Duration(len(every)))
 }
