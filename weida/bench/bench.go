@@ -23,11 +23,16 @@
 package bench
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"runtime"
+	"runtime/pprof"
+	"slices"
 	"time"
+
+	"github.com/google/pprof/profile"
 
 	"weida.dev/connector/weida/wire"
 )
@@ -295,4 +300,61 @@ func sendLoop(ctx context.Context, load Load, c *credits, send func() error) (in
 		n++
 	}
 	return n, c.drain(ctx)
+}
+
+// The rigs label their goroutines for CPU profiles (runtime/pprof), so
+// that a profile taken while a rig runs splits its CPU between the
+// sending and the receiving end of the connections, which share the
+// process: SideLabel is the label's key, SideEndpoint its value on the
+// listener's side (the publisher, its writers, its connections' QUIC
+// goroutines) and SideReceiver on the dialling side. Goroutines quic-go
+// or package weida start inherit the label of the one that starts them;
+// what runs under neither (the garbage collector's background work, the
+// scheduler, timer functions) is the two sides' shared runtime.
+const (
+	SideLabel    = "side"
+	SideEndpoint = "endpoint"
+	SideReceiver = "receiver"
+)
+
+// labelSide sets the calling goroutine's side label and returns what
+// restores the labels ctx carries.
+func labelSide(ctx context.Context, side string) (restore func()) {
+	pprof.SetGoroutineLabels(pprof.WithLabels(ctx, pprof.Labels(SideLabel, side)))
+	return func() { pprof.SetGoroutineLabels(ctx) }
+}
+
+// CPUBySide runs fn under a CPU profile and returns the CPU time the
+// profile sampled under each side label (SideEndpoint, SideReceiver), and
+// under "" what ran under neither. Both ends of a rig's connections share
+// the process, so its CPU time alone cannot say what the sending end
+// costs; the profile can, to within its sampling: 100 samples a second per
+// busy thread, so a 2 s sample on two cores holds about 400. No other CPU
+// profile may be running.
+func CPUBySide(fn func()) (map[string]time.Duration, error) {
+	var buf bytes.Buffer
+	if err := pprof.StartCPUProfile(&buf); err != nil {
+		return nil, fmt.Errorf("bench: CPU profile: %w", err)
+	}
+	func() {
+		defer pprof.StopCPUProfile() // fn may end its goroutine (t.Fatal)
+		fn()
+	}()
+	p, err := profile.Parse(&buf)
+	if err != nil {
+		return nil, fmt.Errorf("bench: CPU profile: %w", err)
+	}
+	cpu := slices.IndexFunc(p.SampleType, func(v *profile.ValueType) bool { return v.Type == "cpu" && v.Unit == "nanoseconds" })
+	if cpu < 0 {
+		return nil, fmt.Errorf("bench: CPU profile without cpu/nanoseconds samples: %v", p.SampleType)
+	}
+	sides := make(map[string]time.Duration)
+	for _, s := range p.Sample {
+		var side string
+		if v := s.Label[SideLabel]; len(v) > 0 {
+			side = v[0]
+		}
+		sides[side] += time.Duration(s.Value[cpu])
+	}
+	return sides, nil
 }

@@ -13,6 +13,7 @@ import (
 	"io"
 	"math/big"
 	"net"
+	"runtime/pprof"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -74,7 +75,10 @@ func NewRaw(ctx context.Context, receivers int, opts Options) (*Raw, error) {
 	if r.srvTr, err = loopbackTransport(); err != nil {
 		return nil, err
 	}
-	if r.ln, err = r.srvTr.Listen(srvTLS, rawQUICConfig(false)); err != nil {
+	pprof.Do(ctx, pprof.Labels(SideLabel, SideEndpoint), func(context.Context) {
+		r.ln, err = r.srvTr.Listen(srvTLS, rawQUICConfig(false))
+	})
+	if err != nil {
 		_ = r.Close()
 		return nil, fmt.Errorf("bench: raw listen: %w", err)
 	}
@@ -87,7 +91,10 @@ func NewRaw(ctx context.Context, receivers int, opts Options) (*Raw, error) {
 			return nil, err
 		}
 		r.cliTrs = append(r.cliTrs, tr)
-		cli, err := tr.Dial(ctx, r.ln.Addr(), cliTLS, rawQUICConfig(true))
+		var cli *quic.Conn
+		pprof.Do(ctx, pprof.Labels(SideLabel, SideReceiver), func(ctx context.Context) {
+			cli, err = tr.Dial(ctx, r.ln.Addr(), cliTLS, rawQUICConfig(true))
+		})
 		if err != nil {
 			_ = r.Close()
 			return nil, fmt.Errorf("bench: raw dial: %w", err)
@@ -161,6 +168,7 @@ func (r *Raw) Run(ctx context.Context, load Load) (Sample, error) {
 	var copies atomic.Int64
 	for i, cli := range r.cli {
 		wg.Go(func() {
+			labelSide(rctx, SideReceiver)
 			buf := make([]byte, 4096)
 			for {
 				st, err := cli.AcceptUniStream(rctx)
@@ -185,6 +193,7 @@ func (r *Raw) Run(ctx context.Context, load Load) (Sample, error) {
 			}
 		})
 	}
+	defer labelSide(ctx, SideEndpoint)()
 	m := startMeter()
 	n, err := sendLoop(ctx, load, c, func() error {
 		for _, srv := range r.srv {

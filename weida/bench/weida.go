@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"runtime/pprof"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -38,10 +39,13 @@ func NewWeida(ctx context.Context, subscribers int, opts Options) (*Weida, error
 	}
 	// Every subscriber dials from 127.0.0.1: the per-address limit would
 	// refuse all but the first 64.
-	l, err := weida.Listen(ctx, "127.0.0.1:0", weida.ListenConfig{Limits: weida.Limits{
-		MaxConnectionsPerAddress: max(subscribers, weida.DefaultMaxConnectionsPerAddress),
-		IdleTimeout:              opts.IdleTimeout,
-	}})
+	var l *weida.Listener
+	pprof.Do(ctx, pprof.Labels(SideLabel, SideEndpoint), func(ctx context.Context) {
+		l, err = weida.Listen(ctx, "127.0.0.1:0", weida.ListenConfig{Limits: weida.Limits{
+			MaxConnectionsPerAddress: max(subscribers, weida.DefaultMaxConnectionsPerAddress),
+			IdleTimeout:              opts.IdleTimeout,
+		}})
+	})
 	if err != nil {
 		return nil, fmt.Errorf("bench: %w", err)
 	}
@@ -55,7 +59,10 @@ func NewWeida(ctx context.Context, subscribers int, opts Options) (*Weida, error
 	}
 	url := fmt.Sprintf("weida://%s@%s%s", l.Fingerprint(), l.Addr(), Path)
 	for range subscribers {
-		s, err := weida.Dial(ctx, url, weida.DialConfig{})
+		var s *weida.Subscriber
+		pprof.Do(ctx, pprof.Labels(SideLabel, SideReceiver), func(ctx context.Context) {
+			s, err = weida.Dial(ctx, url, weida.DialConfig{})
+		})
 		if err != nil {
 			_ = w.Close()
 			return nil, fmt.Errorf("bench: %w", err)
@@ -106,6 +113,7 @@ func (w *Weida) Run(ctx context.Context, load Load) (Sample, error) {
 	var copies atomic.Int64
 	for i, s := range w.subs {
 		wg.Go(func() {
+			labelSide(rctx, SideReceiver)
 			for {
 				if _, err := s.Receive(rctx); err != nil {
 					if rctx.Err() == nil {
@@ -119,6 +127,7 @@ func (w *Weida) Run(ctx context.Context, load Load) (Sample, error) {
 		})
 	}
 	want := len(w.subs)
+	defer labelSide(ctx, SideEndpoint)()
 	m := startMeter()
 	n, err := sendLoop(ctx, load, c, func() error {
 		var r weida.Result
