@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"encoding/binary"
@@ -13,7 +12,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -21,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"weida.dev/connector/connectors"
+	"weida.dev/connector/connectors/conntest"
 	"weida.dev/connector/connectors/mqtt"
 	"weida.dev/connector/internal/brokertest"
 	"weida.dev/connector/policy"
@@ -138,9 +137,9 @@ func TestMQTTBench(t *testing.T) {
 
 	measure := func(r rig, n, pace int) mqttBenchResult {
 		runtime.GC()
-		c0, b0 := mqttProcessCPU(t), mqttPidCPU(t, broker.Pid())
+		c0, b0 := conntest.ProcessCPU(), cpuTime(t, broker.Pid())
 		res := r.run(n, pace)
-		res.cpu, res.broker = mqttProcessCPU(t)-c0, mqttPidCPU(t, broker.Pid())-b0
+		res.cpu, res.broker = conntest.ProcessCPU()-c0, cpuTime(t, broker.Pid())-b0
 		return res
 	}
 	// Throughput: every rig once per round; the order turns every round,
@@ -242,32 +241,6 @@ func TestMQTTBench(t *testing.T) {
 }
 
 const mqttBenchSize = 256
-
-// mqttProcessCPU returns the user and system CPU time of this process.
-func mqttProcessCPU(t testing.TB) time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		t.Fatal(err)
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
-// mqttPidCPU returns the user and system CPU time of process pid, from
-// /proc/<pid>/stat (in clock ticks of 10 ms).
-func mqttPidCPU(t testing.TB, pid int) time.Duration {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0
-	}
-	// The fields after the command name, which is in parentheses.
-	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
-	if len(f) < 13 {
-		return 0
-	}
-	ut, _ := strconv.ParseInt(f[11], 10, 64)
-	st, _ := strconv.ParseInt(f[12], 10, 64)
-	return time.Duration(ut+st) * 10 * time.Millisecond
-}
 
 // mqttBenchResult is one sample: how many were sent and received, from the
 // first send to the last receipt, and each receipt's latency.
