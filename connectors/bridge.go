@@ -119,6 +119,12 @@ func (b *core) start(ctx context.Context, start func(context.Context) error) (st
 	return false, nil
 }
 
+// brokerCloseTimeout bounds closing a broker connection as a bridge
+// stops: withdrawing a removed resource's subscriptions, then the client's
+// own close. A broker that does not answer in time is left with a
+// warning, so that no stop waits on it for longer.
+const brokerCloseTimeout = 5 * time.Second
+
 func (d *Deps) drain() time.Duration {
 	if d.Drain > 0 {
 		return d.Drain

@@ -258,7 +258,7 @@ func (b *inboundBridge) offer(src Source) {
 // closeSource closes src, withdrawing its subscriptions first when the
 // resource is being removed.
 func (b *inboundBridge) closeSource(ctx context.Context, src Source) {
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), brokerCloseTimeout)
 	defer cancel()
 	if rs, ok := src.(Retiring); ok && b.retiring.Load() {
 		if err := rs.Retire(cctx); err != nil {

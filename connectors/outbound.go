@@ -191,7 +191,7 @@ func (b *outboundBridge) run(ctx context.Context) error {
 	closeSink := func() {
 		retire()
 		a.closing.Store(true)
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), brokerCloseTimeout)
 		defer cancel()
 		if err := sink.Close(cctx); err != nil {
 			b.log.Warn("closing the broker connection", "err", err)
