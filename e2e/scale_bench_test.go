@@ -162,7 +162,7 @@ func TestSubscriberScale(t *testing.T) {
 		for k := range rigs {
 			i := (k + round) % len(rigs)
 			runtime.GC()
-			sent0 := udpDatagramsSent()
+			sent0, in0 := udpDatagramsSent(), udpCounter("InDatagrams")
 			var s bench.Sample
 			var runErr error
 			sides, err := bench.CPUBySide(func() {
@@ -172,14 +172,15 @@ func TestSubscriberScale(t *testing.T) {
 				t.Fatal(err)
 			}
 			perCopy := float64(udpDatagramsSent()-sent0) / float64(s.Copies)
+			packetsPerCopy := float64(udpCounter("InDatagrams")-in0) / float64(s.Copies)
 			sidePerCopy := func(side string) time.Duration { return sides[side] / time.Duration(s.Copies) }
 			cpu[i] = append(cpu[i], float64(s.CPUPerCopy()))
 			endpointCPU[i] = append(endpointCPU[i], float64(sidePerCopy(bench.SideEndpoint)))
 			copies[i] = append(copies[i], s.CopiesPerSecond())
 			datagrams[i] = append(datagrams[i], perCopy)
-			t.Logf("round %d, %s: %.0f msgs/s, %.0f copies/s, CPU/copy %v (profiled: endpoint %v, receivers %v, runtime %v), allocs/copy %.1f, UDP datagrams sent per copy %.2f",
+			t.Logf("round %d, %s: %.0f msgs/s, %.0f copies/s, CPU/copy %v (profiled: endpoint %v, receivers %v, runtime %v), allocs/copy %.1f, UDP datagrams sent per copy %.2f, received %.2f",
 				round+1, rigs[i].Name(), s.MessagesPerSecond(), s.CopiesPerSecond(), s.CPUPerCopy(),
-				sidePerCopy(bench.SideEndpoint), sidePerCopy(bench.SideReceiver), sidePerCopy(""), s.AllocsPerCopy(), perCopy)
+				sidePerCopy(bench.SideEndpoint), sidePerCopy(bench.SideReceiver), sidePerCopy(""), s.AllocsPerCopy(), perCopy, packetsPerCopy)
 		}
 	}
 	ratioOf := func(cpu [4][]float64) func(a, b int) (med, lo, hi float64) {
