@@ -19,7 +19,8 @@
 // varies less than wall time.
 //
 // Every measurement runs publisher and receivers in this process on
-// 127.0.0.1, so a sample's CPU time covers both sides.
+// 127.0.0.1, so a sample's CPU time covers both sides; [CPUBySide] splits
+// it between them with a CPU profile.
 package bench
 
 import (
