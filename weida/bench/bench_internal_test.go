@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"errors"
+	"flag"
 	"slices"
 	"testing"
 	"time"
@@ -179,6 +180,9 @@ func TestRigs(t *testing.T) {
 // rig that set up one end unlabelled would leave that end's connection
 // loops and writers under "" and its side with little.
 func TestCPUBySide(t *testing.T) {
+	if f := flag.Lookup("test.cpuprofile"); f != nil && f.Value.String() != "" {
+		t.Skip("-test.cpuprofile holds the one CPU profile a process may run")
+	}
 	ctx := context.Background()
 	raw, err := NewRaw(ctx, 1, Options{})
 	if err != nil {
