@@ -4,7 +4,6 @@ package e2e
 // many routes, and one endpoint with many weida subscribers.
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"runtime"
@@ -113,10 +112,13 @@ func TestRouteScale(t *testing.T) {
 // connections as subscribers runs in the same rounds, so that the fan-out
 // ratio can be split into what the transport itself pays for spreading
 // copies over connections and what weida adds; on Linux each sample also
-// counts the UDP datagrams the machine sent (/proc/net/snmp), to show how
-// many copies share a packet, and is taken under a CPU profile that splits
-// its CPU between the sending end (what a connector's endpoint pays) and
-// the receivers (bench.CPUBySide). WEIDA_SCALE_IDLE_TIMEOUT sets the weida
+// counts the UDP send calls and datagrams of the machine (/proc/net/snmp),
+// to show how many copies share a packet. Each sample runs under a CPU
+// profile (bench.ProfiledRun), and its CPU per copy is what the profile
+// attributes to the rig, split into the sending end (what a connector's
+// endpoint pays) and the receivers: the process's CPU time, also logged,
+// holds the idle rigs' keep-alives too (a -test.cpuprofile run fails, as
+// a process has one CPU profile at a time). WEIDA_SCALE_IDLE_TIMEOUT sets the weida
 // listener's idle timeout (default 2 s), which with a thousand subscribers
 // in this process can close one that reads. It runs only with
 // WEIDA_BENCH=1.
@@ -157,30 +159,31 @@ func TestSubscriberScale(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	var cpu, endpointCPU, copies, datagrams [4][]float64
+	// cpu is each sample's CPU per copy as its profile attributes it to
+	// the rig (both ends and the shared runtime): the process's own CPU
+	// time also holds the other three rigs' keep-alives, which the
+	// 1,000-subscriber weida rig's listener sends every 500 ms.
+	var cpu, endpointCPU, receiverCPU, copies, datagrams [4][]float64
 	for round := range rounds {
 		for k := range rigs {
 			i := (k + round) % len(rigs)
 			runtime.GC()
 			sent0, in0 := udpDatagramsSent(), udpCounter("InDatagrams")
-			var s bench.Sample
-			var runErr error
-			sides, err := bench.CPUBySide(func() {
-				s, runErr = rigs[i].Run(ctx(t, 5*time.Minute), bench.Load{Duration: sample})
-			})
-			if err = errors.Join(runErr, err); err != nil {
+			s, c, err := bench.ProfiledRun(ctx(t, 5*time.Minute), rigs[i], bench.Load{Duration: sample})
+			if err != nil {
 				t.Fatal(err)
 			}
 			perCopy := float64(udpDatagramsSent()-sent0) / float64(s.Copies)
 			packetsPerCopy := float64(udpCounter("InDatagrams")-in0) / float64(s.Copies)
-			sidePerCopy := func(side string) time.Duration { return sides[side] / time.Duration(s.Copies) }
-			cpu[i] = append(cpu[i], float64(s.CPUPerCopy()))
-			endpointCPU[i] = append(endpointCPU[i], float64(sidePerCopy(bench.SideEndpoint)))
+			per := func(d time.Duration) time.Duration { return d / time.Duration(s.Copies) }
+			cpu[i] = append(cpu[i], float64(per(c.Rig())))
+			endpointCPU[i] = append(endpointCPU[i], float64(per(c.Endpoint)))
+			receiverCPU[i] = append(receiverCPU[i], float64(per(c.Receiver)))
 			copies[i] = append(copies[i], s.CopiesPerSecond())
 			datagrams[i] = append(datagrams[i], perCopy)
-			t.Logf("round %d, %s: %.0f msgs/s, %.0f copies/s, CPU/copy %v (profiled: endpoint %v, receivers %v, runtime %v), allocs/copy %.1f, UDP datagrams sent per copy %.2f, received %.2f",
-				round+1, rigs[i].Name(), s.MessagesPerSecond(), s.CopiesPerSecond(), s.CPUPerCopy(),
-				sidePerCopy(bench.SideEndpoint), sidePerCopy(bench.SideReceiver), sidePerCopy(""), s.AllocsPerCopy(), perCopy, packetsPerCopy)
+			t.Logf("round %d, %s: %.0f msgs/s, %.0f copies/s, CPU/copy %v (sending end %v, receiving end %v, runtime %v; the process %v, other rigs %v), allocs/copy %.1f, UDP send calls per copy %.2f, datagrams received %.2f",
+				round+1, rigs[i].Name(), s.MessagesPerSecond(), s.CopiesPerSecond(), per(c.Rig()),
+				per(c.Endpoint), per(c.Receiver), per(c.Runtime), s.CPUPerCopy(), per(c.OtherRigs), s.AllocsPerCopy(), perCopy, packetsPerCopy)
 		}
 	}
 	ratioOf := func(cpu [4][]float64) func(a, b int) (med, lo, hi float64) {
@@ -192,7 +195,7 @@ func TestSubscriberScale(t *testing.T) {
 			return median(r), slices.Min(r), slices.Max(r)
 		}
 	}
-	ratio, endpointRatio := ratioOf(cpu), ratioOf(endpointCPU)
+	ratio, endpointRatio, receiverRatio := ratioOf(cpu), ratioOf(endpointCPU), ratioOf(receiverCPU)
 	fanOut, fanLo, fanHi := ratio(1, 0)
 	rawFanOut, rawLo, rawHi := ratio(3, 2)
 	hop, hopLo, hopHi := ratio(0, 2)
@@ -200,15 +203,16 @@ func TestSubscriberScale(t *testing.T) {
 	epFanOut, epLo, epHi := endpointRatio(1, 0)
 	epRawFanOut, epRawLo, epRawHi := endpointRatio(3, 2)
 	epHop, epHopLo, epHopHi := endpointRatio(0, 2)
-	fmt.Printf("subscriber scale: 1 subscriber %.0f copies/s %.2f µs/copy %.2f datagrams/copy; %d subscribers %.0f copies/s %.2f µs/copy %.2f datagrams/copy; CPU per copy ratio %.2fx (%.2f–%.2f); heap %.0f KiB per subscriber; set up in %v\n",
+	rcvHop, rcvHopLo, rcvHopHi := receiverRatio(0, 2)
+	fmt.Printf("subscriber scale: 1 subscriber %.0f copies/s %.2f µs/copy %.2f send calls/copy; %d subscribers %.0f copies/s %.2f µs/copy %.2f send calls/copy; CPU per copy ratio %.2fx (%.2f–%.2f); heap %.0f KiB per subscriber; set up in %v\n",
 		median(copies[0]), median(cpu[0])/1e3, median(datagrams[0]), subs, median(copies[1]), median(cpu[1])/1e3, median(datagrams[1]),
 		fanOut, fanLo, fanHi, float64(heapN)/float64(subs)/1024, tookN.Round(time.Millisecond))
-	fmt.Printf("raw quic-go: 1 connection %.0f copies/s %.2f µs/copy %.2f datagrams/copy; %d connections %.0f copies/s %.2f µs/copy %.2f datagrams/copy; CPU per copy ratio %.2fx (%.2f–%.2f)\n",
+	fmt.Printf("raw quic-go: 1 connection %.0f copies/s %.2f µs/copy %.2f send calls/copy; %d connections %.0f copies/s %.2f µs/copy %.2f send calls/copy; CPU per copy ratio %.2fx (%.2f–%.2f)\n",
 		median(copies[2]), median(cpu[2])/1e3, median(datagrams[2]), subs, median(copies[3]), median(cpu[3])/1e3, median(datagrams[3]),
 		rawFanOut, rawLo, rawHi)
 	fmt.Printf("weida against raw quic-go, CPU per copy: 1 receiver %.2fx (%.2f–%.2f); %d receivers %.2fx (%.2f–%.2f)\n",
 		hop, hopLo, hopHi, subs, hopN, hopNLo, hopNHi)
-	fmt.Printf("sending end only (profiled): weida %.2f µs/copy with 1 subscriber, %.2f with %d, ratio %.2fx (%.2f–%.2f); raw quic-go %.2f and %.2f, ratio %.2fx (%.2f–%.2f); weida against raw with 1 receiver %.2fx (%.2f–%.2f)\n",
+	fmt.Printf("sending end only: weida %.2f µs/copy with 1 subscriber, %.2f with %d, ratio %.2fx (%.2f–%.2f); raw quic-go %.2f and %.2f, ratio %.2fx (%.2f–%.2f); weida against raw with 1 receiver %.2fx (%.2f–%.2f), receiving end %.2fx (%.2f–%.2f)\n",
 		median(endpointCPU[0])/1e3, median(endpointCPU[1])/1e3, subs, epFanOut, epLo, epHi,
-		median(endpointCPU[2])/1e3, median(endpointCPU[3])/1e3, epRawFanOut, epRawLo, epRawHi, epHop, epHopLo, epHopHi)
+		median(endpointCPU[2])/1e3, median(endpointCPU[3])/1e3, epRawFanOut, epRawLo, epRawHi, epHop, epHopLo, epHopHi, rcvHop, rcvHopLo, rcvHopHi)
 }

@@ -19,8 +19,8 @@
 // varies less than wall time.
 //
 // Every measurement runs publisher and receivers in this process on
-// 127.0.0.1, so a sample's CPU time covers both sides; [CPUBySide] splits
-// it between them with a CPU profile.
+// 127.0.0.1, so a sample's CPU time covers both sides; [ProfiledRun]
+// splits it between them, and from other rigs' work, with a CPU profile.
 package bench
 
 import (
@@ -31,6 +31,8 @@ import (
 	"runtime"
 	"runtime/pprof"
 	"slices"
+	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/pprof/profile"
@@ -173,6 +175,8 @@ type Rig interface {
 	// Run sends messages until load is reached and every copy has been
 	// received. ctx aborts it with an error.
 	Run(ctx context.Context, load Load) (Sample, error)
+	// Label is the value of RigLabel on the rig's goroutines.
+	Label() string
 	Close() error
 }
 
@@ -304,58 +308,97 @@ func sendLoop(ctx context.Context, load Load, c *credits, send func() error) (in
 }
 
 // The rigs label their goroutines for CPU profiles (runtime/pprof), so
-// that a profile taken while a rig runs splits its CPU between the
-// sending and the receiving end of the connections, which share the
-// process: SideLabel is the label's key, SideEndpoint its value on the
-// listener's side (the publisher, its writers, its connections' QUIC
-// goroutines) and SideReceiver on the dialling side. Goroutines quic-go
-// or package weida start inherit the label of the one that starts them;
-// what runs under neither (the garbage collector's background work, the
-// scheduler, timer functions) is the two sides' shared runtime.
+// that a profile taken while a rig runs says whose CPU it sampled: which
+// rig (RigLabel, a value of its own per rig, Rig.Label) and which end of
+// its connections (SideLabel: SideEndpoint on the listener's side, the
+// publisher, its writers and its connections' QUIC goroutines;
+// SideReceiver on the dialling side). Goroutines quic-go or package weida
+// start inherit the labels of the one that starts them; what runs under
+// none (the garbage collector's background work, the scheduler, timer
+// functions) is shared runtime.
 const (
+	RigLabel     = "rig"
 	SideLabel    = "side"
 	SideEndpoint = "endpoint"
 	SideReceiver = "receiver"
 )
 
-// labelSide sets the calling goroutine's side label and returns what
-// restores the labels ctx carries.
-func labelSide(ctx context.Context, side string) (restore func()) {
-	pprof.SetGoroutineLabels(pprof.WithLabels(ctx, pprof.Labels(SideLabel, side)))
+var rigLabels atomic.Int64
+
+// newRigLabel is a value of RigLabel no other rig in the process has.
+func newRigLabel() string { return strconv.FormatInt(rigLabels.Add(1), 10) }
+
+// setupLabels are the labels a rig's end carries from its setup on.
+func setupLabels(rig, side string) pprof.LabelSet {
+	return pprof.Labels(RigLabel, rig, SideLabel, side)
+}
+
+// labelSide sets the calling goroutine's labels to rig's side and returns
+// what restores the labels ctx carries.
+func labelSide(ctx context.Context, rig, side string) (restore func()) {
+	pprof.SetGoroutineLabels(pprof.WithLabels(ctx, setupLabels(rig, side)))
 	return func() { pprof.SetGoroutineLabels(ctx) }
 }
 
-// CPUBySide runs fn under a CPU profile and returns the CPU time the
-// profile sampled under each side label (SideEndpoint, SideReceiver), and
-// under "" what ran under neither. Both ends of a rig's connections share
-// the process, so its CPU time alone cannot say what the sending end
-// costs; the profile can, to within its sampling: 100 samples a second per
-// busy thread, so a 2 s sample on two cores holds about 400. No other CPU
-// profile may be running.
-func CPUBySide(fn func()) (map[string]time.Duration, error) {
+// CPU is what a CPU profile sampled while one rig ran, by whose work it
+// was. The profile samples 100 times a second per busy thread, so a 2 s
+// sample on two cores holds about 400 samples.
+type CPU struct {
+	Endpoint time.Duration // the rig's sending end
+	Receiver time.Duration // the rig's receiving end
+	// Runtime ran under no label: the collector's background work, the
+	// scheduler, timer functions; every rig in the process shares it.
+	Runtime time.Duration
+	// OtherRigs is the work of other rigs alive in the process while this
+	// one ran: their keep-alives, which are not this rig's cost.
+	OtherRigs time.Duration
+}
+
+// Rig is the CPU the rig's own run took: both its ends and the shared
+// runtime, without other rigs' work.
+func (c CPU) Rig() time.Duration { return c.Endpoint + c.Receiver + c.Runtime }
+
+// ProfiledRun runs r under a CPU profile and returns, with the sample,
+// what the profile says of whose CPU the run took. Both ends of a rig's
+// connections share the process, and so may other rigs: the sample's CPU
+// time (getrusage) counts them all, the profile tells them apart. No other
+// CPU profile may be running.
+func ProfiledRun(ctx context.Context, r Rig, load Load) (Sample, CPU, error) {
 	var buf bytes.Buffer
 	if err := pprof.StartCPUProfile(&buf); err != nil {
-		return nil, fmt.Errorf("bench: CPU profile: %w", err)
+		return Sample{}, CPU{}, fmt.Errorf("bench: CPU profile: %w", err)
 	}
+	var s Sample
+	var runErr error
 	func() {
-		defer pprof.StopCPUProfile() // fn may end its goroutine (t.Fatal)
-		fn()
+		defer pprof.StopCPUProfile() // so that a panic in Run leaves no profile running
+		s, runErr = r.Run(ctx, load)
 	}()
+	if runErr != nil {
+		return s, CPU{}, runErr
+	}
 	p, err := profile.Parse(&buf)
 	if err != nil {
-		return nil, fmt.Errorf("bench: CPU profile: %w", err)
+		return s, CPU{}, fmt.Errorf("bench: CPU profile: %w", err)
 	}
 	cpu := slices.IndexFunc(p.SampleType, func(v *profile.ValueType) bool { return v.Type == "cpu" && v.Unit == "nanoseconds" })
 	if cpu < 0 {
-		return nil, fmt.Errorf("bench: CPU profile without cpu/nanoseconds samples: %v", p.SampleType)
+		return s, CPU{}, fmt.Errorf("bench: CPU profile without cpu/nanoseconds samples: %v", p.SampleType)
 	}
-	sides := make(map[string]time.Duration)
-	for _, s := range p.Sample {
-		var side string
-		if v := s.Label[SideLabel]; len(v) > 0 {
-			side = v[0]
+	var c CPU
+	for _, sm := range p.Sample {
+		d := time.Duration(sm.Value[cpu])
+		rig, side := sm.Label[RigLabel], sm.Label[SideLabel]
+		switch {
+		case len(rig) == 0:
+			c.Runtime += d
+		case rig[0] != r.Label():
+			c.OtherRigs += d
+		case len(side) > 0 && side[0] == SideEndpoint:
+			c.Endpoint += d
+		default:
+			c.Receiver += d
 		}
-		sides[side] += time.Duration(s.Value[cpu])
 	}
-	return sides, nil
+	return s, c, nil
 }

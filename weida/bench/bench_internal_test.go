@@ -174,12 +174,13 @@ func TestRigs(t *testing.T) {
 	}
 }
 
-// TestCPUBySide: while a rig runs, a CPU profile finds each end's share
-// of the work under its side label. The goroutines quic-go and package
-// weida start inherit the label of the goroutine that starts them, so a
-// rig that set up one end unlabelled would leave that end's connection
-// loops and writers under "" and its side with little.
-func TestCPUBySide(t *testing.T) {
+// TestProfiledRun: while a rig runs, its CPU profile finds each end's
+// share of the work under that rig's labels, and the work of another rig
+// running at the same time under neither. The goroutines quic-go and
+// package weida start inherit the labels of the goroutine that starts
+// them, so a rig that set up one end unlabelled would leave that end's
+// connection loops and writers under Runtime and its side with little.
+func TestProfiledRun(t *testing.T) {
 	if f := flag.Lookup("test.cpuprofile"); f != nil && f.Value.String() != "" {
 		t.Skip("-test.cpuprofile holds the one CPU profile a process may run")
 	}
@@ -194,19 +195,36 @@ func TestCPUBySide(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer w.Close()
+	load := Load{Duration: time.Second}
+	// Each end does about as much work as the other (measured: a third to a
+	// half each, the shared runtime the rest).
+	checkEnds := func(name string, c CPU) {
+		t.Helper()
+		t.Logf("%s: %+v", name, c)
+		if c.Rig() < 50*time.Millisecond {
+			t.Fatalf("%s: the profile sampled %v of the rig's CPU", name, c.Rig())
+		}
+		if c.Endpoint < c.Rig()/4 || c.Receiver < c.Rig()/4 {
+			t.Errorf("%s: ends %v and %v of %v", name, c.Endpoint, c.Receiver, c.Rig())
+		}
+	}
 	for _, rig := range []Rig{raw, w} {
-		var runErr error
-		sides, err := CPUBySide(func() { _, runErr = rig.Run(ctx, Load{Duration: 500 * time.Millisecond}) })
-		if err = errors.Join(runErr, err); err != nil {
+		_, c, err := ProfiledRun(ctx, rig, load)
+		if err != nil {
 			t.Fatal(err)
 		}
-		// Each end does about as much work as the other (measured: 35% to
-		// 50% each, the runtime's shared work the rest).
-		total := sides[SideEndpoint] + sides[SideReceiver] + sides[""]
-		if sides[SideEndpoint] < total/4 || sides[SideReceiver] < total/4 {
-			t.Errorf("%s: CPU by side %v", rig.Name(), sides)
-		}
-		t.Logf("%s: CPU by side %v", rig.Name(), sides)
+		checkEnds(rig.Name(), c)
+	}
+	// The weida rig busy beside the raw one: its work is the other rig's.
+	busy := make(chan error, 1)
+	go func() { _, err := w.Run(ctx, load); busy <- err }()
+	_, c, err := ProfiledRun(ctx, raw, load)
+	if err := errors.Join(err, <-busy); err != nil {
+		t.Fatal(err)
+	}
+	checkEnds("raw quic-go beside weida", c)
+	if c.OtherRigs < (c.Rig()+c.OtherRigs)/5 {
+		t.Errorf("the weida rig's work beside the raw one: %v of %v", c.OtherRigs, c.Rig()+c.OtherRigs)
 	}
 }
 

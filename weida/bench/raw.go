@@ -44,6 +44,7 @@ const rawALPN = "weida-bench-raw"
 // concurrently with itself.
 type Raw struct {
 	opts  Options
+	label string // RigLabel's value
 	frame []byte
 	// Each side owns its sockets and Transports, so that Close can wait
 	// for quic-go's goroutines: a Listener from quic.ListenAddr stops its
@@ -71,11 +72,11 @@ func NewRaw(ctx context.Context, receivers int, opts Options) (*Raw, error) {
 		return nil, err
 	}
 	srvTLS := &tls.Config{Certificates: []tls.Certificate{cert}, NextProtos: []string{rawALPN}, MinVersion: tls.VersionTLS13}
-	r := &Raw{opts: opts, frame: Frame(opts.Size)}
+	r := &Raw{opts: opts, label: newRigLabel(), frame: Frame(opts.Size)}
 	if r.srvTr, err = loopbackTransport(); err != nil {
 		return nil, err
 	}
-	pprof.Do(ctx, pprof.Labels(SideLabel, SideEndpoint), func(context.Context) {
+	pprof.Do(ctx, setupLabels(r.label, SideEndpoint), func(context.Context) {
 		r.ln, err = r.srvTr.Listen(srvTLS, rawQUICConfig(false))
 	})
 	if err != nil {
@@ -92,7 +93,7 @@ func NewRaw(ctx context.Context, receivers int, opts Options) (*Raw, error) {
 		}
 		r.cliTrs = append(r.cliTrs, tr)
 		var cli *quic.Conn
-		pprof.Do(ctx, pprof.Labels(SideLabel, SideReceiver), func(ctx context.Context) {
+		pprof.Do(ctx, setupLabels(r.label, SideReceiver), func(ctx context.Context) {
 			cli, err = tr.Dial(ctx, r.ln.Addr(), cliTLS, rawQUICConfig(true))
 		})
 		if err != nil {
@@ -156,6 +157,9 @@ func (r *Raw) Name() string {
 // Receivers implements [Rig]: the number of connections.
 func (r *Raw) Receivers() int { return len(r.cli) }
 
+// Label implements [Rig].
+func (r *Raw) Label() string { return r.label }
+
 // Run implements [Rig].
 func (r *Raw) Run(ctx context.Context, load Load) (Sample, error) {
 	if err := load.check(); err != nil {
@@ -168,7 +172,7 @@ func (r *Raw) Run(ctx context.Context, load Load) (Sample, error) {
 	var copies atomic.Int64
 	for i, cli := range r.cli {
 		wg.Go(func() {
-			labelSide(rctx, SideReceiver)
+			labelSide(rctx, r.label, SideReceiver)
 			buf := make([]byte, 4096)
 			for {
 				st, err := cli.AcceptUniStream(rctx)
@@ -193,7 +197,7 @@ func (r *Raw) Run(ctx context.Context, load Load) (Sample, error) {
 			}
 		})
 	}
-	defer labelSide(ctx, SideEndpoint)()
+	defer labelSide(ctx, r.label, SideEndpoint)()
 	m := startMeter()
 	n, err := sendLoop(ctx, load, c, func() error {
 		for _, srv := range r.srv {

@@ -20,7 +20,8 @@ import (
 // Create it with [NewWeida]; it is a [Rig]. Run must not be called
 // concurrently with itself.
 type Weida struct {
-	opts Options
+	opts  Options
+	label string // RigLabel's value
 	l    *weida.Listener
 	pub  *weida.Publisher
 	subs []*weida.Subscriber
@@ -39,8 +40,9 @@ func NewWeida(ctx context.Context, subscribers int, opts Options) (*Weida, error
 	}
 	// Every subscriber dials from 127.0.0.1: the per-address limit would
 	// refuse all but the first 64.
+	label := newRigLabel()
 	var l *weida.Listener
-	pprof.Do(ctx, pprof.Labels(SideLabel, SideEndpoint), func(ctx context.Context) {
+	pprof.Do(ctx, setupLabels(label, SideEndpoint), func(ctx context.Context) {
 		l, err = weida.Listen(ctx, "127.0.0.1:0", weida.ListenConfig{Limits: weida.Limits{
 			MaxConnectionsPerAddress: max(subscribers, weida.DefaultMaxConnectionsPerAddress),
 			IdleTimeout:              opts.IdleTimeout,
@@ -49,7 +51,7 @@ func NewWeida(ctx context.Context, subscribers int, opts Options) (*Weida, error
 	if err != nil {
 		return nil, fmt.Errorf("bench: %w", err)
 	}
-	w := &Weida{opts: opts, l: l, msg: weida.Message{Topic: Topic, Payload: make([]byte, opts.Size)}}
+	w := &Weida{opts: opts, label: label, l: l, msg: weida.Message{Topic: Topic, Payload: make([]byte, opts.Size)}}
 	if w.pub, err = l.Publisher(Path); err != nil {
 		_ = w.Close()
 		return nil, fmt.Errorf("bench: %w", err)
@@ -60,7 +62,7 @@ func NewWeida(ctx context.Context, subscribers int, opts Options) (*Weida, error
 	url := fmt.Sprintf("weida://%s@%s%s", l.Fingerprint(), l.Addr(), Path)
 	for range subscribers {
 		var s *weida.Subscriber
-		pprof.Do(ctx, pprof.Labels(SideLabel, SideReceiver), func(ctx context.Context) {
+		pprof.Do(ctx, setupLabels(label, SideReceiver), func(ctx context.Context) {
 			s, err = weida.Dial(ctx, url, weida.DialConfig{})
 		})
 		if err != nil {
@@ -97,6 +99,9 @@ func (w *Weida) Name() string {
 // Receivers implements [Rig]: the number of subscribers.
 func (w *Weida) Receivers() int { return len(w.subs) }
 
+// Label implements [Rig].
+func (w *Weida) Label() string { return w.label }
+
 // Listener returns the rig's listener, for its counters.
 func (w *Weida) Listener() *weida.Listener { return w.l }
 
@@ -113,7 +118,7 @@ func (w *Weida) Run(ctx context.Context, load Load) (Sample, error) {
 	var copies atomic.Int64
 	for i, s := range w.subs {
 		wg.Go(func() {
-			labelSide(rctx, SideReceiver)
+			labelSide(rctx, w.label, SideReceiver)
 			for {
 				if _, err := s.Receive(rctx); err != nil {
 					if rctx.Err() == nil {
@@ -127,7 +132,7 @@ func (w *Weida) Run(ctx context.Context, load Load) (Sample, error) {
 		})
 	}
 	want := len(w.subs)
-	defer labelSide(ctx, SideEndpoint)()
+	defer labelSide(ctx, w.label, SideEndpoint)()
 	m := startMeter()
 	n, err := sendLoop(ctx, load, c, func() error {
 		var r weida.Result
