@@ -22,10 +22,10 @@ import (
 type Weida struct {
 	opts  Options
 	label string // RigLabel's value
-	l    *weida.Listener
-	pub  *weida.Publisher
-	subs []*weida.Subscriber
-	msg  weida.Message
+	l     *weida.Listener
+	pub   *weida.Publisher
+	subs  []*weida.Subscriber
+	msg   weida.Message
 }
 
 // NewWeida listens, dials subscribers times and waits until the publisher
