@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"encoding/binary"
-	"fmt"
 	"os"
 	"slices"
 	"sync"
@@ -11,6 +10,7 @@ import (
 
 	"weida.dev/connector/connectors/conntest"
 	"weida.dev/connector/weida"
+	"weida.dev/connector/weida/bench"
 )
 
 // TestFanOutLatency measures how long a copy takes to reach each of many
@@ -32,32 +32,12 @@ func TestFanOutLatency(t *testing.T) {
 	sample := envDuration(t, "WEIDA_BENCH_SAMPLE", 10*time.Second)
 	c := ctx(t, sample+5*time.Minute)
 
-	l, err := weida.Listen(c, "127.0.0.1:0", weida.ListenConfig{Limits: weida.Limits{
-		MaxConnections: subs + 16, MaxConnectionsPerPeer: subs + 16, MaxConnectionsPerAddress: subs + 16}})
+	rig, err := bench.NewWeida(c, subs, bench.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	pub, err := l.Publisher("/f")
-	if err != nil {
-		t.Fatal(err)
-	}
-	url := fmt.Sprintf("weida://%s@%s/f", l.Fingerprint(), l.Addr())
-	ss := make([]*weida.Subscriber, subs)
-	for i := range ss {
-		s, err := weida.Dial(c, url, weida.DialConfig{})
-		if err != nil {
-			t.Fatalf("dial %d: %v", i, err)
-		}
-		defer s.Close()
-		if err := s.Subscribe(c, ""); err != nil {
-			t.Fatal(err)
-		}
-		ss[i] = s
-	}
-	for l.Stats().Subscriptions != int64(subs) {
-		time.Sleep(10 * time.Millisecond)
-	}
+	defer rig.Close()
+	pub, ss := rig.Publisher(), rig.Subscribers()
 
 	messages := int(sample.Seconds() * float64(rate))
 	start := time.Now()
@@ -89,7 +69,7 @@ func TestFanOutLatency(t *testing.T) {
 		<-tick.C
 		binary.BigEndian.PutUint64(payload, uint64(m))
 		binary.BigEndian.PutUint64(payload[8:], uint64(time.Since(start)))
-		if r, err := pub.Publish(c, weida.Message{Topic: "f.t", Payload: payload}); err != nil || r.Queued != subs {
+		if r, err := pub.Publish(c, weida.Message{Topic: bench.Topic, Payload: payload}); err != nil || r.Queued != subs {
 			t.Fatalf("publish %d: %+v, %v", m, r, err)
 		}
 	}

@@ -39,11 +39,12 @@ func NewWeida(ctx context.Context, subscribers int, opts Options) (*Weida, error
 		return nil, fmt.Errorf("bench: %d subscribers; need at least one", subscribers)
 	}
 	// Every subscriber dials from 127.0.0.1: the per-address limit would
-	// refuse all but the first 64.
+	// refuse all but the first 64, and the listener's all but 1,024.
 	label := newRigLabel()
 	var l *weida.Listener
 	pprof.Do(ctx, setupLabels(label, SideEndpoint), func(ctx context.Context) {
 		l, err = weida.Listen(ctx, "127.0.0.1:0", weida.ListenConfig{Limits: weida.Limits{
+			MaxConnections:           max(subscribers, weida.DefaultMaxConnections),
 			MaxConnectionsPerAddress: max(subscribers, weida.DefaultMaxConnectionsPerAddress),
 			IdleTimeout:              opts.IdleTimeout,
 		}})
@@ -104,6 +105,14 @@ func (w *Weida) Label() string { return w.label }
 
 // Listener returns the rig's listener, for its counters.
 func (w *Weida) Listener() *weida.Listener { return w.l }
+
+// Publisher returns the rig's publisher, for a measurement that publishes
+// messages of its own instead of calling Run.
+func (w *Weida) Publisher() *weida.Publisher { return w.pub }
+
+// Subscribers returns the rig's subscribers, each subscribed to every
+// topic, for a measurement that reads them itself instead of calling Run.
+func (w *Weida) Subscribers() []*weida.Subscriber { return w.subs }
 
 // Run implements [Rig]. A copy dropped by the publisher (which the window
 // should make impossible) fails the run, since it would not be delivered.
