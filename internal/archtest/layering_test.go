@@ -55,6 +55,8 @@ var allowed = map[string][]string{
 	"internal/brokertest": {},
 	// A command that splits benchmark CPU profiles by owner (docs/PERFORMANCE.md).
 	"internal/profowners": {},
+	// A leaf the benchmarks share to read a process's CPU time.
+	"internal/proccpu":    {},
 	"deploy":              {}, // its tests check the manifests and the dashboard against the binary
 	"policy":              {"weida/topic"},
 	"resources":           {"policy", "weida/topic", "weida/address", "internal/safefile"},
