@@ -17,6 +17,7 @@ import (
 	"pgregory.net/rapid"
 
 	"weida.dev/connector/connectors"
+	"weida.dev/connector/internal/proccpu"
 	"weida.dev/connector/policy"
 	"weida.dev/connector/weida"
 	"weida.dev/connector/weida/topic"
@@ -426,7 +427,7 @@ func BenchmarkLastValueReplay(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		c0 := processCPU()
+		c0 := proccpu.Self()
 		if err := s.Subscribe(ctx, "site.#"); err != nil {
 			b.Fatal(err)
 		}
@@ -435,7 +436,7 @@ func BenchmarkLastValueReplay(b *testing.B) {
 				b.Fatal(err)
 			}
 		}
-		cpu += processCPU() - c0
+		cpu += proccpu.Self() - c0
 		s.Close()
 	}
 	b.ReportMetric(float64(cpu.Milliseconds())/float64(b.N), "cpu-ms/op")

@@ -19,6 +19,7 @@ import (
 
 	"weida.dev/connector/connectors"
 	"weida.dev/connector/connectors/conntest"
+	"weida.dev/connector/internal/proccpu"
 	"weida.dev/connector/weida"
 )
 
@@ -198,24 +199,16 @@ func median(v []float64) float64 {
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
-// cpuTime returns the CPU time (user and system) process pid has used; pid 0
-// means this process. It reads /proc, in clock ticks of 10 ms.
+// cpuTime returns the CPU time another process (a broker, a connector) has
+// used, and fails t when it cannot be read: a broker that stopped reports
+// pid 0, and a sample of no process must not pass for the broker's.
 func cpuTime(t *testing.T, pid int) time.Duration {
 	t.Helper()
-	path := "/proc/self/stat"
-	if pid != 0 {
-		path = fmt.Sprintf("/proc/%d/stat", pid)
-	}
-	b, err := os.ReadFile(path)
+	cpu, err := proccpu.Of(pid)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The command name (field 2) may hold spaces; the fields after it
-	// start at the last ')'.
-	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+2:]))
-	utime, _ := strconv.ParseInt(f[11], 10, 64)
-	stime, _ := strconv.ParseInt(f[12], 10, 64)
-	return time.Duration(utime+stime) * 10 * time.Millisecond
+	return cpu
 }
 
 // benchEndpoint hosts a weida publisher on a fresh loopback listener and

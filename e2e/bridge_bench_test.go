@@ -27,9 +27,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"weida.dev/connector/connectors"
-	"weida.dev/connector/connectors/conntest"
 	"weida.dev/connector/connectors/mqtt"
 	"weida.dev/connector/internal/brokertest"
+	"weida.dev/connector/internal/proccpu"
 	"weida.dev/connector/policy"
 	"weida.dev/connector/weida"
 )
@@ -131,9 +131,9 @@ func (l *latencyRecorder) dump(t *testing.T, rig string, pace float64) {
 // process's CPU per message.
 func runPacedCPU(t *testing.T, rig *benchRig, n int, pace float64) (rate float64, cpu time.Duration) {
 	t.Helper()
-	cpu0 := conntest.ProcessCPU()
+	cpu0 := proccpu.Self()
 	elapsed := sendPaced(t, rig, n, pace, func() []byte { return benchPayload })
-	return float64(n) / elapsed.Seconds(), (conntest.ProcessCPU() - cpu0) / time.Duration(max(n, 1))
+	return float64(n) / elapsed.Seconds(), (proccpu.Self() - cpu0) / time.Duration(max(n, 1))
 }
 
 // sendPaced sends n messages with payloads from payload through rig at

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"weida.dev/connector/connectors/conntest"
+	"weida.dev/connector/internal/proccpu"
 	"weida.dev/connector/weida"
 	"weida.dev/connector/weida/bench"
 )
@@ -61,7 +61,7 @@ func TestFanOutLatency(t *testing.T) {
 			}
 		})
 	}
-	cpu0 := conntest.ProcessCPU()
+	cpu0 := proccpu.Self()
 	payload := make([]byte, 256)
 	tick := time.NewTicker(time.Second / time.Duration(rate))
 	defer tick.Stop()
@@ -74,7 +74,7 @@ func TestFanOutLatency(t *testing.T) {
 		}
 	}
 	readers.Wait()
-	cpu := conntest.ProcessCPU() - cpu0
+	cpu := proccpu.Self() - cpu0
 
 	var every, last []time.Duration
 	for _, perSub := range latency {

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"weida.dev/connector/internal/proccpu"
 	"weida.dev/connector/weida"
 )
 
@@ -113,13 +114,13 @@ func TestIdleSubscribers(t *testing.T) {
 	}
 	setup := time.Since(start)
 	time.Sleep(5 * time.Second) // let the handshakes' garbage go
-	cpu0, own0, at0 := cpuTime(t, pid), cpuTime(t, 0), time.Now()
+	cpu0, own0, at0 := cpuTime(t, pid), proccpu.Self(), time.Now()
 	peak := rssOf(t, pid)
 	for end := at0.Add(window); time.Now().Before(end); time.Sleep(time.Second) {
 		peak = max(peak, rssOf(t, pid))
 	}
 	elapsed := time.Since(at0)
-	cpu, own := cpuTime(t, pid)-cpu0, cpuTime(t, 0)-own0
+	cpu, own := cpuTime(t, pid)-cpu0, proccpu.Self()-own0
 	rss := rssOf(t, pid)
 	lost := 0
 	for _, s := range subs {

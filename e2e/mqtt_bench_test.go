@@ -19,9 +19,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"weida.dev/connector/connectors"
-	"weida.dev/connector/connectors/conntest"
 	"weida.dev/connector/connectors/mqtt"
 	"weida.dev/connector/internal/brokertest"
+	"weida.dev/connector/internal/proccpu"
 	"weida.dev/connector/policy"
 	"weida.dev/connector/weida"
 	"weida.dev/connector/weida/bench"
@@ -137,9 +137,9 @@ func TestMQTTBench(t *testing.T) {
 
 	measure := func(r rig, n, pace int) mqttBenchResult {
 		runtime.GC()
-		c0, b0 := conntest.ProcessCPU(), cpuTime(t, broker.Pid())
+		c0, b0 := proccpu.Self(), cpuTime(t, broker.Pid())
 		res := r.run(n, pace)
-		res.cpu, res.broker = conntest.ProcessCPU()-c0, cpuTime(t, broker.Pid())-b0
+		res.cpu, res.broker = proccpu.Self()-c0, cpuTime(t, broker.Pid())-b0
 		return res
 	}
 	// Throughput: every rig once per round; the order turns every round,

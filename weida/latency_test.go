@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/quic-go/quic-go"
+
+	"weida.dev/connector/internal/proccpu"
 )
 
 // TestLatencyEpisodes is a diagnosis, not a test: the weida hop alone (a
@@ -107,7 +109,7 @@ func TestLatencyEpisodes(t *testing.T) {
 		runtime.ReadMemStats(&ms0)
 		srv0, sub0 := serverStats(l), s.c.qc.ConnectionStats()
 		wait0, ivcsw0 := runDelay(t)
-		busy0, own0 := machineBusy(t), processCPU(t)
+		busy0, own0 := machineBusy(t), proccpu.Self()
 		start := time.Now()
 		// Under `go test -trace`, this lines the trace's clock up with the
 		// dump's wall-clock send times.
@@ -136,7 +138,7 @@ func TestLatencyEpisodes(t *testing.T) {
 		runtime.ReadMemStats(&ms1)
 		srv1, sub1 := serverStats(l), s.c.qc.ConnectionStats()
 		wait1, ivcsw1 := runDelay(t)
-		busy1, own1 := machineBusy(t), processCPU(t)
+		busy1, own1 := machineBusy(t), proccpu.Self()
 		mu.Lock()
 		ls, ss := slices.Clone(lat), slices.Clone(sent)
 		mu.Unlock()
@@ -275,13 +277,4 @@ func machineBusy(t *testing.T) time.Duration {
 		sum += v
 	}
 	return time.Duration(sum) * 10 * time.Millisecond
-}
-
-// processCPU returns this process's CPU time (user and system).
-func processCPU(t *testing.T) time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		t.Fatal(err)
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

@@ -3,7 +3,6 @@ package conntest
 import (
 	"context"
 	"strconv"
-	"syscall"
 	"testing"
 	"time"
 
@@ -11,6 +10,7 @@ import (
 
 	"weida.dev/connector/connectors"
 	"weida.dev/connector/internal/brokertest"
+	"weida.dev/connector/internal/proccpu"
 	"weida.dev/connector/policy"
 	"weida.dev/connector/weida"
 )
@@ -51,7 +51,7 @@ func (r *Rig) window() int {
 // within a minute fails tb: a loss makes the rate meaningless.
 func Measure(tb testing.TB, rig *Rig, n int) (rate float64, cpu time.Duration) {
 	tb.Helper()
-	cpu0 := ProcessCPU()
+	cpu0 := proccpu.Self()
 	stuck := time.NewTimer(time.Minute)
 	defer stuck.Stop()
 	wait := func() {
@@ -77,17 +77,7 @@ func Measure(tb testing.TB, rig *Rig, n int) (rate float64, cpu time.Duration) {
 	for range inFlight {
 		wait()
 	}
-	return float64(n) / time.Since(start).Seconds(), (ProcessCPU() - cpu0) / time.Duration(max(n, 1))
-}
-
-// ProcessCPU is the CPU time (user and system, every thread) this process
-// has used, or zero when getrusage fails.
-func ProcessCPU() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	return float64(n) / time.Since(start).Seconds(), (proccpu.Self() - cpu0) / time.Duration(max(n, 1))
 }
 
 // Synchronise publishes through rig until one message comes through (a

@@ -3,14 +3,13 @@ package nats
 import (
 	"context"
 	"sync"
-	"syscall"
 	"testing"
-	"time"
 
 	natsgo "github.com/nats-io/nats.go"
 
 	"weida.dev/connector/connectors"
 	"weida.dev/connector/connectors/conntest"
+	"weida.dev/connector/internal/proccpu"
 )
 
 // BenchmarkSinkWrite measures Write alone: writers concurrent Writes of
@@ -50,7 +49,7 @@ func benchSinkWrite(b *testing.B, writers int) {
 	b.SetBytes(256)
 	b.ReportAllocs()
 	b.ResetTimer()
-	cpu0 := processCPU()
+	cpu0 := proccpu.Self()
 	var wg sync.WaitGroup
 	per := b.N / writers
 	for w := range writers {
@@ -71,16 +70,7 @@ func benchSinkWrite(b *testing.B, writers int) {
 	}
 	wg.Wait()
 	b.StopTimer()
-	b.ReportMetric(float64(processCPU()-cpu0)/float64(b.N), "cpu-ns/op")
+	b.ReportMetric(float64(proccpu.Self()-cpu0)/float64(b.N), "cpu-ns/op")
 	st := sink.Stats()
 	b.ReportMetric(float64(st.Confirmed)/float64(max(st.FlushRounds, 1)), "msgs/round")
-}
-
-// processCPU is this process's user and system CPU time.
-func processCPU() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

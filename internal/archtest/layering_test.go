@@ -42,7 +42,7 @@ var allowed = map[string][]string{
 	"weida/topic":    {},
 	"weida/address":  {},
 	"weida":          {"weida/wire", "weida/topic", "weida/address", "internal/safefile", "internal/filestamp"},
-	"weida/bench":    {"weida", "weida/wire", "weida/topic", "weida/address"},
+	"weida/bench":    {"weida", "weida/wire", "weida/topic", "weida/address", "internal/proccpu"},
 	"weida/weidacli": {"internal/cli", "weida", "weida/wire", "weida/topic", "weida/address", "weida/bench"},
 	"internal/cli":   {},
 	// A leaf every reader of configuration files shares: refuses pipes
@@ -61,7 +61,7 @@ var allowed = map[string][]string{
 	"policy":              {"weida/topic"},
 	"resources":           {"policy", "weida/topic", "weida/address", "internal/safefile"},
 	"connectors":          {"policy", "weida", "weida/topic", "weida/wire", "weida/address", "internal/filestamp", "internal/safefile"},
-	"connectors/conntest": {"connectors", "policy", "weida", "weida/topic", "weida/address", "internal/brokertest"},
+	"connectors/conntest": {"connectors", "policy", "weida", "weida/topic", "weida/address", "internal/brokertest", "internal/proccpu"},
 	// Leases on etcd or Kubernetes: a leaf the service will use for
 	// placement (issue 23); it knows nothing of resources or drivers.
 	"service/placement": {},

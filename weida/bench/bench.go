@@ -37,6 +37,7 @@ import (
 
 	"github.com/google/pprof/profile"
 
+	"weida.dev/connector/internal/proccpu"
 	"weida.dev/connector/weida/wire"
 )
 
@@ -191,12 +192,12 @@ type meter struct {
 func startMeter() meter {
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
-	return meter{start: time.Now(), cpu: processCPU(), allocs: ms.Mallocs}
+	return meter{start: time.Now(), cpu: proccpu.Self(), allocs: ms.Mallocs}
 }
 
 func (m meter) stop(messages, copies int64) Sample {
 	elapsed := time.Since(m.start)
-	cpu := processCPU()
+	cpu := proccpu.Self()
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
 	s := Sample{Messages: messages, Copies: copies, Elapsed: elapsed, Allocs: ms.Mallocs - m.allocs}

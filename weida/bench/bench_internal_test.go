@@ -11,6 +11,7 @@ import (
 	"go.uber.org/goleak"
 	"pgregory.net/rapid"
 
+	"weida.dev/connector/internal/proccpu"
 	"weida.dev/connector/weida/wire"
 )
 
@@ -277,7 +278,7 @@ func TestCompare(t *testing.T) {
 	if one, ok := rep.Single(); !ok || one.Name != "weida, 1 subscriber" {
 		t.Errorf("Single = %v, %v", one.Name, ok)
 	}
-	if _, ok := rep.CPURatio(); !ok && processCPU() > 0 {
+	if _, ok := rep.CPURatio(); !ok && proccpu.Self() > 0 {
 		t.Error("no CPU ratio although the platform reports CPU time")
 	}
 
