@@ -686,6 +686,9 @@ func (sc *serverConn) subscribe(path, filter string) (refused string, ok bool) {
 	cp.ps.fan.Lock()
 	err := cp.ps.idx.Insert(filter, cp)
 	if err == nil {
+		// Counted before any copy can match it, so that Stats never shows
+		// a copy delivered for a subscription it does not count yet.
+		l.stats.subscriptions.Add(1)
 		// Only an admitted filter is replayed, and a Replayer's copies are
 		// matched against it (see replay): scopes that cover the filter
 		// cover every topic replayed to it.
@@ -697,7 +700,6 @@ func (sc *serverConn) subscribe(path, filter string) (refused string, ok bool) {
 	}
 	cp.filters++
 	sc.subs[k] = struct{}{}
-	l.stats.subscriptions.Add(1)
 	l.mu.Lock()
 	cp.ps.subscribedLocked()
 	l.mu.Unlock()
