@@ -1,11 +1,13 @@
 package weida
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"time"
 
 	"github.com/quic-go/quic-go"
+	"github.com/quic-go/quic-go/qlogwriter"
 )
 
 // The defaults of PROTOCOL §10 and of this package, used for every zero
@@ -264,6 +266,14 @@ func (l *Limits) quicConfig() *quic.Config {
 	return c
 }
 
+// QUICTracer is quic-go's per-connection tracer ([quic.Config].Tracer):
+// it returns the trace that receives the connection's qlog events, or nil
+// for none. It is there for diagnosis and for measurements that count
+// packets by what they carry (package weida/bench does). A connection with
+// a trace costs quic-go an event for every packet it sends and receives;
+// without one it costs nothing.
+type QUICTracer = func(ctx context.Context, isClient bool, connID quic.ConnectionID) qlogwriter.Trace
+
 // ListenConfig configures [Listen]. The zero value is usable: a generated
 // self-signed certificate, no client authentication, the default limits and
 // no logging.
@@ -360,6 +370,10 @@ type ListenConfig struct {
 	// the listener a trace of each packet; false costs nothing.
 	TrackReceipts bool
 
+	// QUICTracer, when set, is given the qlog events of every connection
+	// the listener accepts, beside the receipts trace (see QUICTracer).
+	QUICTracer QUICTracer
+
 	// Logger receives the listener's events: the generated certificate's
 	// fingerprint, refused clients, connections closed for a violation. nil
 	// discards them.
@@ -401,6 +415,10 @@ type DialConfig struct {
 	ProbeAfter time.Duration
 
 	Limits Limits
+
+	// QUICTracer, when set, is given the qlog events of the subscriber's
+	// connection (see QUICTracer).
+	QUICTracer QUICTracer
 
 	// Logger receives the subscriber's events. nil discards them.
 	Logger *slog.Logger

@@ -181,6 +181,9 @@ func Listen(ctx context.Context, addr string, cfg ListenConfig) (*Listener, erro
 	// Returns nil, and so costs quic-go nothing, for connections without
 	// a tracker (see Publisher.TrackReceipts).
 	qconf.Tracer = tracer
+	if cfg.QUICTracer != nil {
+		qconf.Tracer = bothTracers(tracer, cfg.QUICTracer)
+	}
 	ln, err := tr.Listen(tlsConf, qconf)
 	if err != nil {
 		_ = tr.Close()

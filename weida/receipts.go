@@ -3,6 +3,7 @@ package weida
 import (
 	"cmp"
 	"context"
+	"errors"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -157,6 +158,37 @@ func tracer(ctx context.Context, _ bool, _ quic.ConnectionID) qlogwriter.Trace {
 	}
 	return nil
 }
+
+// bothTracers gives each connection the traces of a and b: a listener's
+// receipts and its owner's QUICTracer.
+func bothTracers(a, b QUICTracer) QUICTracer {
+	return func(ctx context.Context, isClient bool, id quic.ConnectionID) qlogwriter.Trace {
+		ta, tb := a(ctx, isClient, id), b(ctx, isClient, id)
+		switch {
+		case ta == nil:
+			return tb
+		case tb == nil:
+			return ta
+		}
+		return teeTrace{ta, tb}
+	}
+}
+
+// teeTrace hands every event to two traces.
+type teeTrace struct{ a, b qlogwriter.Trace }
+
+func (t teeTrace) AddProducer() qlogwriter.Recorder {
+	return teeRecorder{t.a.AddProducer(), t.b.AddProducer()}
+}
+
+type teeRecorder struct{ a, b qlogwriter.Recorder }
+
+func (r teeRecorder) RecordEvent(ev qlogwriter.Event) {
+	r.a.RecordEvent(ev)
+	r.b.RecordEvent(ev)
+}
+
+func (r teeRecorder) Close() error { return errors.Join(r.a.Close(), r.b.Close()) }
 
 // trackerOf returns the tracker of qc, or nil.
 func trackerOf(qc *quic.Conn) *receiptTracker {

@@ -119,7 +119,9 @@ func Dial(ctx context.Context, rawURL string, cfg DialConfig) (*Subscriber, erro
 		return nil, fmt.Errorf("weida: dial %s: %w", a, err)
 	}
 	tr := &quic.Transport{Conn: udp}
-	qc, err := tr.Dial(ctx, ua, tlsConf, limits.quicConfig())
+	qconf := limits.quicConfig()
+	qconf.Tracer = cfg.QUICTracer
+	qc, err := tr.Dial(ctx, ua, tlsConf, qconf)
 	if err != nil {
 		_ = tr.Close()
 		_ = udp.Close()
