@@ -120,8 +120,10 @@ func TestRouteScale(t *testing.T) {
 // holds the idle rigs' keep-alives too (a -test.cpuprofile run fails, as
 // a process has one CPU profile at a time). WEIDA_SCALE_IDLE_TIMEOUT sets the weida
 // listener's idle timeout (default 2 s), which with a thousand subscribers
-// in this process can close one that reads. It runs only with
-// WEIDA_BENCH=1.
+// in this process can close one that reads. WEIDA_SCALE_PACKETS=1 counts
+// each end's QUIC packets by what they carry (bench.Options.CountPackets)
+// and logs them per copy; the tracing that takes costs CPU, so leave it
+// off for the CPU figures. It runs only with WEIDA_BENCH=1.
 func TestSubscriberScale(t *testing.T) {
 	if os.Getenv("WEIDA_BENCH") != "1" {
 		t.Skip("set WEIDA_BENCH=1 to run the scale measurement")
@@ -129,7 +131,10 @@ func TestSubscriberScale(t *testing.T) {
 	subs := envInt(t, "WEIDA_SCALE_SUBSCRIBERS", 1000)
 	rounds := envInt(t, "WEIDA_BENCH_ROUNDS", 3)
 	sample := envDuration(t, "WEIDA_BENCH_SAMPLE", 2*time.Second)
-	opts := bench.Options{IdleTimeout: envDuration(t, "WEIDA_SCALE_IDLE_TIMEOUT", 0)}
+	opts := bench.Options{
+		IdleTimeout:  envDuration(t, "WEIDA_SCALE_IDLE_TIMEOUT", 0),
+		CountPackets: os.Getenv("WEIDA_SCALE_PACKETS") == "1",
+	}
 	build := func(n int, raw bool) (bench.Rig, time.Duration, int64) {
 		h0 := heapNow()
 		start := time.Now()
@@ -184,6 +189,9 @@ func TestSubscriberScale(t *testing.T) {
 			t.Logf("round %d, %s: %.0f msgs/s, %.0f copies/s, CPU/copy %v (sending end %v, receiving end %v, runtime %v; the process %v, other rigs %v), allocs/copy %.1f, UDP send calls per copy %.2f, datagrams received %.2f",
 				round+1, rigs[i].Name(), s.MessagesPerSecond(), s.CopiesPerSecond(), per(c.Rig()),
 				per(c.Endpoint), per(c.Receiver), per(c.Runtime), s.CPUPerCopy(), per(c.OtherRigs), s.AllocsPerCopy(), perCopy, packetsPerCopy)
+			if opts.CountPackets {
+				logPackets(t, s)
+			}
 		}
 	}
 	ratioOf := func(cpu [4][]float64) func(a, b int) (med, lo, hi float64) {
@@ -215,4 +223,19 @@ func TestSubscriberScale(t *testing.T) {
 	fmt.Printf("sending end only: weida %.2f µs/copy with 1 subscriber, %.2f with %d, ratio %.2fx (%.2f–%.2f); raw quic-go %.2f and %.2f, ratio %.2fx (%.2f–%.2f); weida against raw with 1 receiver %.2fx (%.2f–%.2f), receiving end %.2fx (%.2f–%.2f)\n",
 		median(endpointCPU[0])/1e3, median(endpointCPU[1])/1e3, subs, epFanOut, epLo, epHi,
 		median(endpointCPU[2])/1e3, median(endpointCPU[3])/1e3, epRawFanOut, epRawLo, epRawHi, epHop, epHopLo, epHopHi, rcvHop, rcvHopLo, rcvHopHi)
+}
+
+// logPackets logs, per copy, the QUIC packets each end of a sample's rig
+// sent, by what they carried.
+func logPackets(t *testing.T, s bench.Sample) {
+	t.Helper()
+	per := func(n int64) float64 { return float64(n) / float64(s.Copies) }
+	for _, end := range []struct {
+		name string
+		p    bench.Packets
+	}{{"sending end", s.EndpointPackets}, {"receivers", s.ReceiverPackets}} {
+		p := end.p
+		t.Logf("  %s sent per copy: %.3f packets of %.0f bytes on average; %.3f with STREAM frames, %.3f only ACK, %.3f PING without STREAM; %.2f MAX_STREAMS frames",
+			end.name, per(p.Sent), float64(p.Bytes)/float64(max(p.Sent, 1)), per(p.Streams), per(p.AckOnly), per(p.PingOnly), per(p.MaxStreams))
+	}
 }

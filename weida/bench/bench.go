@@ -69,6 +69,12 @@ type Options struct {
 	// With a thousand subscribers in the measuring process, the default
 	// can close a reading subscriber (docs/PERFORMANCE.md).
 	IdleTimeout time.Duration
+
+	// CountPackets makes the rig count the QUIC packets each end sends,
+	// by what they carry, into every Sample (EndpointPackets,
+	// ReceiverPackets). It traces every packet through quic-go's qlog
+	// events, which costs CPU: leave it off where CPU is measured.
+	CountPackets bool
 }
 
 func (o Options) withDefaults() (Options, error) {
@@ -131,6 +137,9 @@ type Sample struct {
 	Elapsed  time.Duration // from the first send until the last copy was read
 	CPU      time.Duration // user and system CPU time; 0 where the platform does not report it
 	Allocs   uint64        // heap allocations
+	// EndpointPackets and ReceiverPackets are the packets each end sent,
+	// with Options.CountPackets; zero without.
+	EndpointPackets, ReceiverPackets Packets
 }
 
 // MessagesPerSecond is the rate of messages sent.
@@ -184,15 +193,19 @@ type Rig interface {
 // meter takes the process's CPU and allocation counters at the start of a
 // sample and turns them into the sample's share at its end.
 type meter struct {
-	start  time.Time
-	cpu    time.Duration
-	allocs uint64
+	start              time.Time
+	cpu                time.Duration
+	allocs             uint64
+	packets            *packetCounters // nil: not counted
+	endpoint, receiver Packets
 }
 
-func startMeter() meter {
+func startMeter(packets *packetCounters) meter {
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
-	return meter{start: time.Now(), cpu: proccpu.Self(), allocs: ms.Mallocs}
+	m := meter{start: time.Now(), cpu: proccpu.Self(), allocs: ms.Mallocs, packets: packets}
+	m.endpoint, m.receiver = packets.snapshot()
+	return m
 }
 
 func (m meter) stop(messages, copies int64) Sample {
@@ -201,6 +214,8 @@ func (m meter) stop(messages, copies int64) Sample {
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
 	s := Sample{Messages: messages, Copies: copies, Elapsed: elapsed, Allocs: ms.Mallocs - m.allocs}
+	endpoint, receiver := m.packets.snapshot()
+	s.EndpointPackets, s.ReceiverPackets = endpoint.sub(m.endpoint), receiver.sub(m.receiver)
 	if cpu > 0 && m.cpu > 0 {
 		s.CPU = cpu - m.cpu
 	}

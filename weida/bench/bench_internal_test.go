@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -172,6 +173,51 @@ func TestRigs(t *testing.T) {
 	}
 	if st := three.Listener().Stats(); st.Dropped.Total() != 0 || st.CopiesWritten != st.CopiesQueued {
 		t.Errorf("listener stats after the runs: %+v", st)
+	}
+}
+
+// TestCountPackets: with CountPackets, each sample counts the packets
+// either end sent, by what they carried: the copies' STREAM frames at the
+// sending end, the acknowledgements and new stream credit at the
+// receiving end; without it, nothing.
+func TestCountPackets(t *testing.T) {
+	ctx := context.Background()
+	const size, messages = 100, 200
+	for _, newRig := range []func(Options) (Rig, error){
+		func(o Options) (Rig, error) { return NewRaw(ctx, 2, o) },
+		func(o Options) (Rig, error) { return NewWeida(ctx, 2, o) },
+	} {
+		for _, count := range []bool{false, true} {
+			rig, err := newRig(Options{Size: size, Window: 4, CountPackets: count})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Run(fmt.Sprintf("%s/count=%t", rig.Name(), count), func(t *testing.T) {
+				defer rig.Close()
+				s, err := rig.Run(ctx, Load{Messages: messages})
+				if err != nil {
+					t.Fatal(err)
+				}
+				ep, rc := s.EndpointPackets, s.ReceiverPackets
+				if !count {
+					if ep != (Packets{}) || rc != (Packets{}) {
+						t.Errorf("counted without CountPackets: %+v, %+v", ep, rc)
+					}
+					return
+				}
+				// Every copy's payload left the sending end in a packet
+				// with STREAM frames.
+				if ep.Streams == 0 || ep.Bytes < size*messages*2 || ep.Sent < ep.Streams+ep.AckOnly+ep.PingOnly {
+					t.Errorf("sending end: %+v", ep)
+				}
+				// The receivers acknowledged them, and granted new stream
+				// credit as they consumed streams (quic-go does at every
+				// stream it is done with).
+				if rc.Sent == 0 || rc.MaxStreams == 0 || rc.Streams > rc.Sent {
+					t.Errorf("receiving end: %+v", rc)
+				}
+			})
+		}
 	}
 }
 

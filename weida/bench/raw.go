@@ -43,9 +43,10 @@ const rawALPN = "weida-bench-raw"
 // Create it with [NewRaw]; it is a [Rig]. Run must not be called
 // concurrently with itself.
 type Raw struct {
-	opts  Options
-	label string // RigLabel's value
-	frame []byte
+	opts    Options
+	label   string          // RigLabel's value
+	packets *packetCounters // with opts.CountPackets
+	frame   []byte
 	// Each side owns its sockets and Transports, so that Close can wait
 	// for quic-go's goroutines: a Listener from quic.ListenAddr stops its
 	// socket's reader only once the last connection is gone, some time
@@ -73,11 +74,14 @@ func NewRaw(ctx context.Context, receivers int, opts Options) (*Raw, error) {
 	}
 	srvTLS := &tls.Config{Certificates: []tls.Certificate{cert}, NextProtos: []string{rawALPN}, MinVersion: tls.VersionTLS13}
 	r := &Raw{opts: opts, label: newRigLabel(), frame: Frame(opts.Size)}
+	if opts.CountPackets {
+		r.packets = new(packetCounters)
+	}
 	if r.srvTr, err = loopbackTransport(); err != nil {
 		return nil, err
 	}
 	pprof.Do(ctx, setupLabels(r.label, SideEndpoint), func(context.Context) {
-		r.ln, err = r.srvTr.Listen(srvTLS, rawQUICConfig(false))
+		r.ln, err = r.srvTr.Listen(srvTLS, r.quicConfig(false))
 	})
 	if err != nil {
 		_ = r.Close()
@@ -94,7 +98,7 @@ func NewRaw(ctx context.Context, receivers int, opts Options) (*Raw, error) {
 		r.cliTrs = append(r.cliTrs, tr)
 		var cli *quic.Conn
 		pprof.Do(ctx, setupLabels(r.label, SideReceiver), func(ctx context.Context) {
-			cli, err = tr.Dial(ctx, r.ln.Addr(), cliTLS, rawQUICConfig(true))
+			cli, err = tr.Dial(ctx, r.ln.Addr(), cliTLS, r.quicConfig(true))
 		})
 		if err != nil {
 			_ = r.Close()
@@ -126,6 +130,15 @@ func loopbackTransport() (*quic.Transport, error) {
 		return nil, fmt.Errorf("bench: raw socket: %w", err)
 	}
 	return &quic.Transport{Conn: udp}, nil
+}
+
+// quicConfig is rawQUICConfig, traced when the rig counts packets.
+func (r *Raw) quicConfig(dialling bool) *quic.Config {
+	c := rawQUICConfig(dialling)
+	if r.packets != nil {
+		c.Tracer = r.packets.tracer
+	}
+	return c
 }
 
 // rawQUICConfig mirrors the QUIC configuration package weida uses with its
@@ -198,7 +211,7 @@ func (r *Raw) Run(ctx context.Context, load Load) (Sample, error) {
 		})
 	}
 	defer labelSide(ctx, r.label, SideEndpoint)()
-	m := startMeter()
+	m := startMeter(r.packets)
 	n, err := sendLoop(ctx, load, c, func() error {
 		for _, srv := range r.srv {
 			st, err := srv.OpenUniStreamSync(ctx)

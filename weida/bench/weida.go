@@ -20,12 +20,13 @@ import (
 // Create it with [NewWeida]; it is a [Rig]. Run must not be called
 // concurrently with itself.
 type Weida struct {
-	opts  Options
-	label string // RigLabel's value
-	l     *weida.Listener
-	pub   *weida.Publisher
-	subs  []*weida.Subscriber
-	msg   weida.Message
+	opts    Options
+	label   string          // RigLabel's value
+	packets *packetCounters // with opts.CountPackets
+	l       *weida.Listener
+	pub     *weida.Publisher
+	subs    []*weida.Subscriber
+	msg     weida.Message
 }
 
 // NewWeida listens, dials subscribers times and waits until the publisher
@@ -41,9 +42,15 @@ func NewWeida(ctx context.Context, subscribers int, opts Options) (*Weida, error
 	// Every subscriber dials from 127.0.0.1: the per-address limit would
 	// refuse all but the first 64, and the listener's all but 1,024.
 	label := newRigLabel()
+	var packets *packetCounters
+	var tracer weida.QUICTracer
+	if opts.CountPackets {
+		packets = new(packetCounters)
+		tracer = packets.tracer
+	}
 	var l *weida.Listener
 	pprof.Do(ctx, setupLabels(label, SideEndpoint), func(ctx context.Context) {
-		l, err = weida.Listen(ctx, "127.0.0.1:0", weida.ListenConfig{Limits: weida.Limits{
+		l, err = weida.Listen(ctx, "127.0.0.1:0", weida.ListenConfig{QUICTracer: tracer, Limits: weida.Limits{
 			MaxConnections:           max(subscribers, weida.DefaultMaxConnections),
 			MaxConnectionsPerAddress: max(subscribers, weida.DefaultMaxConnectionsPerAddress),
 			IdleTimeout:              opts.IdleTimeout,
@@ -52,7 +59,7 @@ func NewWeida(ctx context.Context, subscribers int, opts Options) (*Weida, error
 	if err != nil {
 		return nil, fmt.Errorf("bench: %w", err)
 	}
-	w := &Weida{opts: opts, label: label, l: l, msg: weida.Message{Topic: Topic, Payload: make([]byte, opts.Size)}}
+	w := &Weida{opts: opts, label: label, packets: packets, l: l, msg: weida.Message{Topic: Topic, Payload: make([]byte, opts.Size)}}
 	if w.pub, err = l.Publisher(Path); err != nil {
 		_ = w.Close()
 		return nil, fmt.Errorf("bench: %w", err)
@@ -64,7 +71,7 @@ func NewWeida(ctx context.Context, subscribers int, opts Options) (*Weida, error
 	for range subscribers {
 		var s *weida.Subscriber
 		pprof.Do(ctx, setupLabels(label, SideReceiver), func(ctx context.Context) {
-			s, err = weida.Dial(ctx, url, weida.DialConfig{})
+			s, err = weida.Dial(ctx, url, weida.DialConfig{QUICTracer: tracer})
 		})
 		if err != nil {
 			_ = w.Close()
@@ -142,7 +149,7 @@ func (w *Weida) Run(ctx context.Context, load Load) (Sample, error) {
 	}
 	want := len(w.subs)
 	defer labelSide(ctx, w.label, SideEndpoint)()
-	m := startMeter()
+	m := startMeter(w.packets)
 	n, err := sendLoop(ctx, load, c, func() error {
 		var r weida.Result
 		var err error
