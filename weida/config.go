@@ -271,7 +271,9 @@ func (l *Limits) quicConfig() *quic.Config {
 // for none. It is there for diagnosis and for measurements that count
 // packets by what they carry (package weida/bench does). A connection with
 // a trace costs quic-go an event for every packet it sends and receives;
-// without one it costs nothing.
+// without one it costs nothing. quic-go records the events on the
+// connection's own goroutines, so a recorder must not block, and one trace
+// returned for several connections must be safe for concurrent use.
 type QUICTracer = func(ctx context.Context, isClient bool, connID quic.ConnectionID) qlogwriter.Trace
 
 // ListenConfig configures [Listen]. The zero value is usable: a generated

@@ -689,8 +689,8 @@ func (sc *serverConn) subscribe(path, filter string) (refused string, ok bool) {
 	cp.ps.fan.Lock()
 	err := cp.ps.idx.Insert(filter, cp)
 	if err == nil {
-		// Counted before any copy can match it, so that Stats never shows
-		// a copy delivered for a subscription it does not count yet.
+		// Counted before any copy can match it: once a copy for it has
+		// been queued or received, every later Stats counts it.
 		l.stats.subscriptions.Add(1)
 		// Only an admitted filter is replayed, and a Replayer's copies are
 		// matched against it (see replay): scopes that cover the filter
@@ -722,9 +722,10 @@ func (sc *serverConn) unsubscribeLocked(path, filter string) {
 		return // unknown: ignored (PROTOCOL §6.4)
 	}
 	delete(sc.subs, k)
-	sc.l.stats.subscriptions.Add(-1)
 	cp := sc.paths[path]
 	cp.ps.idx.Remove(filter, cp)
+	// Uncounted only once no further copy can match it (see subscribe).
+	sc.l.stats.subscriptions.Add(-1)
 	if cp.filters--; cp.filters == 0 {
 		delete(sc.paths, path)
 		l := sc.l
