@@ -135,6 +135,9 @@ func TestSubscriberScale(t *testing.T) {
 		IdleTimeout:  envDuration(t, "WEIDA_SCALE_IDLE_TIMEOUT", 0),
 		CountPackets: os.Getenv("WEIDA_SCALE_PACKETS") == "1",
 	}
+	if opts.CountPackets {
+		t.Log("counting packets: every CPU figure below includes quic-go's tracing of each packet")
+	}
 	build := func(n int, raw bool) (bench.Rig, time.Duration, int64) {
 		h0 := heapNow()
 		start := time.Now()
@@ -235,7 +238,7 @@ func logPackets(t *testing.T, s bench.Sample) {
 		p    bench.Packets
 	}{{"sending end", s.EndpointPackets}, {"receivers", s.ReceiverPackets}} {
 		p := end.p
-		t.Logf("  %s sent per copy: %.3f packets of %.0f bytes on average; %.3f with STREAM frames, %.3f only ACK, %.3f PING without STREAM; %.2f MAX_STREAMS frames",
-			end.name, per(p.Sent), float64(p.Bytes)/float64(max(p.Sent, 1)), per(p.Streams), per(p.AckOnly), per(p.PingOnly), per(p.MaxStreams))
+		t.Logf("  %s sent per copy: %.3f packets of %.0f bytes on average; %.3f with STREAM frames, %.3f only ACK, %.3f PING without STREAM; %.2f MAX_STREAMS frames; %.4f declared lost",
+			end.name, per(p.Sent), float64(p.Bytes)/float64(max(p.Sent, 1)), per(p.WithStream), per(p.AckOnly), per(p.PingNoStream), per(p.MaxStreams), per(p.Lost))
 	}
 }

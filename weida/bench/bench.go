@@ -196,11 +196,11 @@ type meter struct {
 	start              time.Time
 	cpu                time.Duration
 	allocs             uint64
-	packets            *packetCounters // nil: not counted
+	packets            *rigCounters // nil: not counted
 	endpoint, receiver Packets
 }
 
-func startMeter(packets *packetCounters) meter {
+func startMeter(packets *rigCounters) meter {
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
 	m := meter{start: time.Now(), cpu: proccpu.Self(), allocs: ms.Mallocs, packets: packets}

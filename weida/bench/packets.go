@@ -10,39 +10,44 @@ import (
 )
 
 // Packets counts the 1-RTT QUIC packets one end of a rig sent in a sample
-// ([Options.CountPackets]), by what they carried. On loopback nothing is
-// lost, so what one end sent is what the other received.
+// ([Options.CountPackets]), by what they carried, and the packets that end
+// declared lost: what one end sent and did not declare lost is what the
+// other received.
 type Packets struct {
 	Sent  int64 // packets
 	Bytes int64 // their length on the wire, headers and AEAD tags included
-	// Streams counts those carrying STREAM frames: copies, or a
+	// WithStream counts those carrying STREAM frames: copies, or a
 	// subscriber's SUBSCRIBE and probes.
-	Streams int64
+	WithStream int64
 	// AckOnly counts those carrying ACK frames and nothing else: what a
 	// receiver sends for copies, and what either end sends for the other's
-	// acknowledged control frames.
+	// ack-eliciting packets that carry no copy.
 	AckOnly int64
-	// PingOnly counts those carrying a PING and no STREAM frame: QUIC
-	// keep-alives and probe timeouts' probes.
-	PingOnly int64
-	// MaxStreams counts MAX_STREAMS frames: new stream credit, which a
-	// receiver grants as it consumes streams, and which the other end must
-	// acknowledge.
+	// PingNoStream counts those carrying a PING and no STREAM frame:
+	// QUIC keep-alives, probe-timeout probes and path MTU probes, alone or
+	// beside control frames.
+	PingNoStream int64
+	// MaxStreams counts MAX_STREAMS frames (not packets): new stream
+	// credit, which a receiver grants as it is done with streams, and which
+	// the other end must acknowledge.
 	MaxStreams int64
+	// Lost counts the packets this end declared lost.
+	Lost int64
 }
 
-// packetCounter counts the packets of one end of a rig. It is a
+// endCounter counts the packets of one end of a rig. It is a
 // [weida.QUICTracer] trace and recorder at once, shared by every
-// connection of that end.
-type packetCounter struct {
-	sent, bytes, streams, ackOnly, pingOnly, maxStreams atomic.Int64
+// connection of that end. Its fields are read one at a time, so a packet
+// recorded during a snapshot may be in some of them and not yet in others.
+type endCounter struct {
+	sent, bytes, withStream, ackOnly, pingNoStream, maxStreams, lost atomic.Int64
 }
 
-// packetCounters are a rig's two ends' counters; nil when the rig does not
+// rigCounters are a rig's two ends' counters; nil when the rig does not
 // count.
-type packetCounters struct{ endpoint, receiver packetCounter }
+type rigCounters struct{ endpoint, receiver endCounter }
 
-func (c *packetCounters) snapshot() (endpoint, receiver Packets) {
+func (c *rigCounters) snapshot() (endpoint, receiver Packets) {
 	if c == nil {
 		return
 	}
@@ -51,34 +56,44 @@ func (c *packetCounters) snapshot() (endpoint, receiver Packets) {
 
 // tracer is the QUIC tracer of the rig's connections: the dialling side
 // is the receivers' in both rigs.
-func (c *packetCounters) tracer(_ context.Context, isClient bool, _ quic.ConnectionID) qlogwriter.Trace {
+func (c *rigCounters) tracer(_ context.Context, isClient bool, _ quic.ConnectionID) qlogwriter.Trace {
 	if isClient {
 		return &c.receiver
 	}
 	return &c.endpoint
 }
 
-func (c *packetCounter) load() Packets {
+func (c *endCounter) load() Packets {
 	return Packets{
-		Sent: c.sent.Load(), Bytes: c.bytes.Load(), Streams: c.streams.Load(),
-		AckOnly: c.ackOnly.Load(), PingOnly: c.pingOnly.Load(), MaxStreams: c.maxStreams.Load(),
+		Sent: c.sent.Load(), Bytes: c.bytes.Load(), WithStream: c.withStream.Load(), AckOnly: c.ackOnly.Load(),
+		PingNoStream: c.pingNoStream.Load(), MaxStreams: c.maxStreams.Load(), Lost: c.lost.Load(),
 	}
 }
 
-func (c *packetCounter) AddProducer() qlogwriter.Recorder { return c }
-func (c *packetCounter) Close() error                     { return nil }
+func (c *endCounter) AddProducer() qlogwriter.Recorder { return c }
+func (c *endCounter) Close() error                     { return nil }
 
-// RecordEvent implements qlogwriter.Recorder: it counts sent 1-RTT packets
-// (the handshake's are not part of any sample).
-func (c *packetCounter) RecordEvent(ev qlogwriter.Event) {
-	e, ok := ev.(qlog.PacketSent)
-	if !ok || e.Header.PacketType != qlog.PacketType1RTT {
-		return
+// RecordEvent implements qlogwriter.Recorder: it counts sent and lost
+// 1-RTT packets (the handshake's are in no sample).
+func (c *endCounter) RecordEvent(ev qlogwriter.Event) {
+	switch e := ev.(type) {
+	case qlog.PacketLost:
+		if e.Header.PacketType == qlog.PacketType1RTT {
+			c.lost.Add(1)
+		}
+	case qlog.PacketSent:
+		if e.Header.PacketType == qlog.PacketType1RTT {
+			c.sent.Add(1)
+			c.bytes.Add(int64(e.Raw.Length))
+			c.classify(e.Frames)
+		}
 	}
-	c.sent.Add(1)
-	c.bytes.Add(int64(e.Raw.Length))
+}
+
+// classify counts one sent packet by the frames it carried.
+func (c *endCounter) classify(frames []qlog.Frame) {
 	var stream, ping, other bool
-	for _, f := range e.Frames {
+	for _, f := range frames {
 		switch f.Frame.(type) {
 		case *qlog.AckFrame:
 		case *qlog.StreamFrame:
@@ -94,9 +109,9 @@ func (c *packetCounter) RecordEvent(ev qlogwriter.Event) {
 	}
 	switch {
 	case stream:
-		c.streams.Add(1)
+		c.withStream.Add(1)
 	case ping:
-		c.pingOnly.Add(1)
+		c.pingNoStream.Add(1)
 	case !other:
 		c.ackOnly.Add(1)
 	}
@@ -105,7 +120,7 @@ func (c *packetCounter) RecordEvent(ev qlogwriter.Event) {
 // sub returns p - q, field by field.
 func (p Packets) sub(q Packets) Packets {
 	return Packets{
-		Sent: p.Sent - q.Sent, Bytes: p.Bytes - q.Bytes, Streams: p.Streams - q.Streams,
-		AckOnly: p.AckOnly - q.AckOnly, PingOnly: p.PingOnly - q.PingOnly, MaxStreams: p.MaxStreams - q.MaxStreams,
+		Sent: p.Sent - q.Sent, Bytes: p.Bytes - q.Bytes, WithStream: p.WithStream - q.WithStream, AckOnly: p.AckOnly - q.AckOnly,
+		PingNoStream: p.PingNoStream - q.PingNoStream, MaxStreams: p.MaxStreams - q.MaxStreams, Lost: p.Lost - q.Lost,
 	}
 }

@@ -44,8 +44,8 @@ const rawALPN = "weida-bench-raw"
 // concurrently with itself.
 type Raw struct {
 	opts    Options
-	label   string          // RigLabel's value
-	packets *packetCounters // with opts.CountPackets
+	label   string       // RigLabel's value
+	packets *rigCounters // with opts.CountPackets
 	frame   []byte
 	// Each side owns its sockets and Transports, so that Close can wait
 	// for quic-go's goroutines: a Listener from quic.ListenAddr stops its
@@ -75,7 +75,7 @@ func NewRaw(ctx context.Context, receivers int, opts Options) (*Raw, error) {
 	srvTLS := &tls.Config{Certificates: []tls.Certificate{cert}, NextProtos: []string{rawALPN}, MinVersion: tls.VersionTLS13}
 	r := &Raw{opts: opts, label: newRigLabel(), frame: Frame(opts.Size)}
 	if opts.CountPackets {
-		r.packets = new(packetCounters)
+		r.packets = new(rigCounters)
 	}
 	if r.srvTr, err = loopbackTransport(); err != nil {
 		return nil, err

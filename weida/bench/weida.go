@@ -21,8 +21,8 @@ import (
 // concurrently with itself.
 type Weida struct {
 	opts    Options
-	label   string          // RigLabel's value
-	packets *packetCounters // with opts.CountPackets
+	label   string       // RigLabel's value
+	packets *rigCounters // with opts.CountPackets
 	l       *weida.Listener
 	pub     *weida.Publisher
 	subs    []*weida.Subscriber
@@ -42,10 +42,10 @@ func NewWeida(ctx context.Context, subscribers int, opts Options) (*Weida, error
 	// Every subscriber dials from 127.0.0.1: the per-address limit would
 	// refuse all but the first 64, and the listener's all but 1,024.
 	label := newRigLabel()
-	var packets *packetCounters
+	var packets *rigCounters
 	var tracer weida.QUICTracer
 	if opts.CountPackets {
-		packets = new(packetCounters)
+		packets = new(rigCounters)
 		tracer = packets.tracer
 	}
 	var l *weida.Listener
