@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"os"
 	"testing"
 	"time"
 
@@ -153,9 +152,7 @@ func amqpOutboundRig(t *testing.T, addr string) *benchRig {
 // only the rigs named. The broker is a private RabbitMQ node, so that other
 // tests' traffic does not skew the numbers.
 func TestAMQPThroughput(t *testing.T) {
-	if os.Getenv("WEIDA_BENCH") != "1" {
-		t.Skip("set WEIDA_BENCH=1 to run the throughput benchmark")
-	}
+	requireBench(t, "to run the throughput benchmark")
 	rb := brokertest.StartRabbit(t)
 	throughput{broker: "RabbitMQ", pid: rb.VMPid(), rigs: []namedRig{
 		{short: "rabbitmq", build: func() *benchRig { return rabbitDirectRig(t, rb.Addr()) }},

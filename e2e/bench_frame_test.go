@@ -178,6 +178,16 @@ func runBridge(t *testing.T, b *connectors.Bridge) (stop func()) {
 // run` gives a resource that names none.
 const resourcesDefaultInFlight = 256
 
+// requireBench skips the test unless WEIDA_BENCH=1: the measurements
+// take minutes and the machine's cores, so the test command runs none of
+// them. why finishes "set WEIDA_BENCH=1 ...".
+func requireBench(t *testing.T, why string) {
+	t.Helper()
+	if os.Getenv("WEIDA_BENCH") != "1" {
+		t.Skip("set WEIDA_BENCH=1 " + why)
+	}
+}
+
 func envInt(t *testing.T, name string, def int) int {
 	s := os.Getenv(name)
 	if s == "" {

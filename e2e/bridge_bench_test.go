@@ -577,9 +577,7 @@ func bridgeBenchTable(res []bridgedResult) string {
 // file for the results, to compare commits) and, set by hand,
 // WEIDA_BENCH_LATENCY_DUMP (a directory for every latency sample).
 func TestBridgeBench(t *testing.T) {
-	if os.Getenv("WEIDA_BENCH") != "1" {
-		t.Skip("set WEIDA_BENCH=1 (or run scripts/bench-bridge) to run the bridge benchmark")
-	}
+	requireBench(t, "(or run scripts/bench-bridge) to run the bridge benchmark")
 	cfg := bridgeBenchConfig{
 		Rounds:  envInt(t, "WEIDA_BENCH_ROUNDS", 3),
 		Sample:  envDuration(t, "WEIDA_BENCH_SAMPLE", 2*time.Second),

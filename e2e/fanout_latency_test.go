@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"encoding/binary"
-	"os"
 	"slices"
 	"sync"
 	"testing"
@@ -24,9 +23,7 @@ import (
 // hand copies to QUIC, so this is what a change to them can cost at
 // ordinary load. It asserts no latency, and runs only with WEIDA_BENCH=1.
 func TestFanOutLatency(t *testing.T) {
-	if os.Getenv("WEIDA_BENCH") != "1" {
-		t.Skip("set WEIDA_BENCH=1 to run the fan-out latency measurement")
-	}
+	requireBench(t, "to run the fan-out latency measurement")
 	subs := envInt(t, "WEIDA_SCALE_SUBSCRIBERS", 1000)
 	rate := envInt(t, "WEIDA_FANOUT_RATE", 50)
 	sample := envDuration(t, "WEIDA_BENCH_SAMPLE", 10*time.Second)

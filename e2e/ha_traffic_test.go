@@ -419,9 +419,7 @@ func (f *haFlow) runs(a haAccount) string {
 // (20 s). The binary is the suite's, built with -race, so its CPU is an
 // upper bound.
 func TestHAIdleCost(t *testing.T) {
-	if os.Getenv("WEIDA_BENCH") != "1" {
-		t.Skip("set WEIDA_BENCH=1 to measure the idle cost of leases")
-	}
+	requireBench(t, "to measure the idle cost of leases")
 	requireTCP(t, "NATS", natsAddr)
 	window := envDuration(t, "WEIDA_BENCH_SAMPLE", 20*time.Second)
 	etcd := brokertest.StartEtcdCluster(t)

@@ -38,9 +38,7 @@ func TestIdleSubscribers(t *testing.T) {
 		idleListenerChild(t)
 		return
 	}
-	if os.Getenv("WEIDA_BENCH") != "1" {
-		t.Skip("set WEIDA_BENCH=1 to run the idle-subscriber measurement")
-	}
+	requireBench(t, "to run the idle-subscriber measurement")
 	n := envInt(t, "WEIDA_IDLE_SUBSCRIBERS", 10000)
 	window := envDuration(t, "WEIDA_IDLE_WINDOW", 30*time.Second)
 

@@ -49,9 +49,7 @@ import (
 // WEIDA_BENCH_INFLIGHT the outbound bridge's limits.inFlight (default 256,
 // the resource default).
 func TestMQTTBench(t *testing.T) {
-	if os.Getenv("WEIDA_BENCH") != "1" {
-		t.Skip("set WEIDA_BENCH=1 to run the MQTT throughput benchmark")
-	}
+	requireBench(t, "to run the MQTT throughput benchmark")
 	n := int(envUint(t, "WEIDA_BENCH_MSGS", 100000))
 	rounds := int(envUint(t, "WEIDA_BENCH_ROUNDS", 3))
 	latRate := int(envUint(t, "WEIDA_BENCH_LATENCY_RATE", 5000))

@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"os"
 	"strconv"
 	"testing"
 	"time"
@@ -181,9 +180,7 @@ func outboundRig(t *testing.T, addr string, blockingWrites bool, nroutes int, ma
 // without WriteAsync, and out-nomarker, the outbound bridge writing no loop
 // marker header.
 func TestNATSThroughput(t *testing.T) {
-	if os.Getenv("WEIDA_BENCH") != "1" {
-		t.Skip("set WEIDA_BENCH=1 to run the throughput benchmark")
-	}
+	requireBench(t, "to run the throughput benchmark")
 	// A private server: other tests' traffic on the shared one would
 	// skew the numbers.
 	srv := brokertest.StartNATS(t)

@@ -44,9 +44,7 @@ func builtRig(t *testing.T, build func() *benchRig) (rig *benchRig, took time.Du
 // subscription on the dialled connection, and the publisher refuses more.
 // It runs only with WEIDA_BENCH=1.
 func TestRouteScale(t *testing.T) {
-	if os.Getenv("WEIDA_BENCH") != "1" {
-		t.Skip("set WEIDA_BENCH=1 to run the scale measurement")
-	}
+	requireBench(t, "to run the scale measurement")
 	routes := envInt(t, "WEIDA_SCALE_ROUTES", 10000)
 	rounds := envInt(t, "WEIDA_BENCH_ROUNDS", 3)
 	sample := envDuration(t, "WEIDA_BENCH_SAMPLE", 2*time.Second)
@@ -125,9 +123,7 @@ func TestRouteScale(t *testing.T) {
 // and logs them per copy; the tracing that takes costs CPU, so leave it
 // off for the CPU figures. It runs only with WEIDA_BENCH=1.
 func TestSubscriberScale(t *testing.T) {
-	if os.Getenv("WEIDA_BENCH") != "1" {
-		t.Skip("set WEIDA_BENCH=1 to run the scale measurement")
-	}
+	requireBench(t, "to run the scale measurement")
 	subs := envInt(t, "WEIDA_SCALE_SUBSCRIBERS", 1000)
 	rounds := envInt(t, "WEIDA_BENCH_ROUNDS", 3)
 	sample := envDuration(t, "WEIDA_BENCH_SAMPLE", 2*time.Second)
