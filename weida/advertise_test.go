@@ -76,11 +76,13 @@ func TestSourceSequenceOnReplayedAndLiveCopies(t *testing.T) {
 	}
 	publish2(45)
 	publish2(0) // a message with no sequence carries no key 68
-	if got := receive(t, s); got.SourceSequence != 45 {
-		t.Fatalf("live copy sequence = %d, want 45", got.SourceSequence)
-	}
-	if got := receive(t, s); got.SourceSequence != 0 {
-		t.Fatalf("copy without a sequence has %d", got.SourceSequence)
+	// Either order: weida core promises none across copies, and a copy
+	// whose header the accept loop could not peek within its short
+	// deadline (a loaded machine) is queued after the one behind it.
+	got := []uint64{receive(t, s).SourceSequence, receive(t, s).SourceSequence}
+	slices.Sort(got)
+	if !slices.Equal(got, []uint64{0, 45}) {
+		t.Fatalf("live copies' sequences = %v, want 45 and none (0)", got)
 	}
 }
 
