@@ -811,7 +811,8 @@ func (s *Subscriber) data(c *conn, st *quic.ReceiveStream, n int, d wire.Data) {
 	s.queue.push(inbound{st: st, n: n, d: d})
 }
 
-// recvQueue holds arrived copies in arrival order. Its methods are safe for
+// recvQueue holds arrived copies in the order their headers were read
+// (not publish order: see conn.uniFast). Its methods are safe for
 // concurrent use.
 type recvQueue struct {
 	mu    sync.Mutex
