@@ -69,7 +69,11 @@ func TestProbeDrawsResetAfterRestart(t *testing.T) {
 	}
 }
 
-// settle waits until none of subs has sent a packet for 150 ms.
+// settle waits until none of subs has sent a packet for 400 ms: longer
+// than a probe timeout on a loaded machine, so that a packet the listener
+// had not acknowledged yet shows as a retransmission here rather than
+// after the restart (where, being large enough, it would draw the reset
+// in the probe's place), and shorter than ProbeAfter.
 func settle(t *testing.T, subs ...*Subscriber) {
 	t.Helper()
 	sent := func() (n uint64) {
@@ -86,7 +90,7 @@ func settle(t *testing.T, subs ...*Subscriber) {
 			return false
 		}
 		stable++
-		return stable >= 3
+		return stable >= 8
 	})
 }
 
