@@ -7,6 +7,8 @@ import (
 	"github.com/quic-go/quic-go"
 	"github.com/quic-go/quic-go/qlog"
 	"github.com/quic-go/quic-go/qlogwriter"
+
+	"weida.dev/connector/weida"
 )
 
 // Packets counts the 1-RTT QUIC packets one end of a rig sent in a sample
@@ -46,6 +48,24 @@ type endCounter struct {
 // rigCounters are a rig's two ends' counters; nil when the rig does not
 // count.
 type rigCounters struct{ endpoint, receiver endCounter }
+
+// newRigCounters returns the counters of a rig built with opts, or nil
+// when it does not count.
+func newRigCounters(opts Options) *rigCounters {
+	if !opts.CountPackets {
+		return nil
+	}
+	return new(rigCounters)
+}
+
+// quicTracer is the tracer of the rig's connections, or nil (no tracing,
+// which costs quic-go nothing) when the rig does not count.
+func (c *rigCounters) quicTracer() weida.QUICTracer {
+	if c == nil {
+		return nil
+	}
+	return c.tracer
+}
 
 func (c *rigCounters) snapshot() (endpoint, receiver Packets) {
 	if c == nil {

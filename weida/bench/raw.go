@@ -73,15 +73,12 @@ func NewRaw(ctx context.Context, receivers int, opts Options) (*Raw, error) {
 		return nil, err
 	}
 	srvTLS := &tls.Config{Certificates: []tls.Certificate{cert}, NextProtos: []string{rawALPN}, MinVersion: tls.VersionTLS13}
-	r := &Raw{opts: opts, label: newRigLabel(), frame: Frame(opts.Size)}
-	if opts.CountPackets {
-		r.packets = new(rigCounters)
-	}
+	r := &Raw{opts: opts, label: newRigLabel(), packets: newRigCounters(opts), frame: Frame(opts.Size)}
 	if r.srvTr, err = loopbackTransport(); err != nil {
 		return nil, err
 	}
 	pprof.Do(ctx, setupLabels(r.label, SideEndpoint), func(context.Context) {
-		r.ln, err = r.srvTr.Listen(srvTLS, r.quicConfig(false))
+		r.ln, err = r.srvTr.Listen(srvTLS, rawQUICConfig(false, r.packets.quicTracer()))
 	})
 	if err != nil {
 		_ = r.Close()
@@ -98,7 +95,7 @@ func NewRaw(ctx context.Context, receivers int, opts Options) (*Raw, error) {
 		r.cliTrs = append(r.cliTrs, tr)
 		var cli *quic.Conn
 		pprof.Do(ctx, setupLabels(r.label, SideReceiver), func(ctx context.Context) {
-			cli, err = tr.Dial(ctx, r.ln.Addr(), cliTLS, r.quicConfig(true))
+			cli, err = tr.Dial(ctx, r.ln.Addr(), cliTLS, rawQUICConfig(true, r.packets.quicTracer()))
 		})
 		if err != nil {
 			_ = r.Close()
@@ -132,19 +129,12 @@ func loopbackTransport() (*quic.Transport, error) {
 	return &quic.Transport{Conn: udp}, nil
 }
 
-// quicConfig is rawQUICConfig, traced when the rig counts packets.
-func (r *Raw) quicConfig(dialling bool) *quic.Config {
-	c := rawQUICConfig(dialling)
-	if r.packets != nil {
-		c.Tracer = r.packets.tracer
-	}
-	return c
-}
-
 // rawQUICConfig mirrors the QUIC configuration package weida uses with its
-// default limits, so that the two rigs differ only by weida itself.
-func rawQUICConfig(dialling bool) *quic.Config {
+// default limits, so that the two rigs differ only by weida itself;
+// tracer is the rig's packet counting, or nil.
+func rawQUICConfig(dialling bool, tracer weida.QUICTracer) *quic.Config {
 	c := &quic.Config{
+		Tracer:                         tracer,
 		MaxIdleTimeout:                 weida.DefaultIdleTimeout,
 		MaxIncomingUniStreams:          weida.DefaultMaxConcurrentUniStreams,
 		MaxIncomingStreams:             weida.DefaultMaxConcurrentBidiStreams,

@@ -42,12 +42,8 @@ func NewWeida(ctx context.Context, subscribers int, opts Options) (*Weida, error
 	// Every subscriber dials from 127.0.0.1: the per-address limit would
 	// refuse all but the first 64, and the listener's all but 1,024.
 	label := newRigLabel()
-	var packets *rigCounters
-	var tracer weida.QUICTracer
-	if opts.CountPackets {
-		packets = new(rigCounters)
-		tracer = packets.tracer
-	}
+	packets := newRigCounters(opts)
+	tracer := packets.quicTracer()
 	var l *weida.Listener
 	pprof.Do(ctx, setupLabels(label, SideEndpoint), func(ctx context.Context) {
 		l, err = weida.Listen(ctx, "127.0.0.1:0", weida.ListenConfig{QUICTracer: tracer, Limits: weida.Limits{
